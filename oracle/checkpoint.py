@@ -1,0 +1,350 @@
+"""HF checkpoint IO: config.json + model.safetensors (or a sharded index) <-> canonical tensor names.
+
+Canonical names are architecture-neutral (docs/models.md lists them and the HF names they come from):
+
+    embed.weight [V, D]   final_norm.weight [D]   lm_head.weight [V, D] (the embed tensor when tied)
+    layers.{i}.mixer_norm.weight, layers.{i}.ffn_norm.weight                      [D]
+    layers.{i}.mamba.{in_proj.weight [in_proj_dim, D], in_proj.bias, conv1d.weight [conv_dim, K], conv1d.bias,
+                      dt_bias [H], A_log [H], D [H], norm.weight [d_inner], out_proj.weight [D, d_inner], out_proj.bias}
+    layers.{i}.attn.{q,k,v,o}_proj.{weight,bias}
+    layers.{i}.mlp.{gate_proj,up_proj,down_proj}.{weight,bias}            (relu2: no gate_proj)
+    layers.{i}.moe.router.weight [E, D], moe.router.score_bias [E] (nemotron_h),
+    layers.{i}.moe.experts.{gate_proj [E, F, D] (gated only), up_proj [E, F, D], down_proj [E, D, F]},
+    layers.{i}.moe.shared.{gate_proj,up_proj,down_proj}.weight
+
+No pickle: safetensors and JSON only. Errors are `CheckpointError` and list every offending tensor.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from .config import HybridConfig, from_hf_config, to_hf_config
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config (missing/unexpected/misshapen/non-finite tensors, bad files)."""
+
+
+# ------------------------------------------------------------------------------------------ expected shapes
+
+def expected_shapes(c: HybridConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape, for every tensor the config requires."""
+    D, V = c.hidden_size, c.vocab_size
+    s: dict[str, tuple[int, ...]] = {"embed.weight": (V, D), "final_norm.weight": (D,), "lm_head.weight": (V, D)}
+    for i, spec in enumerate(c.layers):
+        p = f"layers.{i}."
+        if spec.mixer:
+            s[p + "mixer_norm.weight"] = (D,)
+        if spec.mixer == "mamba":
+            H, m = c.mamba_n_heads, p + "mamba."
+            s.update({m + "in_proj.weight": (c.in_proj_dim, D), m + "conv1d.weight": (c.conv_dim, c.mamba_d_conv),
+                      m + "dt_bias": (H,), m + "A_log": (H,), m + "D": (H,), m + "norm.weight": (c.d_inner,),
+                      m + "out_proj.weight": (D, c.d_inner)})
+            if c.mamba_conv_bias:
+                s[m + "conv1d.bias"] = (c.conv_dim,)
+            if c.mamba_proj_bias:
+                s[m + "in_proj.bias"] = (c.in_proj_dim,)
+                s[m + "out_proj.bias"] = (D,)
+        elif spec.mixer == "attention":
+            a, hd = p + "attn.", c.attn_head_dim
+            dims = {"q": c.n_attn_heads * hd, "k": c.n_kv_heads * hd, "v": c.n_kv_heads * hd}
+            for n, out in dims.items():
+                s[f"{a}{n}_proj.weight"] = (out, D)
+                if c.attn_bias:
+                    s[f"{a}{n}_proj.bias"] = (out,)
+            s[a + "o_proj.weight"] = (D, c.n_attn_heads * hd)
+            if c.attn_bias:
+                s[a + "o_proj.bias"] = (D,)
+        if spec.ffn:
+            s[p + "ffn_norm.weight"] = (D,)
+        if spec.ffn == "mlp":
+            s.update(_mlp_shapes(p + "mlp.", D, c.mlp_intermediate_size, c.mlp_act == "silu", c.mlp_bias))
+        elif spec.ffn == "moe":
+            E, F, q = c.moe_n_experts, c.moe_intermediate_size, p + "moe."
+            s[q + "router.weight"] = (E, D)
+            if c.moe_router == "sigmoid_grouped":
+                s[q + "router.score_bias"] = (E,)
+            if c.mlp_act == "silu":
+                s[q + "experts.gate_proj"] = (E, F, D)
+            s[q + "experts.up_proj"] = (E, F, D)
+            s[q + "experts.down_proj"] = (E, D, F)
+            if c.moe_shared_intermediate_size:
+                s.update(_mlp_shapes(q + "shared.", D, c.moe_shared_intermediate_size, c.mlp_act == "silu", False))
+    return s
+
+
+def _mlp_shapes(p: str, D: int, F: int, gated: bool, bias: bool) -> dict[str, tuple[int, ...]]:
+    s = {p + "up_proj.weight": (F, D), p + "down_proj.weight": (D, F)}
+    if gated:
+        s[p + "gate_proj.weight"] = (F, D)
+    if bias:
+        s.update({p + "up_proj.bias": (F,), p + "down_proj.bias": (D,)})
+        if gated:
+            s[p + "gate_proj.bias"] = (F,)
+    return s
+
+
+# --------------------------------------------------------------------------------- HF name <-> canonical
+
+_NEMO_PREFIX = re.compile(r"^(backbone|model)\.")
+
+
+def _hf_layer_names(c: HybridConfig, i: int) -> dict[str, str]:
+    """Canonical suffix -> HF name suffix for the 1:1 tensors of layer i (split/stacked ones are handled apart)."""
+    spec, out = c.layers[i], {}
+    bamba_like = c.model_type in ("bamba", "granitemoehybrid")
+    mixer_mod = "mamba." if bamba_like else "mixer."
+    attn_mod = "self_attn." if bamba_like else "mixer."
+    if spec.mixer:
+        out["mixer_norm.weight"] = "input_layernorm.weight" if bamba_like else "norm.weight"
+    if spec.ffn:
+        out["ffn_norm.weight"] = {"bamba": "pre_ff_layernorm.weight", "granitemoehybrid":
+                                  "post_attention_layernorm.weight"}.get(c.model_type, "norm.weight")
+    if spec.mixer == "mamba":
+        for n in ("in_proj.weight", "in_proj.bias", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
+                  "norm.weight", "out_proj.weight", "out_proj.bias"):
+            out["mamba." + n] = mixer_mod + n
+    elif spec.mixer == "attention":
+        for n in "qkvo":
+            for t in ("weight", "bias"):
+                out[f"attn.{n}_proj.{t}"] = f"{attn_mod}{n}_proj.{t}"
+    if c.model_type == "bamba" and spec.ffn == "mlp":
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            for t in ("weight", "bias"):
+                out[f"mlp.{n}.{t}"] = f"feed_forward.{n}.{t}"
+    if c.model_type == "nemotron_h" and spec.ffn == "mlp":
+        for n in ("up_proj", "down_proj"):
+            for t in ("weight", "bias"):
+                out[f"mlp.{n}.{t}"] = f"mixer.{n}.{t}"
+    if c.model_type == "nemotron_h" and spec.ffn == "moe":
+        out.update({"moe.router.weight": "mixer.gate.weight", "moe.router.score_bias":
+                    "mixer.gate.e_score_correction_bias", "moe.shared.up_proj.weight":
+                    "mixer.shared_experts.up_proj.weight", "moe.shared.down_proj.weight":
+                    "mixer.shared_experts.down_proj.weight"})
+    if c.model_type == "granitemoehybrid" and spec.ffn == "moe":
+        out["moe.router.weight"] = "block_sparse_moe.router.layer.weight"
+    return out
+
+
+def _prefix(c: HybridConfig) -> str:
+    return "backbone." if c.model_type in ("nemotron_h", "mamba2") else "model."
+
+
+def _top_names(c: HybridConfig) -> dict[str, str]:
+    if c.model_type in ("nemotron_h", "mamba2"):
+        return {"embed.weight": "embeddings.weight", "final_norm.weight": "norm_f.weight"}
+    return {"embed.weight": "embed_tokens.weight",
+            "final_norm.weight": "final_layernorm.weight" if c.model_type == "bamba" else "norm.weight"}
+
+
+def to_canonical(c: HybridConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
+    """HF-named tensors -> canonical names; raises CheckpointError listing missing/unexpected/misshapen tensors."""
+    if c.model_type == "nemotron_h" or c.model_type == "mamba2":
+        hf = {("backbone." + k[len("model."):] if k.startswith("model.") else k): v for k, v in hf.items()}
+        hf = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in hf.items()}
+    pool, pre = dict(hf), _prefix(c)
+    want = expected_shapes(c)
+    out: dict[str, Tensor] = {}
+    missing: list[str] = []
+    source: dict[str, str] = {}
+
+    def take(hf_name: str) -> Tensor | None:
+        if hf_name in pool:
+            return pool.pop(hf_name)
+        missing.append(hf_name)
+        return None
+
+    for canon, h in _top_names(c).items():
+        source[canon] = pre + h
+        out[canon] = take(pre + h)
+    for i, spec in enumerate(c.layers):
+        lp = f"layers.{i}."
+        for canon, h in _hf_layer_names(c, i).items():
+            name = lp + canon
+            if name in want:
+                source[name] = pre + lp + h
+                out[name] = take(pre + lp + h)
+        if spec.mixer == "mamba" and out.get(lp + "mamba.conv1d.weight") is not None:
+            w = out[lp + "mamba.conv1d.weight"]
+            out[lp + "mamba.conv1d.weight"] = w[:, 0, :] if w.dim() == 3 and w.shape[1] == 1 else w
+        _ffn_to_canonical(c, i, pre + lp, take, out, pool, source)
+    if c.tie_word_embeddings:
+        lm = pool.pop("lm_head.weight", None)
+        if lm is not None and out["embed.weight"] is not None and not torch.equal(lm, out["embed.weight"]):
+            raise CheckpointError("lm_head.weight: differs from the embedding but tie_word_embeddings=true")
+        out["lm_head.weight"] = out["embed.weight"]
+    else:
+        source["lm_head.weight"] = "lm_head.weight"
+        out["lm_head.weight"] = take("lm_head.weight")
+    if c.model_type == "nemotron_h":                     # multi-token-prediction heads: not part of the model
+        pool = {k: v for k, v in pool.items() if not k.startswith("mtp.")}
+    problems = []
+    if missing:
+        problems.append(f"missing tensors ({len(missing)}): {', '.join(sorted(missing))}")
+    if pool:
+        problems.append(f"unexpected tensors ({len(pool)}): {', '.join(sorted(pool))}")
+    if problems:
+        raise CheckpointError(f"checkpoint does not match config ({c.model_type}): " + "; ".join(problems))
+    check_tensors(c, out, source)
+    return out
+
+
+def _ffn_to_canonical(c: HybridConfig, i: int, hp: str, take, out: dict, pool: dict, source: dict) -> None:
+    spec, lp = c.layers[i], f"layers.{i}."
+    if c.model_type == "granitemoehybrid" and spec.ffn in ("mlp", "moe"):
+        tgt = lp + ("mlp." if spec.ffn == "mlp" else "moe.shared.")
+        w_in, w_out = take(hp + "shared_mlp.input_linear.weight"), take(hp + "shared_mlp.output_linear.weight")
+        if w_in is not None:
+            _expect_even(w_in, 0, hp + "shared_mlp.input_linear.weight")
+            out[tgt + "gate_proj.weight"], out[tgt + "up_proj.weight"] = w_in.chunk(2, dim=0)
+            source[tgt + "gate_proj.weight"] = source[tgt + "up_proj.weight"] = hp + "shared_mlp.input_linear.weight"
+        out[tgt + "down_proj.weight"], source[tgt + "down_proj.weight"] = w_out, hp + "shared_mlp.output_linear.weight"
+        if spec.ffn == "moe":
+            e_in, e_out = take(hp + "block_sparse_moe.input_linear.weight"), take(hp + "block_sparse_moe.output_linear.weight")
+            if e_in is not None:
+                _expect_even(e_in, 1, hp + "block_sparse_moe.input_linear.weight")
+                out[lp + "moe.experts.gate_proj"], out[lp + "moe.experts.up_proj"] = e_in.chunk(2, dim=1)
+                source[lp + "moe.experts.gate_proj"] = hp + "block_sparse_moe.input_linear.weight"
+                source[lp + "moe.experts.up_proj"] = hp + "block_sparse_moe.input_linear.weight"
+            out[lp + "moe.experts.down_proj"] = e_out
+            source[lp + "moe.experts.down_proj"] = hp + "block_sparse_moe.output_linear.weight"
+    if c.model_type == "nemotron_h" and spec.ffn == "moe":
+        for n in ("up_proj", "down_proj"):
+            merged = hp + f"mixer.experts.{n}"
+            if merged in pool:                                   # HF in-memory layout, [E, ...] already
+                out[lp + f"moe.experts.{n}"] = pool.pop(merged)
+                source[lp + f"moe.experts.{n}"] = merged
+                continue
+            per = [take(hp + f"mixer.experts.{j}.{n}.weight") for j in range(c.moe_n_experts)]
+            source[lp + f"moe.experts.{n}"] = hp + f"mixer.experts.*.{n}.weight"
+            if all(t is not None for t in per):
+                try:
+                    out[lp + f"moe.experts.{n}"] = torch.stack(per)
+                except RuntimeError:
+                    raise CheckpointError(f"{hp}mixer.experts.*.{n}.weight: experts have different shapes") from None
+
+
+def _expect_even(t: Tensor, dim: int, name: str) -> None:
+    if t.dim() <= dim or t.shape[dim] % 2:
+        raise CheckpointError(f"{name}: dim {dim} of shape {tuple(t.shape)} must be even ([gate; up] stacked)")
+
+
+def check_tensors(c: HybridConfig, tensors: dict[str, Tensor], source: dict[str, str] | None = None) -> None:
+    """Every canonical tensor present, of the expected shape, floating point and finite; else CheckpointError."""
+    want, source = expected_shapes(c), source or {}
+    missing = sorted(set(want) - set(tensors))
+    extra = sorted(set(tensors) - set(want))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if extra:
+        problems.append(f"unexpected tensors: {', '.join(extra)}")
+    for name in sorted(set(want) & set(tensors)):
+        t, label = tensors[name], name + (f" (HF {source[name]})" if name in source else "")
+        if not isinstance(t, Tensor):
+            problems.append(f"{label}: not a tensor")
+        elif tuple(t.shape) != want[name]:
+            problems.append(f"{label}: shape {tuple(t.shape)} != expected {want[name]}")
+        elif not t.is_floating_point():
+            problems.append(f"{label}: dtype {t.dtype} is not floating point")
+    if problems:
+        raise CheckpointError("; ".join(problems))
+    bad = sorted(n for n in want if not torch.isfinite(tensors[n]).all())
+    if bad:
+        raise CheckpointError(f"non-finite (NaN/Inf) weights in: {', '.join(bad)}")
+
+
+def to_hf(c: HybridConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Canonical tensors -> HF names and layouts (the on-disk layout transformers 5.x writes and reads)."""
+    check_tensors(c, tensors)
+    pre, hf = _prefix(c), {}
+    for canon, h in _top_names(c).items():
+        hf[pre + h] = tensors[canon]
+    if not c.tie_word_embeddings:
+        hf["lm_head.weight"] = tensors["lm_head.weight"]
+    for i, spec in enumerate(c.layers):
+        lp = f"layers.{i}."
+        for canon, h in _hf_layer_names(c, i).items():
+            if lp + canon in tensors:
+                t = tensors[lp + canon]
+                hf[pre + lp + h] = t[:, None, :] if canon == "mamba.conv1d.weight" else t
+        hp = pre + lp
+        if c.model_type == "granitemoehybrid":
+            src = lp + ("mlp." if spec.ffn == "mlp" else "moe.shared.")
+            hf[hp + "shared_mlp.input_linear.weight"] = torch.cat(
+                [tensors[src + "gate_proj.weight"], tensors[src + "up_proj.weight"]], dim=0)
+            hf[hp + "shared_mlp.output_linear.weight"] = tensors[src + "down_proj.weight"]
+            if spec.ffn == "moe":
+                hf[hp + "block_sparse_moe.input_linear.weight"] = torch.cat(
+                    [tensors[lp + "moe.experts.gate_proj"], tensors[lp + "moe.experts.up_proj"]], dim=1)
+                hf[hp + "block_sparse_moe.output_linear.weight"] = tensors[lp + "moe.experts.down_proj"]
+        if c.model_type == "nemotron_h" and spec.ffn == "moe":
+            for n in ("up_proj", "down_proj"):
+                for j in range(c.moe_n_experts):
+                    hf[hp + f"mixer.experts.{j}.{n}.weight"] = tensors[lp + f"moe.experts.{n}"][j]
+    return {k: v.contiguous() for k, v in hf.items()}
+
+
+# ------------------------------------------------------------------------------------------------ file IO
+
+def read_safetensors(path: str) -> dict[str, Tensor]:
+    """All tensors of a folder: model.safetensors, or the shards listed in model.safetensors.index.json."""
+    single, index = os.path.join(path, "model.safetensors"), os.path.join(path, "model.safetensors.index.json")
+    try:
+        if os.path.exists(index):
+            with open(index) as fh:
+                weight_map = json.load(fh).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index}: no weight_map")
+            tensors: dict[str, Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                part = load_file(os.path.join(path, shard))
+                tensors.update(part)
+            listed, found = set(weight_map), set(tensors)
+            if listed != found:
+                raise CheckpointError(f"{index}: weight_map and shards disagree: listed-not-found "
+                                      f"{sorted(listed - found)}, found-not-listed {sorted(found - listed)}")
+            return tensors
+        if os.path.exists(single):
+            return load_file(single)
+    except CheckpointError:
+        raise
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{index}: not valid JSON ({e})") from None
+    except Exception as e:  # safetensors raises several error types for corrupt files
+        raise CheckpointError(f"{path}: cannot read safetensors ({type(e).__name__}: {e})") from None
+    raise CheckpointError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[HybridConfig, dict[str, Tensor]]:
+    """Load an HF folder -> (HybridConfig, canonical tensors in their stored dtype)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a directory")
+    config = from_hf_config(path)
+    return config, to_canonical(config, read_safetensors(path))
+
+
+def save_checkpoint(path: str | os.PathLike, config: HybridConfig, tensors: dict[str, Tensor],
+                    dtype: torch.dtype | None = None) -> None:
+    """Write config.json + model.safetensors in HF naming (optionally cast to `dtype`)."""
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    hf = to_hf(config, tensors)
+    if dtype is not None:
+        hf = {k: v.to(dtype) for k, v in hf.items()}
+    hf = {k: v.detach().cpu().clone().contiguous() for k, v in hf.items()}  # no shared storage in the file
+    d = to_hf_config(config)
+    d["dtype"] = str(next(iter(hf.values())).dtype).replace("torch.", "")
+    d["architectures"] = [{"bamba": "BambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+                           "mamba2": "Mamba2ForCausalLM",
+                           "granitemoehybrid": "GraniteMoeHybridForCausalLM"}[config.model_type]]
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(d, fh, indent=2, sort_keys=True)
+    save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
