@@ -88,3 +88,13 @@ def canonical_json(log: ScheduleLog | dict[str, Any]) -> str:
 def digest(log: ScheduleLog | dict[str, Any]) -> str:
     """Lowercase hex sha256 of the canonical JSON of the whole log (the schedule digest)."""
     return hashlib.sha256(canonical_json(log).encode("utf-8")).hexdigest()
+
+
+@dataclass
+class TraceResult:
+    """Outcome of running a trace (oracle or fast path): tokens and finish reason per request, log, digest."""
+
+    tokens: dict[str, list[int]]
+    finish_reasons: dict[str, str]
+    schedule_log: ScheduleLog
+    digest: str

@@ -1,0 +1,273 @@
+"""The scheduler as an explicit state machine — the executable form of docs/scheduler.md (DESIGN §4).
+
+Plain Python lists and dicts for all bookkeeping: rows, `row_to_slot`, the LIFO free-slot stack, compaction,
+chunked prefill and the async overlap. The model runs per request (state keyed by request id, independent of
+slots), so the tokens are the ground truth and the slot bookkeeping is pure policy, checked by the log.
+
+A step (legacy, or async when not overlapped):  resolve(k-1) → admit(k) → build_batch(k) → forward → sample.
+An overlapped async step:                       launch(k) = overlap_batch + forward + sample → resolve(k-1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sampling import sample
+from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
+from .trace import Request, Trace, TraceError, check_against_model
+
+__all__ = ["Scheduler", "TraceResult", "run_trace", "run_request_alone", "piece_length"]
+
+
+@dataclass
+class RequestState:
+    """Host bookkeeping of one request."""
+
+    req: Request
+    output: list[int] = field(default_factory=list)
+    done: int = 0                   # prompt tokens already prefilled
+    model_state: Any = None         # the oracle model's per-request state (None = zeroed / fresh)
+    admitted: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done < len(self.req.prompt)
+
+
+@dataclass
+class Pending:
+    """A launched, not yet resolved step: its batch, log record and per-row sampled tokens (the device buffer)."""
+
+    step: int
+    batch: list[BatchRow]
+    record: StepRecord
+    row_tokens: list[int]           # indexed by row (compacted along with the rows); -1 = no token
+
+    @property
+    def decode_only(self) -> bool:
+        return bool(self.batch) and all(b.kind in ("decode", "extra") for b in self.batch)
+
+
+def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
+    """Tokens of the next prefill piece (docs/scheduler.md §3.3): the rest if it fits, else whole chunks, or 0."""
+    cap = min(left, prefill_chunk)
+    if prompt_len - start <= cap:
+        return prompt_len - start
+    return (cap // chunk_size) * chunk_size
+
+
+class Scheduler:
+    """One engine run over a trace: rows, slots, free stack, pending step; `run()` drives it to completion."""
+
+    def __init__(self, model: Any, trace: Trace, mode: str):
+        if mode not in ("legacy", "async"):
+            raise TraceError("mode", f"unknown mode {mode!r}; expected 'legacy' or 'async'")
+        cfg = model.config
+        check_against_model(trace, cfg.vocab_size, cfg.chunk_size)
+        self.model, self.trace, self.mode = model, trace, mode
+        self.chunk_size = cfg.chunk_size
+        e = trace.engine
+        self.R, self.budget, self.prefill_chunk = e.max_requests, e.max_tokens_per_step, e.prefill_chunk
+        self.rows: list[str | None] = [None] * self.R
+        self.row_to_slot: list[int] = [-1] * self.R
+        self.free_slots: list[int] = list(range(self.R - 1, -1, -1))   # top = last element = slot 0 first
+        self.requests = {r.id: RequestState(r) for r in trace.requests}
+        self.arrival_order = sorted(trace.requests, key=lambda r: (r.arrival_step, r.id))
+        self.pending: Pending | None = None
+        self.log = ScheduleLog(mode)
+        self.k = 0
+
+    # ------------------------------------------------------------------------------------------- queries
+    @property
+    def active(self) -> int:
+        """Number of live rows (they are rows 0..active-1)."""
+        return sum(r is not None for r in self.rows)
+
+    def waiting(self, k: int) -> list[RequestState]:
+        """Arrived, not yet admitted requests in (arrival_step, id) order."""
+        return [self.requests[r.id] for r in self.arrival_order
+                if r.arrival_step <= k and not self.requests[r.id].admitted]
+
+    def all_finished(self) -> bool:
+        """True when every request has finished."""
+        return all(s.finish_reason is not None for s in self.requests.values())
+
+    # ------------------------------------------------------------------------------------------- resolve
+    def resolve(self, p: Pending, inflight: Pending | None = None) -> None:
+        """Append step p's tokens, detect finishes, free slots (ascending row), compact rows and per-row outputs.
+
+        `inflight` is the step launched after p (async overlap): its per-row outputs are compacted too.
+        """
+        rec = p.record
+        row_of = {rid: r for r, rid in enumerate(self.rows) if rid is not None}
+        finished: list[int] = []
+        for b in p.batch:
+            r = row_of.get(b.request)
+            if r is None or p.row_tokens[r] < 0:      # no sample (non-final prefill piece) or extra row
+                continue
+            st, tok = self.requests[b.request], p.row_tokens[r]
+            st.output.append(tok)
+            rec.sampled.append({"request": b.request, "pos": b.pos + b.count, "token": tok})
+            if tok in st.req.stop_token_ids:
+                st.finish_reason = "stop"
+            elif len(st.output) == st.req.max_new_tokens:
+                st.finish_reason = "length"
+            if st.finish_reason is not None:
+                finished.append(r)
+        for r in sorted(finished):
+            rid, slot = self.rows[r], self.row_to_slot[r]
+            rec.free.append({"request": rid, "row": r, "slot": slot, "reason": self.requests[rid].finish_reason})
+            self.free_slots.append(slot)
+            self.rows[r], self.row_to_slot[r] = None, -1
+            p.row_tokens[r] = -1
+        if inflight is not None:
+            for r in finished:
+                inflight.row_tokens[r] = -1                # the extra row's token is discarded
+        buffers = [p.row_tokens] + ([inflight.row_tokens] if inflight is not None else [])
+        rec.moves.extend(self.compact(buffers))
+        rec.row_to_slot = list(self.row_to_slot)
+
+    def compact(self, buffers: list[list[int]]) -> list[dict[str, Any]]:
+        """Right-most live row fills the left-most hole until rows 0..active-1 are live; returns the moves."""
+        moves = []
+        while True:
+            holes = [r for r in range(self.R) if self.rows[r] is None]
+            live = [r for r in range(self.R) if self.rows[r] is not None]
+            if not holes or not live or holes[0] > live[-1]:
+                return moves
+            src, dst = live[-1], holes[0]
+            rid, slot = self.rows[src], self.row_to_slot[src]
+            self.rows[dst], self.row_to_slot[dst] = rid, slot
+            self.rows[src], self.row_to_slot[src] = None, -1
+            for buf in buffers:
+                buf[dst], buf[src] = buf[src], -1
+            moves.append({"from_row": src, "to_row": dst, "request": rid, "slot": slot})
+
+    # --------------------------------------------------------------------------------------------- admit
+    def admit(self, k: int, rec: StepRecord) -> None:
+        """Admit arrived requests in (arrival_step, id) order while a slot is free; zero the slot."""
+        for st in self.waiting(k):
+            if not self.free_slots:
+                return
+            slot, row = self.free_slots.pop(), self.active
+            self.rows[row], self.row_to_slot[row] = st.req.id, slot
+            st.admitted, st.model_state = True, None            # zeroed slot = fresh per-request state
+            rec.admit.append({"request": st.req.id, "row": row, "slot": slot})
+
+    # --------------------------------------------------------------------------------------- build batch
+    def build_batch(self) -> list[BatchRow]:
+        """Decode rows first in row order, then prefill pieces in row order within the token budget."""
+        batch: list[BatchRow] = []
+        live = [(r, self.requests[rid]) for r, rid in enumerate(self.rows) if rid is not None]
+        for r, st in live:
+            if not st.prefilling:
+                pos = len(st.req.prompt) + len(st.output) - 1
+                batch.append(BatchRow(r, st.req.id, self.row_to_slot[r], "decode", pos, 1))
+        used = len(batch)
+        for r, st in live:
+            if st.prefilling:
+                n = piece_length(st.done, len(st.req.prompt), self.budget - used, self.prefill_chunk,
+                                 self.chunk_size)
+                if n > 0:
+                    batch.append(BatchRow(r, st.req.id, self.row_to_slot[r], "prefill", st.done, n))
+                    used += n
+        return batch
+
+    def overlap_batch(self, prev: Pending) -> list[BatchRow]:
+        """Async overlapped launch: every current row decodes the token step `prev` left in the device buffer."""
+        prev_pos = {b.request: b.pos for b in prev.batch}
+        return [BatchRow(r, rid, self.row_to_slot[r], "decode", prev_pos[rid] + 1, 1)
+                for r, rid in enumerate(self.rows) if rid is not None]
+
+    # ------------------------------------------------------------------------------------ forward/sample
+    def forward_and_sample(self, batch: list[BatchRow], inputs: dict[int, int]) -> list[int]:
+        """Run each batch row through the model on its request's state; sample rows that sample, per row."""
+        row_tokens = [-1] * self.R
+        for b in batch:
+            st = self.requests[b.request]
+            if b.kind == "prefill":
+                logits, st.model_state = self.model.prefill(list(st.req.prompt[b.pos:b.pos + b.count]),
+                                                            st.model_state)
+                st.done = b.pos + b.count
+                if st.prefilling:
+                    continue
+                last = logits[-1]
+            else:
+                token = inputs[b.row] if b.row in inputs else st.output[-1]
+                last, st.model_state = self.model.decode(token, st.model_state)
+            row_tokens[b.row] = sample(last, st.req.sampling, b.pos + b.count)
+        return row_tokens
+
+    # ---------------------------------------------------------------------------------------------- step
+    def can_overlap(self, k: int) -> bool:
+        """Async only: previous step decode-only, live rows, nobody waiting, no prefill in progress (docs §5)."""
+        p = self.pending
+        return (self.mode == "async" and p is not None and p.decode_only and self.active > 0
+                and not self.waiting(k)
+                and not any(self.requests[rid].prefilling for rid in self.rows if rid is not None))
+
+    def launch_overlapped(self, rec: StepRecord) -> None:
+        """Async overlap: launch step k from step k-1's device tokens, then resolve k-1 (extras found here)."""
+        prev = self.pending
+        rec.overlap = 1
+        rec.batch = self.overlap_batch(prev)
+        launched = Pending(self.k, rec.batch, rec, [])
+        launched.row_tokens = self.forward_and_sample(rec.batch, {b.row: prev.row_tokens[b.row] for b in rec.batch})
+        self.resolve(prev, inflight=launched)
+        finished = {f["request"] for f in prev.record.free}
+        for b in rec.batch:
+            if b.request in finished:
+                b.kind = "extra"
+        self.pending = launched
+
+    def step(self) -> bool:
+        """Run step k (overlapped or not), appending its record; False when the run is over (nothing logged)."""
+        if self.can_overlap(self.k):
+            rec = StepRecord(self.k)
+            self.log.steps.append(rec)
+            self.launch_overlapped(rec)
+        else:
+            if self.pending is not None:                   # drain before admitting
+                self.resolve(self.pending)
+                self.pending = None
+            if self.all_finished():
+                return False
+            rec = StepRecord(self.k)
+            self.log.steps.append(rec)
+            self.admit(self.k, rec)
+            rec.batch = self.build_batch()
+            if rec.batch:
+                self.pending = Pending(self.k, rec.batch, rec, self.forward_and_sample(rec.batch, {}))
+            else:
+                rec.row_to_slot = list(self.row_to_slot)
+        self.k += 1
+        return True
+
+    def run(self, max_steps: int = 1_000_000) -> TraceResult:
+        """Step until every request finished and nothing is pending; return tokens, reasons, log, digest."""
+        while self.step():
+            if self.k > max_steps:
+                raise RuntimeError(f"scheduler made no progress within {max_steps} steps")
+        return TraceResult({rid: list(s.output) for rid, s in self.requests.items()},
+                           {rid: s.finish_reason for rid, s in self.requests.items()},
+                           self.log, digest(self.log))
+
+
+def run_trace(model: Any, trace: Trace, mode: str | None = None) -> TraceResult:
+    """Run a trace through the oracle scheduler and model; mode defaults to the trace's engine.mode."""
+    return Scheduler(model, trace, mode or trace.engine.mode).run()
+
+
+def run_request_alone(model: Any, req: Request) -> tuple[list[int], str]:
+    """The reference: one request alone, whole prompt in one prefill, then decode until stop or length."""
+    logits, state = model.prefill(list(req.prompt), None)
+    out, last = [], logits[-1]
+    while True:
+        tok = sample(last, req.sampling, len(req.prompt) + len(out))
+        out.append(tok)
+        if tok in req.stop_token_ids:
+            return out, "stop"
+        if len(out) == req.max_new_tokens:
+            return out, "length"
+        last, state = model.decode(tok, state)
