@@ -1,0 +1,100 @@
+"""Helpers shared by the fast-path kernels: input validation, launch rules, small Triton math.
+
+Launch configurations are chosen by a deterministic rule keyed on the *model* shape (head counts, head
+dim, state size, chunk size, dtype) and never on the number of tokens or rows of a call, so the same
+sequence gets the same tile shapes — hence the same bits — whatever batch it is packed into. No
+@triton.autotune (it cannot run in the interpreter on a machine with no GPU driver, and timing-based
+choices would make results depend on which config won).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class KernelInputError(ValueError):
+    """A kernel wrapper was given an input of the wrong shape, dtype or device; the message names it."""
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    return max(minimum, triton.next_power_of_2(max(int(n), 1)))
+
+
+def check(op: str, name: str, t: Tensor | None, shape: Sequence[int | None] | None = None,
+          dtypes: Sequence[torch.dtype] | None = None, device: torch.device | None = None,
+          optional: bool = False) -> None:
+    """Raise KernelInputError naming `op`/`name` unless t has the given shape (None = any), dtype and device."""
+    if t is None:
+        if optional:
+            return
+        raise KernelInputError(f"{op}: `{name}` is required")
+    if not isinstance(t, Tensor):
+        raise KernelInputError(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise KernelInputError(f"{op}: `{name}` has shape {list(t.shape)}, expected {want}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise KernelInputError(f"{op}: `{name}` has dtype {t.dtype}, expected one of {list(dtypes)}")
+    if device is not None and t.device != device:
+        raise KernelInputError(f"{op}: `{name}` is on {t.device}, expected {device}")
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 operands use exact fp32 products on the GPU (not tf32); 16-bit operands use the tensor cores."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def dt_limits(limit: tuple[float, float]) -> tuple[float, float]:
+    """(lo, hi) clamp for the processed dt, with an infinite hi mapped to the largest float32."""
+    lo, hi = float(limit[0]), float(limit[1])
+    if not lo <= hi:
+        raise KernelInputError(f"dt_limit: lo={lo} > hi={hi}")
+    return lo, min(hi, 3.4e38)
+
+
+def host_ints(op: str, name: str, t: Tensor | Sequence[int]) -> list[int]:
+    """A small index tensor (or list) as Python ints (one host sync for device tensors)."""
+    if isinstance(t, Tensor):
+        if t.dtype not in INDEX_DTYPES + (torch.bool,):
+            raise KernelInputError(f"{op}: `{name}` has dtype {t.dtype}, expected int32/int64")
+        return [int(v) for v in t.tolist()]
+    return [int(v) for v in t]
+
+
+def check_slots(op: str, slots: list[int], n_slots: int) -> None:
+    """Slots must be -1 (padding) or distinct indices into the bank."""
+    seen: set[int] = set()
+    for i, s in enumerate(slots):
+        if s == -1:
+            continue
+        if not 0 <= s < n_slots:
+            raise KernelInputError(f"{op}: `slot`[{i}]={s} is outside the bank (0..{n_slots - 1}, or -1)")
+        if s in seen:
+            raise KernelInputError(f"{op}: `slot`[{i}]={s} is repeated; each slot may appear once")
+        seen.add(s)
+
+
+@triton.jit
+def softplus(v):
+    """log(1 + exp(v)) like torch (threshold 20), accurate for very negative v (log1p via Kahan's trick)."""
+    e = tl.exp(tl.minimum(v, 20.0))
+    u = 1.0 + e
+    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+    return tl.where(v > 20.0, v, log1p)
+
+
+@triton.jit
+def sigmoid(v):
+    """1 / (1 + exp(-v)) in fp32."""
+    return 1.0 / (1.0 + tl.exp(-v))

@@ -1,0 +1,177 @@
+"""Varlen SSD prefill over the state bank (mirrors oracle/ssd.py: ssd_chunked).
+
+Packed tokens of several sequences (cu_seqlens). Sequence s starts at absolute position start_pos[s],
+reads its initial state from ssm_bank[slot[s]] when has_initial_state[s] (zeros otherwise) and writes its
+final state back to ssm_bank[slot[s]] (slot -1: no bank read or write; its outputs are still computed, from a
+zero state). Chunks are cut at absolute multiples of chunk_size, so a continuation piece starting mid-chunk
+first finishes that chunk. dt processing (softplus(dt + dt_bias), clamp to dt_limit) happens inside; the z
+gate is *not* applied here (the gated norm does it). fp32 accumulation, fp32 states.
+
+Pipeline (one kernel per file): ssd_chunk_cumsum → [ssd_bmm] → ssd_chunk_state (chunk states + passing,
+fused) → ssd_chunk_scan.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
+                      dt_limits, host_ints, next_pow2)
+from .ssd_bmm import ssd_bmm_kernel
+from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
+from .ssd_chunk_scan import ssd_chunk_scan_kernel
+from .ssd_chunk_state import ssd_chunk_state_kernel
+
+OP = "ssd_varlen"
+
+
+@dataclass(frozen=True)
+class SSDChunkTable:
+    """Chunks of a packed batch (device tensors) — build once per step, share across layers."""
+    chunk_start: Tensor      # [n_chunks] int64 token offset of the chunk in the packed batch
+    chunk_len: Tensor        # [n_chunks] int32
+    seq_chunk_ptr: Tensor    # [n_seqs + 1] int64: chunks of sequence s are seq_chunk_ptr[s]:seq_chunk_ptr[s+1]
+    n_chunks: int
+    n_tokens: int
+    chunk_size: int
+
+
+def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int], chunk_size: int,
+                    device: torch.device | str) -> SSDChunkTable:
+    """Cut every sequence at absolute multiples of chunk_size (as oracle.ssd.chunk_bounds) into one table."""
+    cu = host_ints(OP, "cu_seqlens", cu_seqlens)
+    sp = host_ints(OP, "start_pos", start_pos)
+    if chunk_size < 1:
+        raise KernelInputError(f"{OP}: `chunk_size`={chunk_size} must be >= 1")
+    if len(cu) < 1 or cu[0] != 0:
+        raise KernelInputError(f"{OP}: `cu_seqlens` must start with 0, got {cu[:1]}")
+    if len(sp) != len(cu) - 1:
+        raise KernelInputError(f"{OP}: `start_pos` has {len(sp)} entries for {len(cu) - 1} sequences")
+    starts, lens, ptr = [], [], [0]
+    for s in range(len(sp)):
+        lo, hi_seq = cu[s], cu[s + 1]
+        if hi_seq < lo:
+            raise KernelInputError(f"{OP}: `cu_seqlens` decreases at sequence {s}")
+        if sp[s] < 0:
+            raise KernelInputError(f"{OP}: `start_pos`[{s}]={sp[s]} is negative")
+        pos = sp[s]
+        while lo < hi_seq:
+            hi = min(hi_seq, lo + chunk_size - pos % chunk_size)
+            starts.append(lo)
+            lens.append(hi - lo)
+            pos += hi - lo
+            lo = hi
+        ptr.append(len(starts))
+    return SSDChunkTable(torch.tensor(starts, dtype=torch.int64, device=device),
+                         torch.tensor(lens, dtype=torch.int32, device=device),
+                         torch.tensor(ptr, dtype=torch.int64, device=device),
+                         len(starts), cu[-1], chunk_size)
+
+
+def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torch.dtype) -> dict:
+    """Tile shapes and warps for the SSD pipeline; keyed on the model shape only (never on token count)."""
+    bq = next_pow2(chunk_size, 16)
+    bn_full = next_pow2(N, 16)
+    return dict(
+        BLOCK_Q=bq,
+        cumsum=dict(BLOCK_H=min(next_pow2(H), max(1, 4096 // bq)), num_warps=4),
+        bmm=dict(BLOCK_M=min(bq, 64), num_warps=4),
+        state=dict(BLOCK_P=min(next_pow2(P, 16), 32), BLOCK_N=min(bn_full, 64),
+                   num_warps=4, num_stages=2),
+        scan=dict(BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64),
+                  BLOCK_N=bn_full, num_warps=4, num_stages=2),
+        use_cb=(H // G) >= 4,
+    )
+
+
+def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+               dt_bias: Tensor | None, ssm_bank: Tensor, cu_seqlens: Tensor | list[int],
+               slot: Tensor, start_pos: Tensor | list[int], has_initial_state: Tensor, chunk_size: int,
+               dt_limit: tuple[float, float] = (0.0, math.inf), out: Tensor | None = None,
+               table: SSDChunkTable | None = None, use_cb: bool | None = None) -> Tensor:
+    """Chunked SSD over packed sequences: x [T,H,P], dt raw [T,H], A [H], B/C [T,G,N], D [H] -> y [T,H,P]."""
+    check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
+    T, H, P = x.shape
+    dev = x.device
+    check(OP, "dt", dt, (T, H), FLOAT_DTYPES, dev)
+    check(OP, "A", A, (H,), (torch.float32,), dev)
+    check(OP, "B", B, (T, None, None), (x.dtype,), dev)
+    G, N = B.shape[1], B.shape[2]
+    check(OP, "C", C, (T, G, N), (x.dtype,), dev)
+    check(OP, "D", D, (H,), FLOAT_DTYPES, dev, optional=True)
+    check(OP, "dt_bias", dt_bias, (H,), FLOAT_DTYPES, dev, optional=True)
+    check(OP, "ssm_bank", ssm_bank, (None, H, P, N), (torch.float32,), dev)
+    if G < 1 or H % G != 0:
+        raise KernelInputError(f"{OP}: n_heads={H} is not divisible by n_groups={G}")
+    slots = host_ints(OP, "slot", slot)
+    n_seq = len(slots)
+    check(OP, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
+    check(OP, "has_initial_state", has_initial_state, (n_seq,), (torch.bool, torch.int32, torch.int8), dev)
+    check_slots(OP, slots, ssm_bank.shape[0])
+    if out is None:
+        out = torch.empty_like(x)
+    check(OP, "out", out, (T, H, P), (x.dtype,), dev)
+    if table is None:
+        table = ssd_chunk_table(cu_seqlens, start_pos, chunk_size, dev)
+    if table.n_tokens != T or table.chunk_size != chunk_size or table.seq_chunk_ptr.numel() != n_seq + 1:
+        raise KernelInputError(f"{OP}: `table` was built for another batch (tokens {table.n_tokens} vs {T}, "
+                               f"chunk {table.chunk_size} vs {chunk_size}, seqs {table.seq_chunk_ptr.numel() - 1})")
+    if T == 0 and n_seq == 0:
+        return out
+    rule = ssd_launch_rule(H, G, P, N, chunk_size, x.dtype)
+    use_cb = rule["use_cb"] if use_cb is None else use_cb
+    prec = dot_precision(x.dtype)
+    lo, hi = dt_limits(dt_limit)
+    BQ = rule["BLOCK_Q"]
+    nc = table.n_chunks
+    has_init = has_initial_state.to(torch.int32)
+
+    dt_p = torch.empty(H, T, dtype=torch.float32, device=dev)
+    dacs = torch.empty(H, T, dtype=torch.float32, device=dev)
+    if nc > 0:
+        r = rule["cumsum"]
+        ssd_chunk_cumsum_kernel[(nc, triton_cdiv(H, r["BLOCK_H"]))](
+            dt, dt_bias if dt_bias is not None else A, A, dt_p, dacs, table.chunk_start, table.chunk_len,
+            H, lo, hi, dt.stride(0), dt.stride(1), dt_p.stride(0),
+            HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
+    cb = None
+    if use_cb and nc > 0:
+        cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32, device=dev)
+        r = rule["bmm"]
+        nb = BQ // r["BLOCK_M"]
+        ssd_bmm_kernel[(nc, G, nb * nb)](
+            B, C, cb, table.chunk_start, table.chunk_len, N,
+            *B.stride(), *C.stride(), cb.stride(0), cb.stride(1), cb.stride(2),
+            BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_N=next_pow2(N, 16), DOT_PREC=prec, num_warps=r["num_warps"])
+    prev = torch.empty(max(nc, 1), H, P, N, dtype=torch.float32, device=dev)
+    if n_seq > 0:
+        r = rule["state"]
+        grid = (n_seq, H, triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]))
+        ssd_chunk_state_kernel[grid](
+            x, B, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len,
+            slot, has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
+            prev.stride(0), prev.stride(1), prev.stride(2),
+            BLOCK_Q=BQ, BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+            num_warps=r["num_warps"], num_stages=r["num_stages"])
+    if nc > 0:
+        r = rule["scan"]
+        grid = (nc, H, (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]))
+        cbt = cb if cb is not None else prev
+        ssd_chunk_scan_kernel[grid](
+            x, B, C, cbt, dt_p, dacs, prev, D if D is not None else A, out,
+            table.chunk_start, table.chunk_len, P, N, H // G,
+            *x.stride(), *B.stride(), *C.stride(),
+            cbt.stride(0), cbt.stride(1), cbt.stride(2), dt_p.stride(0),
+            prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
+            USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
+            BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+            num_warps=r["num_warps"], num_stages=r["num_stages"])
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)

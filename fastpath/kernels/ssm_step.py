@@ -1,0 +1,109 @@
+"""Decode state update over the bank (mirrors oracle/ssd.py: ssm_step), one token per row.
+
+Row r reads and writes ssm_bank[slot[r]] in place; rows with slot -1 are padding: no bank read or write,
+output zero. dt processing (softplus(dt + dt_bias), clamp) inside; D skip; optional z gate y · silu(z).
+Graph-safe: no host syncs (slot uniqueness is the caller's contract here; prefill validates it).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, next_pow2, sigmoid, softplus
+
+OP = "ssm_step"
+
+
+@triton.jit
+def ssm_step_kernel(
+    bank_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, y_ptr, slot_ptr,
+    P, N, heads_per_group, dt_lo, dt_hi,
+    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
+    stride_x_r, stride_x_h, stride_x_p, stride_dt_r, stride_dt_h,
+    stride_b_r, stride_b_g, stride_b_n, stride_c_r, stride_c_g, stride_c_n,
+    stride_z_r, stride_z_h, stride_z_p, stride_y_r, stride_y_h, stride_y_p,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid (R, H, cdiv(P, BLOCK_P))."""
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    pb = tl.program_id(2)
+    g = h // heads_per_group
+    slot = tl.load(slot_ptr + r).to(tl.int64)
+    live = slot >= 0
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mp = offs_p < P
+    mn = offs_n < N
+    mp_live = tl.where(live, mp, False)
+    mn_live = tl.where(live, mn, False)
+    m2 = mp_live[:, None] & mn_live[None, :]
+    tile = (bank_ptr + slot * stride_bank_s + h * stride_bank_h
+            + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
+    state = tl.load(tile, mask=m2, other=0.0)
+    x = tl.load(x_ptr + r * stride_x_r + h * stride_x_h + offs_p * stride_x_p, mask=mp_live, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + r * stride_dt_r + h * stride_dt_h).to(tl.float32)
+    if HAS_BIAS:
+        dt += tl.load(dt_bias_ptr + h).to(tl.float32)
+    dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
+    decay = tl.exp(dt * tl.load(A_ptr + h).to(tl.float32))
+    Bv = tl.load(B_ptr + r * stride_b_r + g * stride_b_g + offs_n * stride_b_n, mask=mn_live, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + r * stride_c_r + g * stride_c_g + offs_n * stride_c_n, mask=mn_live, other=0.0).to(tl.float32)
+    state = decay * state + (dt * x)[:, None] * Bv[None, :]
+    tl.store(tile, state, mask=m2)
+    y = tl.sum(state * Cv[None, :], axis=1)
+    if HAS_D:
+        y += tl.load(D_ptr + h).to(tl.float32) * x
+    if HAS_Z:
+        z = tl.load(z_ptr + r * stride_z_r + h * stride_z_h + offs_p * stride_z_p, mask=mp_live, other=0.0).to(tl.float32)
+        y = y * (z * sigmoid(z))
+    y = tl.where(mp_live, y, 0.0)
+    tl.store(y_ptr + r * stride_y_r + h * stride_y_h + offs_p * stride_y_p, y.to(y_ptr.dtype.element_ty), mask=mp)
+
+
+def ssm_step_launch_rule(H: int, P: int, N: int) -> dict:
+    """~2K fp32 state elements per program (8 KB), 4 warps; keyed on the model shape only."""
+    bn = next_pow2(N)
+    return dict(BLOCK_N=bn, BLOCK_P=min(next_pow2(P), max(1, 2048 // bn)), num_warps=4)
+
+
+def ssm_step(ssm_bank: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+             dt_bias: Tensor | None, slot: Tensor, z: Tensor | None = None,
+             dt_limit: tuple[float, float] = (0.0, math.inf), out: Tensor | None = None) -> Tensor:
+    """One decode token per row: x [R,H,P], dt raw [R,H], B/C [R,G,N]; updates ssm_bank [S,H,P,N] -> y [R,H,P]."""
+    check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
+    R, H, P = x.shape
+    dev = x.device
+    check(OP, "ssm_bank", ssm_bank, (None, H, P, None), (torch.float32,), dev)
+    N = ssm_bank.shape[3]
+    check(OP, "dt", dt, (R, H), FLOAT_DTYPES, dev)
+    check(OP, "A", A, (H,), (torch.float32,), dev)
+    check(OP, "B", B, (R, None, N), FLOAT_DTYPES, dev)
+    G = B.shape[1]
+    if G < 1 or H % G != 0:
+        raise KernelInputError(f"{OP}: n_heads={H} is not divisible by n_groups={G}")
+    check(OP, "C", C, (R, G, N), FLOAT_DTYPES, dev)
+    check(OP, "D", D, (H,), FLOAT_DTYPES, dev, optional=True)
+    check(OP, "dt_bias", dt_bias, (H,), FLOAT_DTYPES, dev, optional=True)
+    check(OP, "slot", slot, (R,), INDEX_DTYPES, dev)
+    check(OP, "z", z, (R, H, P), FLOAT_DTYPES, dev, optional=True)
+    if out is None:
+        out = torch.empty_like(x)
+    check(OP, "out", out, (R, H, P), FLOAT_DTYPES, dev)
+    if R == 0:
+        return out
+    lo, hi = dt_limits(dt_limit)
+    rule = ssm_step_launch_rule(H, P, N)
+    zz = z if z is not None else x
+    ssm_step_kernel[(R, H, triton.cdiv(P, rule["BLOCK_P"]))](
+        ssm_bank, x, dt, A, B, C, D if D is not None else A, dt_bias if dt_bias is not None else A, zz, out, slot,
+        P, N, H // G, lo, hi, *ssm_bank.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+        *zz.stride(), *out.stride(),
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_Z=z is not None,
+        BLOCK_P=rule["BLOCK_P"], BLOCK_N=rule["BLOCK_N"], num_warps=rule["num_warps"])
+    return out
