@@ -1,0 +1,139 @@
+"""OracleModel: the explicit hybrid Mamba2/attention language model, one request at a time.
+
+    h = embed[tokens] * embedding_multiplier
+    for each layer:  (Bamba/Granite: mixer then FFN; Nemotron-H: one of them; Mamba2: mixer only)
+        h = h + residual_multiplier * mixer(rms_norm(h))          mixer = Mamba2 or attention (+ RoPE, KV cache)
+        h = h + residual_multiplier * ffn(rms_norm(h))            ffn = MLP or MoE
+    logits = lm_head(rms_norm(h)) / logits_scaling
+
+A request's state (`OracleState`) holds, per layer, the conv window and SSM state (Mamba layers) or the
+K/V cache (attention layers), plus `position`, the absolute position of the next token. Prefill continues
+from any state (chunked prefill); chunk boundaries of the SSD scan are at absolute positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .attention import attention, rope
+from .config import HybridConfig
+from .gated_norm import rms_norm
+from .mamba2 import mamba2_mixer, scan_dtype
+from .mlp import linear, mlp, moe
+
+
+@dataclass
+class OracleState:
+    """Per-request state: conv windows, SSM states and KV caches keyed by layer index, and the next position."""
+    position: int = 0
+    conv: dict[int, Tensor] = field(default_factory=dict)      # [conv_dim, d_conv-1], oldest first
+    ssm: dict[int, Tensor] = field(default_factory=dict)       # [H, P, N]
+    k: dict[int, Tensor] = field(default_factory=dict)         # [position, Hkv, d] (after RoPE)
+    v: dict[int, Tensor] = field(default_factory=dict)         # [position, Hkv, d]
+
+    def clone(self) -> "OracleState":
+        """A deep copy (tensors cloned)."""
+        cp = lambda d: {i: t.clone() for i, t in d.items()}  # noqa: E731
+        return OracleState(self.position, cp(self.conv), cp(self.ssm), cp(self.k), cp(self.v))
+
+
+class OracleModel:
+    """The truth model. `prefill(tokens, state)` and `decode(token, state)` return logits and a new state."""
+
+    def __init__(self, config: HybridConfig, tensors: dict[str, Tensor], dtype: torch.dtype = torch.float64):
+        from .checkpoint import check_tensors
+        check_tensors(config, tensors)
+        self.config, self.dtype = config, dtype
+        self.weights = {k: v.to(dtype) for k, v in tensors.items()}
+        self.stream_dtype = torch.float32 if (config.residual_in_fp32 and dtype in (torch.bfloat16, torch.float16)) \
+            else dtype
+
+    # ------------------------------------------------------------------------------------------ state
+    def new_state(self) -> OracleState:
+        """An empty state (position 0, zero conv windows and SSM states, empty KV caches)."""
+        c, s = self.config, OracleState()
+        for i in c.mamba_layer_ids:
+            s.conv[i] = torch.zeros(c.conv_dim, c.mamba_d_conv - 1, dtype=self.dtype)
+            s.ssm[i] = torch.zeros(c.mamba_n_heads, c.mamba_head_dim, c.mamba_d_state, dtype=scan_dtype(self.dtype))
+        for i in c.attention_layer_ids:
+            s.k[i] = torch.zeros(0, c.n_kv_heads, c.attn_head_dim, dtype=self.dtype)
+            s.v[i] = torch.zeros(0, c.n_kv_heads, c.attn_head_dim, dtype=self.dtype)
+        return s
+
+    # ---------------------------------------------------------------------------------------- public
+    def prefill(self, tokens: list[int], state: OracleState | None = None, scan: str = "chunked",
+                return_layers: bool = False):
+        """tokens -> (logits [len, vocab], new state) [+ per-layer hidden outputs if return_layers]."""
+        if len(tokens) == 0:
+            raise ValueError("tokens: empty prompt")
+        logits, new_state, layers = self.forward(tokens, state, scan)
+        return (logits, new_state, layers) if return_layers else (logits, new_state)
+
+    def decode(self, token: int, state: OracleState, return_layers: bool = False):
+        """One token -> (logits [vocab], new state); the SSM advances by ssm_step (the recurrence)."""
+        if state is None:
+            raise ValueError("state: decode needs a state (use prefill or new_state())")
+        logits, new_state, layers = self.forward([token], state, scan="recurrence")
+        return (logits[0], new_state, layers) if return_layers else (logits[0], new_state)
+
+    # ---------------------------------------------------------------------------------------- forward
+    def forward(self, tokens: list[int], state: OracleState | None, scan: str) -> tuple[Tensor, OracleState, list]:
+        """The whole model over `tokens` continuing from `state`; returns (logits, new state, layer outputs)."""
+        c, w = self.config, self.weights
+        ids = torch.as_tensor(list(tokens), dtype=torch.long)
+        if ids.dim() != 1:
+            raise ValueError("tokens: expected a flat list of token ids")
+        bad = [int(t) for t in ids if not 0 <= int(t) < c.vocab_size]
+        if bad:
+            raise ValueError(f"tokens: ids {bad[:5]} out of range for vocab_size={c.vocab_size}")
+        old = state if state is not None else self.new_state()
+        new = OracleState(position=old.position)
+        positions = torch.arange(old.position, old.position + len(ids))
+
+        h = (w["embed.weight"][ids] * c.embedding_multiplier).to(self.stream_dtype)
+        layer_outputs = []
+        for i, spec in enumerate(c.layers):
+            p = f"layers.{i}."
+            if spec.mixer is not None:
+                u = rms_norm(h.to(self.dtype), w[p + "mixer_norm.weight"], c.norm_eps)
+                if spec.mixer == "mamba":
+                    out, new.conv[i], new.ssm[i] = mamba2_mixer(c, w, p + "mamba.", u, old.conv[i], old.ssm[i],
+                                                                old.position, scan)
+                else:
+                    out, new.k[i], new.v[i] = self.attention_block(p + "attn.", u, old.k[i], old.v[i], positions)
+                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+            if spec.ffn is not None:
+                u = rms_norm(h.to(self.dtype), w[p + "ffn_norm.weight"], c.norm_eps)
+                out = mlp(u, w, p + "mlp.", c.mlp_act) if spec.ffn == "mlp" else moe(u, c, w, p + "moe.")
+                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+            layer_outputs.append(h.clone())
+        h = rms_norm(h.to(self.dtype), w["final_norm.weight"], c.norm_eps)
+        logits = linear(h, w["lm_head.weight"]) / c.logits_scaling
+        new.position = old.position + len(ids)
+        return logits, new, layer_outputs
+
+    def attention_block(self, p: str, u: Tensor, k_cache: Tensor, v_cache: Tensor,
+                        positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """u [L, D] -> (out [L, D], K cache, V cache) with the new tokens appended (keys stored after RoPE)."""
+        c, w, L = self.config, self.weights, u.shape[0]
+        q = linear(u, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(L, c.n_attn_heads, c.attn_head_dim)
+        k = linear(u, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
+        v = linear(u, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
+        q, k = rope(q, positions, c.rope_dim, c.rope_theta), rope(k, positions, c.rope_dim, c.rope_theta)
+        k_all, v_all = torch.cat([k_cache, k]), torch.cat([v_cache, v])
+        k_positions = torch.arange(k_all.shape[0])
+        o = attention(q, k_all, v_all, positions, k_positions, c.attn_scale)
+        out = linear(o.reshape(L, c.n_attn_heads * c.attn_head_dim), w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
+        return out, k_all, v_all
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def generate_greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """Prefill then greedy decode (argmax, lowest index on ties); returns the new tokens."""
+        logits, state = self.prefill(prompt)
+        out = [int(torch.argmax(logits[-1]))]
+        while len(out) < max_new_tokens:
+            logits, state = self.decode(out[-1], state)
+            out.append(int(torch.argmax(logits)))
+        return out
