@@ -1,0 +1,189 @@
+"""Causal GQA attention against the per-slot KV cache (mirrors oracle/attention.py: attention).
+
+k_cache/v_cache [S, max_len, Hkv, d]: slot s holds its request's keys/values at their absolute positions.
+Each call first writes the new K/V at positions start_pos[s] + i, then attends: a query at absolute
+position p sees cached keys at positions <= p. Prefill (varlen, packed, continuation pieces allowed) and
+decode (one token per row, graph-safe: no host sync) share the two kernels. Slot -1: no cache read or
+write, output zero. RoPE is applied beforehand (fastpath/kernels/rope.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
+                      host_ints, next_pow2)
+
+OP_PREFILL = "attention_prefill_varlen"
+OP_DECODE = "attention_decode"
+
+
+@triton.jit
+def kv_cache_write_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, tok_seq_ptr, cu_ptr, slot_ptr, start_ptr, max_len, D,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (T, Hkv): token t's K/V go to cache[slot, start_pos + index in sequence]."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.load(tok_seq_ptr + t)
+    pos = tl.load(start_ptr + s).to(tl.int64) + t - tl.load(cu_ptr + s).to(tl.int64)
+    slot = tl.load(slot_ptr + s).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    m = tl.where((slot >= 0) & (pos < max_len), d < D, False)
+    kv = tl.load(k_ptr + t * stride_k_t + h * stride_k_h + d, mask=m, other=0.0)
+    tl.store(kc_ptr + slot * stride_kc_s + pos * stride_kc_p + h * stride_kc_h + d, kv, mask=m)
+    vv = tl.load(v_ptr + t * stride_v_t + h * stride_v_h + d, mask=m, other=0.0)
+    tl.store(vc_ptr + slot * stride_vc_s + pos * stride_vc_p + h * stride_vc_h + d, vv, mask=m)
+
+
+@triton.jit
+def attention_kernel(
+    q_ptr, kc_ptr, vc_ptr, o_ptr, blk_seq_ptr, blk_q0_ptr, cu_ptr, slot_ptr, start_ptr,
+    scale, q_per_kv, D,
+    stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
+    stride_o_t, stride_o_h,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Grid (n_query_blocks, Hq): flash-style online softmax over the slot's cached keys."""
+    b = tl.program_id(0)
+    hq = tl.program_id(1).to(tl.int64)
+    kvh = hq // q_per_kv
+    s = tl.load(blk_seq_ptr + b)
+    q0 = tl.load(blk_q0_ptr + b).to(tl.int64)
+    first = tl.load(cu_ptr + s).to(tl.int64)
+    L = tl.load(cu_ptr + s + 1).to(tl.int64) - first
+    slot = tl.load(slot_ptr + s).to(tl.int64)
+    sp = tl.load(start_ptr + s).to(tl.int64)
+    live = slot >= 0
+    offs_m = q0 + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    mm = offs_m < L
+    qpos = sp + offs_m
+    q = tl.load(q_ptr + (first + offs_m)[:, None] * stride_q_t + hq * stride_q_h + d[None, :],
+                mask=mm[:, None] & md[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    kv_end = tl.where(live, sp + tl.minimum(L, q0 + BLOCK_M), 0)
+    kbase = kc_ptr + slot * stride_kc_s + kvh * stride_kc_h
+    vbase = vc_ptr + slot * stride_vc_s + kvh * stride_vc_h
+    for n0 in range(0, kv_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mn = offs_n < kv_end
+        k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
+        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
+        vis = (offs_n[None, :] <= qpos[:, None]) & mn[None, :]
+        sc = tl.where(vis, sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vbase + offs_n[:, None] * stride_vc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o = tl.where(live, o, 0.0)
+    tl.store(o_ptr + (first + offs_m)[:, None] * stride_o_t + hq * stride_o_h + d[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & md[None, :])
+
+
+def attention_launch_rule(head_dim: int, decode: bool) -> dict:
+    """Query rows per program (16 for decode: the dot minimum), 64 keys per step, 4 warps."""
+    return dict(BLOCK_M=16 if decode else 64, BLOCK_N=64 if head_dim <= 128 else 32,
+                BLOCK_D=next_pow2(head_dim, 16), num_warps=4)
+
+
+def _check(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int]:
+    check(op, "q", q, (None, None, None), FLOAT_DTYPES)
+    T, Hq, D = q.shape
+    check(op, "k", k, (T, None, D), (q.dtype,), q.device)
+    Hkv = k.shape[1]
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise KernelInputError(f"{op}: n_heads={Hq} is not divisible by n_kv_heads={Hkv}")
+    check(op, "v", v, (T, Hkv, D), (q.dtype,), q.device)
+    check(op, "k_cache", k_cache, (None, None, Hkv, D), (q.dtype,), q.device)
+    check(op, "v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), q.device)
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise KernelInputError(f"{op}: the head dim of `{name}` must be contiguous")
+    return T, Hq, Hkv
+
+
+def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, blk_seq, blk_q0, scale, rule) -> None:
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    kv_cache_write_kernel[(T, Hkv)](
+        k, v, k_cache, v_cache, tok_seq, cu, slot, start, k_cache.shape[1], D,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        BLOCK_D=rule["BLOCK_D"], num_warps=1)
+    attention_kernel[(blk_seq.shape[0], Hq)](
+        q, k_cache, v_cache, out, blk_seq, blk_q0, cu, slot, start, float(scale), Hq // Hkv, D,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
+        BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"])
+
+
+def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                             cu_seqlens: Tensor, slot: Tensor, start_pos: Tensor, scale: float,
+                             out: Tensor | None = None) -> Tensor:
+    """Packed q [T,Hq,d], k/v [T,Hkv,d] of sequences at start_pos: write K/V into the cache, attend -> [T,Hq,d]."""
+    op = OP_PREFILL
+    T, Hq, Hkv = _check(op, q, k, v, k_cache, v_cache)
+    dev = q.device
+    check(op, "cu_seqlens", cu_seqlens, (None,), INDEX_DTYPES, dev)
+    n_seq = cu_seqlens.shape[0] - 1
+    check(op, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
+    check(op, "start_pos", start_pos, (n_seq,), INDEX_DTYPES, dev)
+    cu, sp, sl = (host_ints(op, n, t) for n, t in (("cu_seqlens", cu_seqlens), ("start_pos", start_pos),
+                                                   ("slot", slot)))
+    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+        raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}")
+    check_slots(op, sl, k_cache.shape[0])
+    for s in range(n_seq):
+        if sp[s] < 0 or sp[s] + cu[s + 1] - cu[s] > k_cache.shape[1]:
+            raise KernelInputError(f"{op}: sequence {s} (`start_pos`={sp[s]}, length {cu[s + 1] - cu[s]}) "
+                                   f"does not fit the cache's max_len {k_cache.shape[1]}")
+    if out is None:
+        out = torch.empty_like(q)
+    check(op, "out", out, tuple(q.shape), (q.dtype,), dev)
+    if T == 0:
+        return out
+    rule = attention_launch_rule(q.shape[2], decode=False)
+    bm = rule["BLOCK_M"]
+    blk_seq, blk_q0 = [], []
+    for s in range(n_seq):
+        for q0 in range(0, cu[s + 1] - cu[s], bm):
+            blk_seq.append(s)
+            blk_q0.append(q0)
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    tok_seq = torch.repeat_interleave(torch.arange(n_seq, device=dev, dtype=torch.int32), lengths, output_size=T)
+    _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos,
+            torch.tensor(blk_seq, dtype=torch.int32, device=dev), torch.tensor(blk_q0, dtype=torch.int32, device=dev),
+            scale, rule)
+    return out
+
+
+def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot: Tensor,
+                     pos: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+    """One token per row at position pos[r]: write its K/V into cache[slot[r]], attend -> [R,Hq,d]. No host sync."""
+    op = OP_DECODE
+    R, Hq, Hkv = _check(op, q, k, v, k_cache, v_cache)
+    dev = q.device
+    check(op, "slot", slot, (R,), INDEX_DTYPES, dev)
+    check(op, "pos", pos, (R,), INDEX_DTYPES, dev)
+    if out is None:
+        out = torch.empty_like(q)
+    check(op, "out", out, tuple(q.shape), (q.dtype,), dev)
+    if R == 0:
+        return out
+    rule = attention_launch_rule(q.shape[2], decode=True)
+    rows = torch.arange(R, device=dev, dtype=torch.int32)
+    cu = torch.arange(R + 1, device=dev, dtype=torch.int32)
+    _launch(q, k, v, k_cache, v_cache, out, rows, cu, slot, pos, rows, torch.zeros_like(rows), scale, rule)
+    return out

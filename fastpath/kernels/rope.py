@@ -1,0 +1,76 @@
+"""Rotary position embedding (mirrors oracle/attention.py: rope), rotate-half form on the first rot_dim
+dims of each head; rot_dim = head_dim (full), head_dim/2 (Bamba's partial), 0 (none: a copy)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, next_pow2
+
+OP = "rope"
+
+
+@triton.jit
+def rope_kernel(
+    x_ptr, pos_ptr, inv_freq_ptr, o_ptr, H, D, half,
+    stride_x_t, stride_x_h, stride_o_t, stride_o_h,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Grid (T, cdiv(H, BLOCK_H)); the last dim of x and out is contiguous."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mh = offs_h < H
+    i = tl.arange(0, BLOCK_HALF)
+    mi = i < half
+    ang = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + i, mask=mi, other=0.0)
+    cos = tl.cos(ang)[None, :]
+    sin = tl.sin(ang)[None, :]
+    xrow = x_ptr + t * stride_x_t + offs_h[:, None] * stride_x_h
+    orow = o_ptr + t * stride_o_t + offs_h[:, None] * stride_o_h
+    m = mh[:, None] & mi[None, :]
+    x1 = tl.load(xrow + i[None, :], mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(xrow + (i + half)[None, :], mask=m, other=0.0).to(tl.float32)
+    d = tl.arange(0, BLOCK_D)
+    mr = mh[:, None] & ((d >= 2 * half) & (d < D))[None, :]
+    rest = tl.load(xrow + d[None, :], mask=mr, other=0.0)
+    tl.debug_barrier()                                                    # in place: all reads before writes
+    tl.store(orow + i[None, :], (x1 * cos - x2 * sin).to(o_ptr.dtype.element_ty), mask=m)
+    tl.store(orow + (i + half)[None, :], (x2 * cos + x1 * sin).to(o_ptr.dtype.element_ty), mask=m)
+    tl.store(orow + d[None, :], rest, mask=mr)
+
+
+_INV_FREQ: dict = {}
+
+
+def inv_freq(rot_dim: int, theta: float, device: torch.device) -> Tensor:
+    """theta^(-2i/rot_dim) in fp32, computed as the oracle does (cached per device)."""
+    key = (rot_dim, float(theta), str(device))
+    if key not in _INV_FREQ:
+        _INV_FREQ[key] = (1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64).to(torch.float32)
+                                           / rot_dim))).to(device)
+    return _INV_FREQ[key]
+
+
+def rope(x: Tensor, positions: Tensor, rot_dim: int, theta: float, out: Tensor | None = None) -> Tensor:
+    """x [T, H, d] rotated by absolute positions [T] on its first rot_dim dims; out may be x (in place)."""
+    check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
+    T, H, D = x.shape
+    check(OP, "positions", positions, (T,), INDEX_DTYPES, x.device)
+    if rot_dim < 0 or rot_dim % 2 != 0 or rot_dim > D:
+        raise KernelInputError(f"{OP}: rot_dim={rot_dim} must be even and <= head_dim={D}")
+    if out is None:
+        out = torch.empty_like(x)
+    check(OP, "out", out, (T, H, D), (x.dtype,), x.device)
+    if x.stride(2) != 1 or out.stride(2) != 1:
+        raise KernelInputError(f"{OP}: the head dim of `x` and `out` must be contiguous")
+    if T == 0:
+        return out
+    half = rot_dim // 2
+    freqs = inv_freq(max(rot_dim, 2), theta, x.device)
+    bh = min(next_pow2(H), 16)
+    rope_kernel[(T, triton.cdiv(H, bh))](
+        x, positions, freqs, out, H, D, half, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        BLOCK_H=bh, BLOCK_HALF=next_pow2(max(half, 1)), BLOCK_D=next_pow2(D), num_warps=4)
+    return out
