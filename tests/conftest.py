@@ -1,0 +1,31 @@
+"""Shared fixtures (keep small). Owner: the oracle part; ask before adding here."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_report_header(config):
+    """Record the external oracle's version (DESIGN §2/§11: HF's own semantics move between versions)."""
+    try:
+        import transformers
+        return f"transformers (external oracle) {transformers.__version__}"
+    except ImportError:
+        return "transformers not installed: HF cross-check tests will be skipped"
+
+
+@pytest.fixture(scope="session")
+def zoo_folder(tmp_path_factory):
+    """zoo_folder(variant, seed=0) -> path of an HF folder written by oracle.zoo (cached per session)."""
+    from oracle.zoo import VARIANTS, write_hf_folder
+    cache: dict[tuple[str, int], str] = {}
+
+    def make(variant: str, seed: int = 0) -> str:
+        if (variant, seed) not in cache:
+            arch, overrides = VARIANTS[variant]
+            path = os.fspath(tmp_path_factory.mktemp(f"zoo-{variant}-{seed}"))
+            write_hf_folder(path, arch, seed=seed, **overrides)
+            cache[(variant, seed)] = path
+        return cache[(variant, seed)]
+    return make
