@@ -1,0 +1,203 @@
+"""fastpath.kernels.ssd_varlen vs the fp64 per-token recurrence (oracle/ssd.py), on the state bank."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fastpath.kernels._common import KernelInputError  # noqa: E402
+from fastpath.kernels.ssd import ssd_chunk_table, ssd_varlen  # noqa: E402
+from oracle.mamba2 import process_dt  # noqa: E402
+from oracle.ssd import chunk_bounds, ssm_recurrence  # noqa: E402
+
+# ‖Δ‖/‖ref‖ bounds per dtype (docs/kernels.md): fp32 measured ≈ 1e-7..4e-7; bf16 inputs/outputs ≈ 2e-3..4e-3.
+REL = {torch.float32: 5e-6, torch.bfloat16: 1.5e-2}
+GPU = pytest.mark.gpu
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+TIERS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
+         pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=[GPU, NO_CUDA]),
+         pytest.param("cuda", torch.float32, id="cuda-fp32", marks=[GPU, NO_CUDA])]
+
+
+def _skip_cpu_without_interpreter(device: str) -> None:
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU tier needs TRITON_INTERPRET=1")
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖a - ref‖ / ‖ref‖ in fp64; NaN (unwritten output) never passes."""
+    a = a.double().cpu()
+    ref = ref.double().cpu()
+    assert torch.isfinite(a).all(), "output has NaN/inf (an element was not written?)"
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def make_inputs(T, H, P, G, N, dtype, device, gen, S=8):
+    """Fresh random SSD inputs (raw dt around softplus's bend, negative A, fp32 bank)."""
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return dict(x=r(T, H, P).to(dtype), dt=(r(T, H) * 0.7 - 0.5).to(dtype), A=-(torch.rand(H, generator=gen) * 2 + 0.1),
+                B=r(T, G, N).to(dtype), C=r(T, G, N).to(dtype), D=r(H), dt_bias=r(H) * 0.3,
+                bank=r(S, H, P, N))
+
+
+def to(d, device):
+    return {k: v.to(device) for k, v in d.items()}
+
+
+def reference(inp, s_lo, s_hi, h0, limit):
+    """fp64 recurrence for one sequence's token range, from h0 (None = zeros)."""
+    dt = process_dt(inp["dt"][s_lo:s_hi].double().cpu(), inp["dt_bias"].double().cpu(), limit)
+    return ssm_recurrence(inp["x"][s_lo:s_hi].double().cpu(), dt, inp["A"].double().cpu(),
+                          inp["B"][s_lo:s_hi].double().cpu(), inp["C"][s_lo:s_hi].double().cpu(),
+                          inp["D"].double().cpu(), None if h0 is None else h0.double().cpu())
+
+
+def run_batch(inp, lens, start_pos, slots, has_init, Q, limit, use_cb, device):
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    out = torch.full_like(inp["x"], float("nan"))
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"],
+               torch.tensor(cu, device=device), torch.tensor(slots, device=device), torch.tensor(start_pos, device=device),
+               torch.tensor(has_init, device=device), Q, dt_limit=limit, out=out, use_cb=use_cb)
+    return cu, out
+
+
+@pytest.mark.parametrize("use_cb", [False, True], ids=["cb-inline", "cb-precomputed"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_varlen_mixed_batch_matches_recurrence(device, dtype, use_cb):
+    """Lengths 1/Q-1/Q/Q+1/several chunks, mid-chunk continuations, mixed initial states, permuted slots,
+    a slot -1 piece, n_groups=2, dt clamp: every output and final state vs fp64; other bank entries untouched."""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N = 16, 4, 16, 2, 16
+    gen = torch.Generator().manual_seed(11 + use_cb)
+    lens = [1, Q - 1, Q, Q + 1, 3 * Q + 5, 7]
+    start_pos = [0, 5, Q, 3, Q + 9, 0]          # pieces 1, 3 and 4 start mid-chunk
+    has_init = [False, True, True, False, True, False]
+    slots = [6, 0, 3, 1, 4, -1]                  # permuted, gaps (2, 5, 7 unused), one padding piece
+    limit = (1e-3, 1.5)
+    inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen), device)
+    bank0 = inp["bank"].clone()
+    cu, out = run_batch(inp, lens, start_pos, slots, has_init, Q, limit, use_cb, device)
+    for s, slot in enumerate(slots):
+        h0 = bank0[slot] if has_init[s] and slot >= 0 else None
+        y, hf = reference(inp, cu[s], cu[s + 1], h0, limit)
+        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output"
+        if slot >= 0:
+            assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} final state"
+    untouched = [2, 5, 7]
+    assert torch.equal(inp["bank"][untouched], bank0[untouched]), "bank entries of unused slots changed"
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_varlen_without_D_bias_or_limit_single_group(device, dtype):
+    """Optional inputs off (D, dt_bias None; no clamp), G = 1, one sequence of several chunks."""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N = 16, 2, 16, 1, 16
+    L = 2 * Q + 3
+    gen = torch.Generator().manual_seed(5)
+    inp = to(make_inputs(L, H, P, G, N, dtype, device, gen, S=2), device)
+    out = torch.full_like(inp["x"], float("nan"))
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], None, None, inp["bank"], [0, L],
+               torch.tensor([1], device=device), [0], torch.tensor([False], device=device), Q, out=out)
+    dt = torch.nn.functional.softplus(inp["dt"].double().cpu())
+    y, hf = ssm_recurrence(inp["x"].double().cpu(), dt, inp["A"].double().cpu(), inp["B"].double().cpu(),
+                           inp["C"].double().cpu(), None, None)
+    assert rel(out, y) < REL[dtype]
+    assert rel(inp["bank"][1], hf) < REL[dtype]
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_chunk_aligned_split_is_bitwise_identical(device, dtype):
+    """One sequence in one call == the same sequence cut at chunk multiples into three calls, each packed
+    with different neighbours: bitwise equal outputs and final state."""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N = 16, 4, 16, 2, 16
+    L = 3 * Q + 5
+    gen = torch.Generator().manual_seed(7)
+    inp = to(make_inputs(L, H, P, G, N, dtype, device, gen), device)
+    other = to(make_inputs(2 * Q, H, P, G, N, dtype, device, gen), device)
+    bank = inp["bank"]
+    bank[2].zero_()
+    ref = torch.full_like(inp["x"], float("nan"))
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, L],
+               torch.tensor([2], device=device), [0], torch.tensor([True], device=device), Q, out=ref)
+    final_one_call = bank[2].clone()
+    bank[2].zero_()
+    pieces = [(0, Q), (Q, 3 * Q), (3 * Q, L)]
+    for i, (lo, hi) in enumerate(pieces):
+        n_other = [3, Q - 1, 9][i]                 # a neighbour before our piece changes the packing
+        cat = lambda k: torch.cat([other[k][:n_other], inp[k][lo:hi]])  # noqa: E731
+        out = torch.full_like(cat("x"), float("nan"))
+        ssd_varlen(cat("x"), cat("dt"), inp["A"], cat("B"), cat("C"), inp["D"], inp["dt_bias"], bank,
+                   [0, n_other, n_other + hi - lo], torch.tensor([5, 2], device=device), [4, lo],
+                   torch.tensor([False, True], device=device), Q, out=out)
+        assert torch.equal(out[n_other:], ref[lo:hi]), f"piece {i} outputs differ from the one-call run"
+    assert torch.equal(bank[2], final_one_call), "final state differs from the one-call run"
+
+
+def test_ssd_chunk_table_cuts_at_absolute_multiples():
+    """The packed chunk table equals oracle.ssd.chunk_bounds per sequence (fresh random starts/lengths)."""
+    gen = torch.Generator().manual_seed(3)
+    for Q in (8, 16, 256):
+        lens = torch.randint(0, 3 * Q, (6,), generator=gen).tolist()
+        starts = torch.randint(0, 4 * Q, (6,), generator=gen).tolist()
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        t = ssd_chunk_table(cu, starts, Q, "cpu")
+        ptr, cs, cl = t.seq_chunk_ptr.tolist(), t.chunk_start.tolist(), t.chunk_len.tolist()
+        for s in range(6):
+            got = [(cs[c] - cu[s], cs[c] - cu[s] + cl[c]) for c in range(ptr[s], ptr[s + 1])]
+            assert got == chunk_bounds(starts[s], lens[s], Q)
+
+
+def test_ssd_rejects_bad_inputs_naming_the_field():
+    """Repeated slots, a bf16 bank, wrong shapes and a short start_pos raise KernelInputError naming the field."""
+    inp = make_inputs(4, 2, 16, 1, 16, torch.float32, "cpu", torch.Generator().manual_seed(0), S=4)
+    base = dict(x=inp["x"], dt=inp["dt"], A=inp["A"], B=inp["B"], C=inp["C"], D=inp["D"], dt_bias=inp["dt_bias"],
+                ssm_bank=inp["bank"], cu_seqlens=[0, 2, 4], slot=torch.tensor([1, 2]), start_pos=[0, 0],
+                has_initial_state=torch.tensor([False, False]), chunk_size=16)
+    cases = [("slot", dict(slot=torch.tensor([1, 1]))), ("ssm_bank", dict(ssm_bank=inp["bank"].bfloat16())),
+             ("B", dict(B=inp["B"][:3])), ("start_pos", dict(start_pos=[0])), ("slot", dict(slot=torch.tensor([1, 9]))),
+             ("dt", dict(dt=inp["dt"].T.contiguous()))]
+    for field, change in cases:
+        with pytest.raises(KernelInputError, match=field):
+            ssd_varlen(**{**base, **change})
+
+
+@GPU
+@NO_CUDA
+def test_ssd_int64_offsets_beyond_2_31_elements():
+    """A packed batch whose last sequence starts past 2^31 elements of x (and of the chunk states):
+    that sequence and the first one still match the fp64 recurrence (int32 offsets would wrap)."""
+    Q, H, P, G, N = 256, 32, 64, 1, 64
+    filler = (2 ** 31) // (H * P) + 3 * Q + 17        # sequence 0 ends past element 2^31 of x
+    lens = [filler, 300]
+    T = sum(lens)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dev, dt_ = "cuda", torch.bfloat16
+    x = torch.randn(T, H, P, device=dev, dtype=dt_, generator=gen)
+    dt = (torch.randn(T, H, device=dev, generator=gen) * 0.7 - 0.5).to(dt_)
+    B = torch.randn(T, G, N, device=dev, dtype=dt_, generator=gen)
+    C = torch.randn(T, G, N, device=dev, dtype=dt_, generator=gen)
+    A = -(torch.rand(H, device=dev, generator=gen) * 2 + 0.1)
+    D, dtb = torch.randn(H, device=dev, generator=gen), torch.randn(H, device=dev, generator=gen) * 0.3
+    bank = torch.randn(2, H, P, N, device=dev, generator=gen)
+    bank0 = bank.clone()
+    assert (filler * H * P) > 2 ** 31
+    out = torch.full_like(x, float("nan"))
+    ssd_varlen(x, dt, A, B, C, D, dtb, bank, [0, filler, T], torch.tensor([0, 1], device=dev), [0, 0],
+               torch.tensor([False, True], device=dev), Q, out=out)
+    inp = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dtb)
+    y, hf = reference(inp, filler, T, bank0[1], (0.0, math.inf))
+    assert rel(out[filler:], y) < REL[dt_]
+    assert rel(bank[1], hf) < REL[dt_]
+    y0, _ = reference(inp, 0, 2 * Q + 7, None, (0.0, math.inf))
+    assert rel(out[:2 * Q + 7], y0) < REL[dt_]
+    assert torch.isfinite(out[:filler].float()).all()
