@@ -78,6 +78,21 @@ class Scheduler:
         self.log = ScheduleLog(mode)
         self.k = 0
 
+    def add_request(self, req: Request) -> None:
+        """Streaming use: submit a request arriving at `req.arrival_step` (>= the current step)."""
+        where = f"requests[{len(self.requests)}]"
+        if req.id in self.requests:
+            raise TraceError(f"{where}.id", "duplicate request id", req.id)
+        if req.arrival_step < self.k:
+            raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
+        for j, t in enumerate(req.prompt + req.stop_token_ids):
+            if not 0 <= t < self.model.config.vocab_size:
+                raise TraceError(f"{where}.prompt", f"token id {t} outside the vocabulary", req.id)
+        if not req.prompt or req.max_new_tokens < 1:
+            raise TraceError(f"{where}.prompt", "needs a non-empty prompt and max_new_tokens >= 1", req.id)
+        self.requests[req.id] = RequestState(req)
+        self.arrival_order = sorted(self.arrival_order + [req], key=lambda r: (r.arrival_step, r.id))
+
     # ------------------------------------------------------------------------------------------- queries
     @property
     def active(self) -> int:
