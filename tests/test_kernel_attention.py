@@ -1,0 +1,123 @@
+"""fastpath.kernels.attention (KV-cache prefill/decode, GQA) and rope vs oracle/attention.py in fp64."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fastpath.kernels._common import KernelInputError  # noqa: E402
+from fastpath.kernels.attention import attention_decode, attention_prefill_varlen  # noqa: E402
+from fastpath.kernels.rope import rope  # noqa: E402
+from oracle.attention import attention as oracle_attention  # noqa: E402
+from oracle.attention import rope as oracle_rope  # noqa: E402
+
+REL = {torch.float32: 5e-6, torch.bfloat16: 1e-2}   # docs/kernels.md
+GPU = pytest.mark.gpu
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+TIERS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
+         pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=[GPU, NO_CUDA]),
+         pytest.param("cuda", torch.float32, id="cuda-fp32", marks=[GPU, NO_CUDA])]
+
+
+def _skip_cpu_without_interpreter(device: str) -> None:
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU tier needs TRITON_INTERPRET=1")
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖a - ref‖ / ‖ref‖ in fp64; NaN never passes."""
+    a, ref = a.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(a).all(), "output has NaN/inf (an element was not written?)"
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("n_kv", [2, 1], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_attention_prefill_pieces_then_decode_match_oracle(device, dtype, n_kv):
+    """Three requests prefilled in two packed calls (the second continues two of them mid-prompt), then two
+    decode steps with a -1 pad row: every output vs fp64 causal attention over the whole history; the cache
+    holds exactly the written K/V; other slots bitwise untouched."""
+    _skip_cpu_without_interpreter(device)
+    Hq, d, S, M, scale = 4, 16, 6, 64, 0.3
+    gen = torch.Generator().manual_seed(60 + n_kv)
+    prompt = [21, 1, 40]
+    slots = [4, 0, 2]
+    total = [p + 2 for p in prompt]
+    q_all = [torch.randn(n, Hq, d, generator=gen).to(dtype) for n in total]
+    k_all = [torch.randn(n, n_kv, d, generator=gen).to(dtype) for n in total]
+    v_all = [torch.randn(n, n_kv, d, generator=gen).to(dtype) for n in total]
+    kc = torch.randn(S, M, n_kv, d, generator=gen).to(dtype).to(device)
+    vc = torch.randn(S, M, n_kv, d, generator=gen).to(dtype).to(device)
+    kc0, vc0 = kc.clone(), vc.clone()
+    got = [torch.full((n, Hq, d), float("nan"), dtype=dtype) for n in total]
+    # call 1: first 16 tokens of request 0, all of request 1, first 7 of request 2; call 2: the rest.
+    calls = [[(0, 0, 16), (1, 0, 1), (2, 0, 7)], [(2, 7, 40), (0, 16, 21)]]
+    for pieces in calls:
+        cu = [0]
+        for _, lo, hi in pieces:
+            cu.append(cu[-1] + hi - lo)
+        cat = lambda a: torch.cat([a[r][lo:hi] for r, lo, hi in pieces]).to(device)  # noqa: E731
+        out = torch.full((cu[-1], Hq, d), float("nan"), dtype=dtype, device=device)
+        attention_prefill_varlen(cat(q_all), cat(k_all), cat(v_all), kc, vc, torch.tensor(cu, device=device),
+                                 torch.tensor([slots[r] for r, _, _ in pieces], device=device),
+                                 torch.tensor([lo for _, lo, _ in pieces], device=device), scale, out=out)
+        for i, (r, lo, hi) in enumerate(pieces):
+            got[r][lo:hi] = out[cu[i]:cu[i + 1]].cpu()
+    for step in range(2):
+        rows = [2, -1, 0, 1]                                      # request per row; -1 = pad
+        pos = [prompt[r] + step if r >= 0 else 0 for r in rows]
+        pick = lambda a: torch.stack([a[r][p] if r >= 0 else a[0][0] for r, p in zip(rows, pos)]).to(device)  # noqa: E731
+        out = torch.full((4, Hq, d), float("nan"), dtype=dtype, device=device)
+        attention_decode(pick(q_all), pick(k_all), pick(v_all), kc, vc,
+                         torch.tensor([slots[r] if r >= 0 else -1 for r in rows], device=device),
+                         torch.tensor(pos, device=device), scale, out=out)
+        assert torch.equal(out[1].cpu(), torch.zeros(Hq, d, dtype=dtype)), "pad row output"
+        for i, r in enumerate(rows):
+            if r >= 0:
+                got[r][pos[i]] = out[i].cpu()
+    for r in range(3):
+        n = total[r]
+        ref = oracle_attention(q_all[r].double(), k_all[r].double(), v_all[r].double(),
+                               torch.arange(n), torch.arange(n), scale)
+        assert rel(got[r], ref) < REL[dtype], f"request {r}"
+        assert torch.equal(kc[slots[r], :n].cpu(), k_all[r]) and torch.equal(vc[slots[r], :n].cpu(), v_all[r])
+        assert torch.equal(kc[slots[r], n:], kc0[slots[r], n:]), "cache written past the sequence"
+    assert torch.equal(kc[[1, 3, 5]], kc0[[1, 3, 5]]) and torch.equal(vc[[1, 3, 5]], vc0[[1, 3, 5]])
+
+
+@pytest.mark.parametrize("rot", ["none", "partial", "full"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_rope_matches_oracle_in_and_out_of_place(device, dtype, rot):
+    """RoPE none / partial (half the head dim, Bamba) / full vs fp64; in place equals out of place bitwise."""
+    _skip_cpu_without_interpreter(device)
+    d = 32
+    rot_dim = {"none": 0, "partial": d // 2, "full": d}[rot]
+    gen = torch.Generator().manual_seed(70)
+    x = torch.randn(9, 3, d, generator=gen).to(dtype)
+    pos = torch.randint(0, 300, (9,), generator=gen)
+    out = torch.full_like(x, float("nan")).to(device)
+    rope(x.to(device), pos.to(device), rot_dim, 10000.0, out=out)
+    ref = oracle_rope(x.double(), pos, rot_dim, 10000.0)
+    assert rel(out, ref) < REL[dtype]
+    inplace = x.clone().to(device)
+    rope(inplace, pos.to(device), rot_dim, 10000.0, out=inplace)
+    assert torch.equal(inplace, out)
+
+
+def test_attention_rejects_bad_inputs_naming_the_field():
+    """Non-divisible GQA heads, a sequence past max_len, repeated slots raise KernelInputError."""
+    q, k = torch.randn(4, 3, 16), torch.randn(4, 2, 16)
+    kc = torch.zeros(3, 8, 2, 16)
+    args = (torch.tensor([0, 4]), torch.tensor([1]), torch.tensor([0]), 1.0)
+    with pytest.raises(KernelInputError, match="n_kv_heads"):
+        attention_prefill_varlen(q, k, k, kc, kc.clone(), *args)
+    q = torch.randn(4, 4, 16)
+    with pytest.raises(KernelInputError, match="start_pos"):
+        attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 4]), torch.tensor([1]), torch.tensor([6]), 1.0)
+    with pytest.raises(KernelInputError, match="slot"):
+        attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 2, 4]), torch.tensor([1, 1]),
+                                 torch.tensor([0, 0]), 1.0)
