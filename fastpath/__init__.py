@@ -1,0 +1,7 @@
+"""hybridqual's fast path: Triton kernels and the batched engine with one state bank (DESIGN §4)."""
+from __future__ import annotations
+
+from fastpath.engine.engine import Engine
+from fastpath.model import FastModel
+
+__all__ = ["Engine", "FastModel"]

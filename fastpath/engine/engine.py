@@ -1,0 +1,338 @@
+"""The fast-path engine: the step loop of docs/scheduler.md over the batched model and the ONE state bank.
+
+Written independently of oracle/scheduler.py (it imports only oracle's trace/log types and IO).  Per step:
+
+    legacy (and non-overlapped async):  resolve(k-1) -> admit(k) -> build_batch(k) -> launch(k)
+    overlapped async:                   launch(k) with step k-1's tokens from the device buffer -> resolve(k-1)
+
+`launch` packs the batch (decode rows first, then prefill pieces), uploads its metadata in one pinned
+host->device copy, runs the model, samples into the int64 device buffer `sampled` (allocated once), and starts
+an asynchronous device->pinned-host copy of the tokens with an event.  `resolve` waits for that event only —
+the one synchronisation per step — then appends tokens, frees finished slots (LIFO) and compacts the row
+table; in an overlapped step the same moves are applied to `sampled`, which feeds the next launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from oracle.schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
+from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against_model
+
+from . import ops
+from .bank import StateBank
+from .rows import RowTable, apply_moves_, index_pair
+from .sample import sample_rows
+
+MODES = ("legacy", "async")
+
+
+@dataclass
+class RequestState:
+    """Host bookkeeping of one request."""
+    req: Request
+    output: list[int] = field(default_factory=list)
+    done: int = 0                     # prompt tokens prefilled so far
+    admitted: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done < len(self.req.prompt)
+
+
+@dataclass
+class Launched:
+    """A launched, unresolved step: its batch, which batch entries sample, and its host token copy."""
+    step: int
+    batch: list[BatchRow]
+    record: StepRecord
+    samples: list[bool]
+    host_tokens: torch.Tensor
+    event: object = None
+
+    @property
+    def decode_only(self) -> bool:
+        return bool(self.batch) and all(b.kind in ("decode", "extra") for b in self.batch)
+
+
+def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
+    """Next prefill piece: the rest of the prompt if it fits min(left, prefill_chunk), else whole chunks (or 0)."""
+    cap = min(left, prefill_chunk)
+    if prompt_len - start <= cap:
+        return prompt_len - start
+    return cap - cap % chunk_size
+
+
+class Engine:
+    """Batched engine over one StateBank; `run_trace` or `add_request` + `step` (streaming)."""
+
+    def __init__(self, model, engine_config: EngineConfig, max_len: int = 2048, graphs: bool = False):
+        if engine_config.mode not in MODES:
+            raise TraceError("engine.mode", f"unknown mode {engine_config.mode!r}; expected {MODES}")
+        self.model, self.config, self.ec = model, model.config, engine_config
+        self.device = model.device
+        self.R = engine_config.max_requests
+        self.bank = StateBank(model.config, self.R, max_len, self.device, kv_dtype=model.dtype)
+        self.sampled = torch.zeros(self.R, dtype=torch.int64, device=self.device)   # the one token buffer
+        cuda = self.device.type == "cuda"
+        self._host = [torch.zeros(self.R, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self.graphs = None
+        if graphs and cuda:
+            from .graphs import DecodeGraphs
+            self.graphs = DecodeGraphs(self)
+        self.reset(engine_config.mode)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, engine_config: EngineConfig, device=None, dtype=None,
+                        max_len: int = 2048, graphs: bool = False) -> "Engine":
+        """Load an HF-format folder (config.json + safetensors) into a FastModel and build an engine."""
+        from oracle.checkpoint import load_checkpoint
+        from fastpath.model import FastModel
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        cfg, tensors = load_checkpoint(path)
+        return cls(FastModel(cfg, tensors, device, dtype), engine_config, max_len=max_len, graphs=graphs)
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def reset(self, mode: str | None = None) -> None:
+        """Forget all requests and bookkeeping (the bank stays allocated where it is)."""
+        mode = mode or self.ec.mode
+        if mode not in MODES:
+            raise TraceError("mode", f"unknown mode {mode!r}; expected {MODES}")
+        self.mode = mode
+        self.rows = RowTable(self.R, self.device)
+        self.requests: dict[str, RequestState] = {}
+        self.arrival_order: list[Request] = []
+        self.pending: Launched | None = None
+        self.log = ScheduleLog(mode)
+        self.k = 0
+        self._flip = 0
+        self.emitted: dict[str, list[int]] = {}
+
+    def add_request(self, req: Request) -> None:
+        """Submit a request that arrives at `req.arrival_step` (>= the current step)."""
+        where = f"requests[{len(self.requests)}]"
+        if req.id in self.requests:
+            raise TraceError(f"{where}.id", "duplicate request id", req.id)
+        if req.arrival_step < self.k:
+            raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
+        V = self.config.vocab_size
+        if not req.prompt or req.max_new_tokens < 1:
+            raise TraceError(f"{where}.prompt", "needs a non-empty prompt and max_new_tokens >= 1", req.id)
+        for t in tuple(req.prompt) + tuple(req.stop_token_ids):
+            if not 0 <= t < V:
+                raise TraceError(f"{where}.prompt", f"token id {t} outside the vocabulary", req.id)
+        need = len(req.prompt) + req.max_new_tokens
+        if self.config.attention_layer_ids and need > self.bank.max_len:
+            raise TraceError(f"{where}.max_new_tokens", f"prompt + max_new_tokens = {need} exceeds the engine's "
+                             f"max_len {self.bank.max_len}", req.id)
+        self.requests[req.id] = RequestState(req)
+        self.arrival_order = sorted(self.arrival_order + [req], key=lambda r: (r.arrival_step, r.id))
+
+    def waiting(self, k: int) -> list[RequestState]:
+        """Arrived, not yet admitted requests in (arrival_step, id) order."""
+        return [self.requests[r.id] for r in self.arrival_order
+                if r.arrival_step <= k and not self.requests[r.id].admitted]
+
+    def all_finished(self) -> bool:
+        """Every submitted request has finished."""
+        return all(s.finish_reason is not None for s in self.requests.values())
+
+    # -------------------------------------------------------------------------------------------- steps
+    def can_overlap(self) -> bool:
+        """Async: previous step decode-only, live rows, nobody waiting, no prefill in progress."""
+        p = self.pending
+        return (self.mode == "async" and p is not None and p.decode_only and self.rows.active > 0
+                and not self.waiting(self.k)
+                and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
+
+    def step(self) -> bool:
+        """Run step k (overlapped or not) and log it; False when the run is over (nothing logged)."""
+        if self.can_overlap():
+            prev = self.pending
+            rec = StepRecord(self.k, overlap=1)
+            self.log.steps.append(rec)
+            pos = {b.request: b.pos for b in prev.batch}
+            batch = [BatchRow(r, rid, self.rows.row_to_slot[r], "decode", pos[rid] + 1, 1)
+                     for r, rid in enumerate(self.rows.row_request[: self.rows.active])]
+            launched = self.launch(batch, rec, tokens_on_device=True)
+            self.resolve(prev, inflight=launched)
+            gone = {f["request"] for f in prev.record.free}
+            for b in batch:
+                if b.request in gone:
+                    b.kind = "extra"
+            self.pending = launched
+        else:
+            if self.pending is not None:            # drain before admitting
+                self.resolve(self.pending)
+                self.pending = None
+            if self.all_finished():
+                return False
+            rec = StepRecord(self.k)
+            self.log.steps.append(rec)
+            self.admit(rec)
+            batch = self.build_batch()
+            if batch:
+                self.pending = self.launch(batch, rec, tokens_on_device=False)
+            else:
+                rec.row_to_slot = list(self.rows.row_to_slot)
+        self.k += 1
+        return True
+
+    def admit(self, rec: StepRecord) -> None:
+        """Admit arrived requests while a slot is free; the slot's state is zeroed."""
+        for st in self.waiting(self.k):
+            if not self.rows.has_free_slot():
+                return
+            row, slot = self.rows.admit(st.req.id)
+            self.bank.zero_slot(slot)
+            st.admitted = True
+            rec.admit.append({"request": st.req.id, "row": row, "slot": slot})
+
+    def build_batch(self) -> list[BatchRow]:
+        """Decode rows first (row order), then prefill pieces (row order) within the token budget."""
+        rt, batch = self.rows, []
+        live = [(r, self.requests[rt.row_request[r]]) for r in range(rt.active)]
+        for r, st in live:
+            if not st.prefilling:
+                batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "decode",
+                                      len(st.req.prompt) + len(st.output) - 1, 1))
+        used = len(batch)
+        for r, st in live:
+            if st.prefilling:
+                n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step - used,
+                                 self.ec.prefill_chunk, self.config.chunk_size)
+                if n > 0:
+                    batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "prefill", st.done, n))
+                    used += n
+        return batch
+
+    # ------------------------------------------------------------------------------------------- launch
+    def launch(self, batch: list[BatchRow], rec: StepRecord, tokens_on_device: bool) -> Launched:
+        """Pack, forward, sample into `sampled`, start the token copy to the host; returns the pending step."""
+        from fastpath.model import StepBatch
+        rec.batch = batch
+        dec = [b for b in batch if b.kind == "decode"]
+        pre = [b for b in batch if b.kind == "prefill"]
+        assert batch[: len(dec)] == dec, "decode rows must come first"
+        n = len(dec)
+        ids, pos, samples, seeded = [], [], [], []
+        for j, b in enumerate(batch):
+            st = self.requests[b.request]
+            if b.kind == "decode":
+                ids.append(0 if tokens_on_device else st.output[-1])
+                pos.append(b.pos)
+            else:
+                ids.extend(st.req.prompt[b.pos:b.pos + b.count])
+                pos.extend(range(b.pos, b.pos + b.count))
+                st.done = b.pos + b.count
+            samples.append(b.kind == "decode" or not st.prefilling)
+            if st.req.sampling.kind == "seeded":
+                seeded.append((j, float(st.req.sampling.temperature), int(st.req.sampling.seed), b.pos + b.count))
+        cu = [0]
+        for b in pre:
+            cu.append(cu[-1] + b.count)
+        starts = [b.pos for b in pre]
+        last = [j for j in range(n)] + [n + c - 1 for c in cu[1:]]
+        T = len(ids)
+        meta = (ids + pos + [b.slot for b in dec] + cu + [b.slot for b in pre] + starts
+                + [int(s > 0) for s in starts] + last)
+        host = torch.tensor(meta, dtype=torch.int64)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True)
+        o = 0
+
+        def take(m: int) -> torch.Tensor:
+            nonlocal o
+            o += m
+            return dev[o - m:o]
+        ids_t, pos_t = take(T), take(T)
+        dec_slot = take(n).to(torch.int32)
+        pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pre)).to(torch.int32)
+        pre_start, pre_init, last_t = take(len(pre)), take(len(pre)).to(torch.int32), take(len(batch))
+        if tokens_on_device:
+            ids_t[:n].copy_(self.sampled[:n])
+        sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
+        if pre:
+            sb.table = ops.ssd_chunk_table(cu, starts, self.config.chunk_size, self.device)
+        S = len(batch)
+        out = self.sampled[:S]
+        if self.graphs is not None and not pre and not seeded and self.graphs.covers(S):
+            self.graphs.run(sb, out)
+        else:
+            logits = self.model.forward(sb, self.bank)
+            sample_rows(logits, out, seeded)
+        hostbuf = self._host[self._flip]
+        self._flip ^= 1
+        hostbuf[:S].copy_(out, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return Launched(self.k, batch, rec, samples, hostbuf, event)
+
+    # ------------------------------------------------------------------------------------------ resolve
+    def resolve(self, p: Launched, inflight: Launched | None = None) -> None:
+        """Append p's tokens, finish/free (ascending row), compact rows (and `sampled` if a step is in flight)."""
+        if p.event is not None:
+            p.event.synchronize()
+        toks = p.host_tokens[: len(p.batch)].tolist()
+        rec, rt = p.record, self.rows
+        row_of = {rid: r for r, rid in enumerate(rt.row_request[: rt.active]) if rid is not None}
+        finished = []
+        for j, b in enumerate(p.batch):
+            r = row_of.get(b.request)
+            if r is None or not p.samples[j]:
+                continue
+            st, tok = self.requests[b.request], toks[j]
+            st.output.append(tok)
+            self.emitted.setdefault(b.request, []).append(tok)
+            rec.sampled.append({"request": b.request, "pos": b.pos + b.count, "token": tok})
+            if tok in st.req.stop_token_ids:
+                st.finish_reason = "stop"
+            elif len(st.output) == st.req.max_new_tokens:
+                st.finish_reason = "length"
+            if st.finish_reason is not None:
+                finished.append(r)
+        finished.sort()
+        for (rid, slot), r in zip(rt.release(finished), finished):
+            rec.free.append({"request": rid, "row": r, "slot": slot, "reason": self.requests[rid].finish_reason})
+        moves = rt.compact()
+        for m in moves:
+            rec.moves.append({"from_row": m.src, "to_row": m.dst, "request": rt.row_request[m.dst],
+                              "slot": rt.row_to_slot[m.dst]})
+        if inflight is not None and moves:
+            src, dst = index_pair(moves, self.device)
+            apply_moves_(self.sampled, src, dst)
+        rec.row_to_slot = list(rt.row_to_slot)
+
+    # ----------------------------------------------------------------------------------------- run/trace
+    def run(self, max_steps: int = 1_000_000) -> TraceResult:
+        """Step until every request finished and nothing is pending."""
+        while self.step():
+            if self.k > max_steps:
+                raise RuntimeError(f"engine made no progress within {max_steps} steps")
+        return TraceResult({rid: list(s.output) for rid, s in self.requests.items()},
+                           {rid: s.finish_reason for rid, s in self.requests.items()},
+                           self.log, digest(self.log))
+
+    def run_trace(self, trace: Trace, mode: str | None = None) -> TraceResult:
+        """Run a whole trace (engine limits must match this engine's); returns tokens, reasons, log, digest."""
+        e = trace.engine
+        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk) != \
+                (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk):
+            raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
+        check_against_model(trace, self.config.vocab_size, self.config.chunk_size)
+        self.reset(mode or e.mode)
+        for req in trace.requests:
+            self.add_request(req)
+        return self.run()
+
+    def take_emitted(self) -> dict[str, list[int]]:
+        """Streaming: tokens appended since the last call, per request id."""
+        out, self.emitted = self.emitted, {}
+        return out

@@ -1,0 +1,168 @@
+"""The fast-path model: one batched forward over a step's packed batch, reading/writing the state bank by slot.
+
+Mirrors oracle/model.py (same canonical weight names, same block order) but runs every sequence of a step at
+once: the first `n_dec` tokens are decode rows (one token each; `conv1d_step`, `ssm_step`, `attention_decode`),
+the rest are prefill pieces packed by `cu_seqlens` (`causal_conv1d_varlen`, `ssd_varlen`,
+`attention_prefill_varlen`).  Recurrent state and KV live in the engine's `StateBank`, indexed by slot; slot -1
+is a padding row (CUDA graphs) that no kernel reads or writes.  Logits are computed only for the last token
+of every sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fastpath.engine import ops
+from fastpath.engine.bank import StateBank
+
+
+@dataclass
+class StepBatch:
+    """Device inputs of one forward (decode rows first, then prefill pieces)."""
+    ids: Tensor            # [T] int64 packed input tokens
+    pos: Tensor            # [T] int64 absolute positions
+    n_dec: int             # decode rows = tokens 0..n_dec-1, sequences 0..n_dec-1
+    dec_slot: Tensor       # [n_dec] int32 (-1 = padding row)
+    pre_cu: Tensor         # [n_pre+1] int32, cumulative lengths of the prefill pieces (relative to n_dec)
+    pre_slot: Tensor       # [n_pre] int32
+    pre_start: Tensor      # [n_pre] int64 absolute start position of each piece
+    pre_init: Tensor       # [n_pre] bool: piece continues a state (start > 0)
+    last: Tensor           # [S] int64 index of each sequence's last token (logits rows)
+    pre_cu_host: list[int]
+    pre_start_host: list[int]
+    table: object = None   # the SSD chunk table of the prefill pieces (built once per step)
+
+
+class FastModel:
+    """Weights on the device in the compute dtype, and `forward(batch, bank) -> logits [S, V]`."""
+
+    def __init__(self, config, tensors: dict[str, Tensor], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        self.config, self.device, self.dtype = config, torch.device(device), dtype
+        f32 = ("A_log", "D", "dt_bias")
+        self.w: dict[str, Tensor] = {}
+        for k, v in tensors.items():
+            keep32 = k.rsplit(".", 1)[-1] in f32 or k.endswith("router.weight") or k.endswith("score_bias")
+            self.w[k] = v.to(device=self.device, dtype=torch.float32 if keep32 else dtype).contiguous()
+        if "lm_head.weight" not in self.w:          # tied embeddings
+            self.w["lm_head.weight"] = self.w["embed.weight"]
+        self.A = {i: -torch.exp(self.w[f"layers.{i}.mamba.A_log"]) for i in config.mamba_layer_ids}
+        c = config
+        self.stream_dtype = torch.float32 if (c.residual_in_fp32 and dtype != torch.float32) else dtype
+
+    # ------------------------------------------------------------------------------------------- blocks
+    def _norm(self, h: Tensor, name: str) -> Tensor:
+        return ops.rms_norm_gated(h.to(self.dtype), None, self.w[name], 1, self.config.norm_eps)
+
+    def _linear(self, x: Tensor, name: str) -> Tensor:
+        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+
+    def mamba(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
+        """Mamba2 mixer of layer i over the packed batch; conv/ssm state at bank[slot]."""
+        c, p, n = self.config, f"layers.{i}.mamba.", b.n_dec
+        T, H, P, G, N = u.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
+        zxbcdt = self._linear(u, p + "in_proj")
+        z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)
+        xBC = xBC.contiguous()
+        conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
+        xbc = torch.empty_like(xBC)
+        if n:
+            ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
+        if T > n:
+            ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
+                                     out=xbc[n:])
+        x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
+        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N).contiguous(), C.reshape(T, G, N).contiguous()
+        dt = dt.contiguous()
+        A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
+        y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
+        if n:
+            ops.ssm_step(bank.ssm(i), x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, b.dec_slot,
+                         dt_limit=c.dt_limit, out=y[:n])
+        if T > n:
+            ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
+                           b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
+                           table=b.table)
+        y = ops.rms_norm_gated(y.reshape(T, c.d_inner), z.contiguous(), self.w[p + "norm.weight"], G, c.norm_eps)
+        return self._linear(y, p + "out_proj")
+
+    def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
+        """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions)."""
+        c, p, n, T = self.config, f"layers.{i}.attn.", b.n_dec, u.shape[0]
+        q = self._linear(u, p + "q_proj").view(T, c.n_attn_heads, c.attn_head_dim)
+        k = self._linear(u, p + "k_proj").view(T, c.n_kv_heads, c.attn_head_dim)
+        v = self._linear(u, p + "v_proj").view(T, c.n_kv_heads, c.attn_head_dim)
+        if c.rope_dim:
+            q = ops.rope(q, b.pos, c.rope_dim, c.rope_theta)
+            k = ops.rope(k, b.pos, c.rope_dim, c.rope_theta)
+        kc, vc = bank.kv(i)
+        o = torch.empty_like(q)
+        if n:
+            ops.attention_decode(q[:n], k[:n], v[:n], kc, vc, b.dec_slot, b.pos[:n], c.attn_scale, out=o[:n])
+        if T > n:
+            ops.attention_prefill_varlen(q[n:], k[n:], v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
+                                         c.attn_scale, out=o[n:])
+        return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj")
+
+    def _act(self, x: Tensor) -> Tensor:
+        return F.silu(x) if self.config.mlp_act == "silu" else torch.square(F.relu(x))
+
+    def mlp(self, x: Tensor, p: str) -> Tensor:
+        """Gated SiLU (gate_proj present) or squared-ReLU MLP."""
+        up = self._linear(x, p + "up_proj")
+        hidden = self._act(self._linear(x, p + "gate_proj")) * up if p + "gate_proj.weight" in self.w \
+            else self._act(up)
+        return self._linear(hidden, p + "down_proj")
+
+    def moe(self, x: Tensor, p: str) -> Tensor:
+        """Routed experts (dense over experts, gate weight 0 where not chosen) plus the shared expert."""
+        c, w = self.config, self.w
+        logits = F.linear(x.float(), w[p + "router.weight"])                              # [T, E]
+        if c.moe_router == "softmax_topk":
+            top_logits, idx = logits.topk(c.moe_top_k, dim=-1)
+            gates = torch.softmax(top_logits, dim=-1)
+        else:   # sigmoid_grouped
+            scores = torch.sigmoid(logits)
+            choice = scores + w[p + "router.score_bias"]
+            T, E = choice.shape
+            gsc = choice.view(T, c.moe_n_group, E // c.moe_n_group).topk(2, dim=-1).values.sum(-1)
+            keep = torch.zeros_like(gsc, dtype=torch.bool).scatter_(1, gsc.topk(c.moe_topk_group, -1).indices, True)
+            mask = keep[:, :, None].expand(T, c.moe_n_group, E // c.moe_n_group).reshape(T, E)
+            idx = choice.masked_fill(~mask, float("-inf")).topk(c.moe_top_k, dim=-1).indices
+            gates = scores.gather(1, idx)
+            if c.moe_norm_topk_prob:
+                gates = gates / (gates.sum(-1, keepdim=True) + 1e-20)
+            gates = gates * c.moe_routed_scaling_factor
+        dense = torch.zeros_like(logits).scatter_(1, idx, gates)                          # [T, E]
+        gate_w, up_w, down_w = w.get(p + "experts.gate_proj"), w[p + "experts.up_proj"], w[p + "experts.down_proj"]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in range(up_w.shape[0]):
+            up = x @ up_w[e].T
+            hidden = self._act(x @ gate_w[e].T) * up if gate_w is not None else self._act(up)
+            out += dense[:, e:e + 1] * (hidden @ down_w[e].T).float()
+        out = out.to(x.dtype)
+        if c.moe_shared_intermediate_size:
+            out = out + self.mlp(x, p + "shared.")
+        return out
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(self, b: StepBatch, bank: StateBank) -> Tensor:
+        """Packed batch -> logits [S, V] of each sequence's last token; the bank is updated in place."""
+        c, w = self.config, self.w
+        h = (w["embed.weight"][b.ids] * c.embedding_multiplier).to(self.stream_dtype)
+        for i, spec in enumerate(c.layers):
+            if spec.mixer is not None:
+                u = self._norm(h, f"layers.{i}.mixer_norm.weight")
+                out = self.mamba(i, u, b, bank) if spec.mixer == "mamba" else self.attention(i, u, b, bank)
+                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+            if spec.ffn is not None:
+                u = self._norm(h, f"layers.{i}.ffn_norm.weight")
+                p = f"layers.{i}."
+                out = self.mlp(u, p + "mlp.") if spec.ffn == "mlp" else self.moe(u, p + "moe.")
+                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+        h = self._norm(h.index_select(0, b.last), "final_norm.weight")
+        logits = F.linear(h, w["lm_head.weight"])
+        return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits
