@@ -91,8 +91,14 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                dt_bias: Tensor | None, ssm_bank: Tensor, cu_seqlens: Tensor | list[int],
                slot: Tensor, start_pos: Tensor | list[int], has_initial_state: Tensor, chunk_size: int,
                dt_limit: tuple[float, float] = (0.0, math.inf), out: Tensor | None = None,
-               table: SSDChunkTable | None = None, use_cb: bool | None = None) -> Tensor:
-    """Chunked SSD over packed sequences: x [T,H,P], dt raw [T,H], A [H], B/C [T,G,N], D [H] -> y [T,H,P]."""
+               table: SSDChunkTable | None = None, use_cb: bool | None = None, _mark=None,
+               _rule: dict | None = None) -> Tensor:
+    """Chunked SSD over packed sequences: x [T,H,P], dt raw [T,H], A [H], B/C [T,G,N], D [H] -> y [T,H,P].
+
+    `table` (from ssd_chunk_table) can be built once per step and shared by all layers; `use_cb` overrides the
+    launch rule's choice of a precomputed C·B; `_mark(stage)` is called after each stage and `_rule` replaces
+    the launch rule (benchmark hooks)."""
+    mark = _mark if _mark is not None else (lambda stage: None)
     check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
     T, H, P = x.shape
     dev = x.device
@@ -121,7 +127,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                                f"chunk {table.chunk_size} vs {chunk_size}, seqs {table.seq_chunk_ptr.numel() - 1})")
     if T == 0 and n_seq == 0:
         return out
-    rule = ssd_launch_rule(H, G, P, N, chunk_size, x.dtype)
+    rule = _rule if _rule is not None else ssd_launch_rule(H, G, P, N, chunk_size, x.dtype)
     use_cb = rule["use_cb"] if use_cb is None else use_cb
     prec = dot_precision(x.dtype)
     lo, hi = dt_limits(dt_limit)
@@ -137,6 +143,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             dt, dt_bias if dt_bias is not None else A, A, dt_p, dacs, table.chunk_start, table.chunk_len,
             H, lo, hi, dt.stride(0), dt.stride(1), dt_p.stride(0),
             HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
+    mark("cumsum")
     cb = None
     if use_cb and nc > 0:
         cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32, device=dev)
@@ -146,6 +153,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             B, C, cb, table.chunk_start, table.chunk_len, N,
             *B.stride(), *C.stride(), cb.stride(0), cb.stride(1), cb.stride(2),
             BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_N=next_pow2(N, 16), DOT_PREC=prec, num_warps=r["num_warps"])
+    mark("bmm")
     prev = torch.empty(max(nc, 1), H, P, N, dtype=torch.float32, device=dev)
     if n_seq > 0:
         r = rule["state"]
@@ -156,6 +164,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             prev.stride(0), prev.stride(1), prev.stride(2),
             BLOCK_Q=BQ, BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
             num_warps=r["num_warps"], num_stages=r["num_stages"])
+    mark("state")
     if nc > 0:
         r = rule["scan"]
         grid = (nc, H, (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]))
@@ -169,6 +178,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
             BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
             num_warps=r["num_warps"], num_stages=r["num_stages"])
+    mark("scan")
     return out
 
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One whole GPU visit in one device call: environment record, the `gpu` test tier, the kernel benchmarks,
+# logs under $OUT, and a short summary table printed last. Installs nothing from the network: the project
+# runs from the checkout through PYTHONPATH (mamba_ssm's Triton ops come from .peer/ when carried).
+#
+#   run(command="bash tools/gpu_run.sh", carry=[".peer"])         # on the device machine
+#   STEPS="gpu_tests" bash tools/gpu_run.sh                        # a subset of the steps
+#
+# Extending it (other parts): add `step_<name>() { ...; }` below and append <name> to DEFAULT_STEPS, or drop
+# an executable tools/gpu_run.d/<name>.sh (it runs after the built-in steps). A step's output goes to
+# $OUT/<name>.log; if it writes $OUT/<name>.summary, that text is printed in the final summary.
+# The device returns at most 8 files from $OUT: keep to a .log (+ optional .summary/.json) per step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/out/gpu_run}
+mkdir -p "$OUT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+[ -d "$ROOT/.peer" ] && export PYTHONPATH="$PYTHONPATH:$ROOT/.peer"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+unset TRITON_INTERPRET
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PYTHON:-python3}
+DEFAULT_STEPS="gpu_tests bench_kernels"
+STEPS=${STEPS:-$DEFAULT_STEPS}
+declare -a SUMMARY=()
+
+step_gpu_tests() {   # the gpu tier of the whole suite (kernels, engine, ...)
+  timeout "${GPU_TESTS_TIMEOUT:-330}" $PY -m pytest -m gpu -n 0 -q -rfE -p no:cacheprovider tests/
+  local rc=$?
+  grep -E "passed|failed|error|no tests ran" "$OUT/gpu_tests.log" | tail -1 > "$OUT/gpu_tests.summary"
+  return $rc
+}
+
+step_bench_kernels() {   # per-kernel time, TB/s, TFLOP/s, floors, mamba_ssm peer
+  timeout "${BENCH_TIMEOUT:-240}" $PY tools/bench_kernels.py ${BENCH_ARGS:-} --out "$OUT/bench_kernels.json" \
+    --summary "$OUT/bench_kernels.summary"
+}
+
+run_step() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== $name ($(date -u +%H:%M:%S))"
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 5 "$OUT/$name.log"
+  SUMMARY+=("$(printf '%-16s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+}
+
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
+  $PY -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+  $PY -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
+  git -C "$ROOT" log --oneline -1 2>/dev/null || true
+} > "$OUT/env.log" 2>&1
+
+for s in $STEPS; do run_step "$s" "step_$s"; done
+if [ -d tools/gpu_run.d ]; then
+  for f in tools/gpu_run.d/*.sh; do [ -e "$f" ] && run_step "$(basename "$f" .sh)" bash "$f"; done
+fi
+
+echo
+echo "================ gpu_run summary ================"
+head -n 3 "$OUT/env.log"
+for line in "${SUMMARY[@]}"; do echo "$line"; done
+for f in "$OUT"/*.summary; do [ -e "$f" ] && { echo "--- $(basename "$f" .summary)"; cat "$f"; }; done
