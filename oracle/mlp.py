@@ -75,7 +75,7 @@ def route_sigmoid_grouped(x: Tensor, router_w: Tensor, score_bias: Tensor, top_k
 
 
 def moe(x: Tensor, c: HybridConfig, w: dict[str, Tensor], prefix: str) -> Tensor:
-    """x [L, D] -> [L, D]: routed experts (token by token, expert by expert) plus the shared expert."""
+    """x [L, D] -> [L, D]: sum over chosen experts of weight * expert(x), plus the shared expert."""
     if c.moe_router == "softmax_topk":
         weights, idx = route_softmax_topk(x, w[prefix + "router.weight"], c.moe_top_k)
     elif c.moe_router == "sigmoid_grouped":
@@ -87,12 +87,14 @@ def moe(x: Tensor, c: HybridConfig, w: dict[str, Tensor], prefix: str) -> Tensor
     gate_w = w.get(prefix + "experts.gate_proj")
     up_w, down_w = w[prefix + "experts.up_proj"], w[prefix + "experts.down_proj"]
     out = torch.zeros(x.shape, dtype=weights.dtype, device=x.device)
-    for t in range(x.shape[0]):
-        for slot in range(idx.shape[1]):
-            e = int(idx[t, slot])
-            up = x[t] @ up_w[e].T
-            hidden = activation(x[t] @ gate_w[e].T, c.mlp_act) * up if gate_w is not None else activation(up, c.mlp_act)
-            out[t] += weights[t, slot] * (hidden @ down_w[e].T).to(weights.dtype)
+    for e in range(up_w.shape[0]):                              # expert by expert, over the tokens routed to it
+        tok, slot = torch.nonzero(idx == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        xe = x[tok]
+        up = xe @ up_w[e].T
+        hidden = activation(xe @ gate_w[e].T, c.mlp_act) * up if gate_w is not None else activation(up, c.mlp_act)
+        out.index_add_(0, tok, weights[tok, slot, None] * (hidden @ down_w[e].T).to(weights.dtype))
     out = out.to(x.dtype)
     if c.moe_shared_intermediate_size:
         out = out + mlp(x, w, prefix + "shared.", c.mlp_act)

@@ -143,3 +143,27 @@ def test_model_rejects_bad_tokens_and_empty_prompt(models):
         m.prefill([1, m.config.vocab_size])
     with pytest.raises(ValueError, match="tokens.*out of range"):
         m.decode(-1, m.new_state())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_low_precision_models_run_and_stay_near_fp64(arch):
+    """fp32 and bf16 (emulation) models: logits in the model dtype, fp32 SSM state, close to the fp64 truth."""
+    tokens = _tokens(9, 96, seed=8)
+    truth, _ = build(arch, seed=7, dtype=torch.float64).prefill(tokens)
+    scale = truth.abs().max().item()
+    for dtype, rel in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
+        m = build(arch, seed=7, dtype=dtype)
+        logits, state = m.prefill(tokens)
+        step, state = m.decode(tokens[0], state)
+        assert logits.dtype == step.dtype == dtype
+        assert all(s.dtype == torch.float32 for s in state.ssm.values())
+        assert _max_diff(logits.double(), truth) <= rel * scale, dtype
+
+
+def test_import_oracle_exposes_trace_entry_points_lazily():
+    """`import oracle` does not import oracle.trace / oracle.scheduler; the attributes resolve on first use."""
+    import subprocess
+    import sys
+    code = ("import sys, oracle; assert 'oracle.trace' not in sys.modules and 'oracle.scheduler' not in sys.modules;"
+            "assert callable(oracle.load_trace) and callable(oracle.run_trace)")
+    subprocess.run([sys.executable, "-c", code], check=True)
