@@ -243,7 +243,8 @@ def _mamba_fields(f: _Fields, heads: str, head_dim: str, groups: str, state: str
         if inner % n_heads:
             raise ConfigError(f"{heads}: {n_heads} does not divide {expand} * hidden_size = {inner}")
         hd = inner // n_heads
-    hd = f.int(head_dim, hd)
+    else:
+        hd = f.int(head_dim)
     if expand is not None and f.has(expand) and f.int(expand) * f.int("hidden_size") != n_heads * hd:
         raise ConfigError(f"{head_dim}: {heads} * {head_dim} = {n_heads * hd} != "
                           f"{expand} * hidden_size = {f.int(expand) * f.int('hidden_size')}")

@@ -79,3 +79,13 @@ def test_tied_embeddings_share_one_tensor_and_are_not_written_twice(tmp_path):
     assert w["lm_head.weight"] is w["embed.weight"]
     model = oracle.load(tmp_path, dtype=torch.float32)
     assert model.config == cfg
+
+
+@pytest.mark.parametrize("arch", ["bamba", "granitemoehybrid"])
+def test_auto_mamba_head_dim_resolves_to_expand_times_hidden_over_heads(arch):
+    """mamba_d_head "auto" (or absent) = mamba_expand * hidden_size / mamba_n_heads, as HF resolves it."""
+    d = to_hf_config(tiny_config(arch))
+    d["mamba_d_head"] = "auto"
+    assert from_hf_config(d).mamba_head_dim == d["mamba_expand"] * d["hidden_size"] // d["mamba_n_heads"]
+    d.pop("mamba_d_head")
+    assert from_hf_config(d) == tiny_config(arch)
