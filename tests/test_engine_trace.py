@@ -1,0 +1,161 @@
+"""The fast-path engine against the oracle scheduler: schedule logs, tokens, async == legacy, compaction safety.
+
+The oracle scheduler is imported here (tests only) as the truth; the engine never imports it.  Corpus traces
+run the Triton kernels (interpreter on CPU, fp32); hypothesis traces run the same engine on the plain-torch
+kernel stand-ins (ops backend "torch") to stay inside the CPU-tier budget — the scheduling code under test is
+identical, only the arithmetic backend differs.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fastpath import Engine, FastModel  # noqa: E402
+from fastpath.engine import ops  # noqa: E402
+from oracle import zoo  # noqa: E402
+from oracle.model import OracleModel  # noqa: E402
+from oracle.scheduler import run_trace as oracle_run_trace  # noqa: E402
+from oracle.trace import EngineConfig, Request, Sampling, Trace, TraceError, load_trace  # noqa: E402
+
+CORPUS = sorted((Path(__file__).parent.parent / "goldens" / "traces").glob("*.json"))
+# Small enough for the Triton interpreter: one Mamba layer, one attention layer (partial RoPE), gated MLP.
+ENGINE_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(oracle fp64, fast path fp32 on CPU) over the same seeded tiny Bamba weights."""
+    cfg = zoo.tiny_config("bamba", **ENGINE_MODEL)
+    w = zoo.random_weights(cfg, seed=3)
+    return OracleModel(cfg, w, dtype=torch.float64), FastModel(cfg, w, "cpu", torch.float32)
+
+
+class CompactionWatch:
+    """Wraps the row table's compact(): bank never moves, survivors keep their slot and bitwise state."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.compactions, self.moves = engine, 0, 0
+        self._install()
+
+    def _install(self) -> None:
+        eng = self.engine
+        original_reset = eng.reset
+
+        def reset(mode=None):
+            original_reset(mode)
+            self._wrap(eng.rows)
+        eng.reset = reset
+
+    def _wrap(self, rows) -> None:
+        bank, original = self.engine.bank, rows.compact
+
+        def compact():
+            live = {rows.row_request[r]: rows.row_to_slot[r] for r in range(rows.active)
+                    if rows.row_request[r] is not None}
+            ptrs, before = bank.data_ptrs(), {rid: bank.slot_state(s) for rid, s in live.items()}
+            moves = original()
+            self.compactions += 1
+            self.moves += len(moves)
+            assert bank.data_ptrs() == ptrs, "compaction moved the bank"
+            for r in range(rows.active):
+                rid = rows.row_request[r]
+                assert rows.row_to_slot[r] == live[rid], f"{rid} lost its slot in compaction"
+                after = bank.slot_state(live[rid])
+                assert all(torch.equal(after[k], before[rid][k]) for k in after), f"{rid}'s state changed"
+            return moves
+        rows.compact = compact
+
+
+def _check_against_oracle(engine: Engine, oracle_model, trace: Trace) -> dict[str, dict[str, list[int]]]:
+    """Run both modes; logs and tokens must equal the oracle's, and async tokens must equal legacy's bitwise."""
+    tokens = {}
+    for mode in ("legacy", "async"):
+        got = engine.run_trace(trace, mode=mode)
+        want = oracle_run_trace(oracle_model, trace, mode)
+        assert got.tokens == want.tokens, f"{mode}: tokens differ from the oracle's"
+        assert got.finish_reasons == want.finish_reasons
+        g, w = got.schedule_log.to_json(), want.schedule_log.to_json()
+        for a, b in zip(g["steps"], w["steps"]):
+            assert a == b, f"{mode}: schedule log differs at step {b['step']}"
+        assert len(g["steps"]) == len(w["steps"]) and got.digest == want.digest
+        tokens[mode] = got.tokens
+    assert tokens["async"] == tokens["legacy"]
+    return tokens
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_corpus_trace_log_and_tokens_equal_oracle_in_both_modes(models, path):
+    oracle_model, fast = models
+    trace = load_trace(path)
+    engine = Engine(fast, trace.engine, max_len=96)
+    watch = CompactionWatch(engine)
+    _check_against_oracle(engine, oracle_model, trace)
+    assert watch.compactions > 0
+
+
+def _trace(draw) -> Trace:
+    R = draw(st.integers(1, 4))
+    C = 8                                   # zoo chunk size
+    P = draw(st.sampled_from([C, 2 * C]))
+    B = draw(st.integers(R - 1 + C, R - 1 + C + 12))
+    n = draw(st.integers(1, 6))
+    reqs = []
+    for i in range(n):
+        seeded = draw(st.booleans())
+        reqs.append(Request(
+            id=f"q{i}", arrival_step=draw(st.integers(0, 6)),
+            prompt=tuple(draw(st.lists(st.integers(0, 95), min_size=1, max_size=30))),
+            max_new_tokens=draw(st.integers(1, 6)),
+            stop_token_ids=tuple(draw(st.lists(st.integers(0, 95), max_size=20))),
+            sampling=Sampling("seeded", draw(st.sampled_from([0.7, 1.3])), draw(st.integers(0, 2**40)))
+            if seeded else Sampling()))
+    return Trace(EngineConfig(R, B, P, "legacy"), tuple(reqs))
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_generated_traces_log_and_tokens_equal_oracle_async_equals_legacy(models, data):
+    oracle_model, fast = models
+    trace = _trace(data.draw)
+    engine = Engine(fast, trace.engine, max_len=64)
+    CompactionWatch(engine)
+    with ops.use_backend("torch"):
+        _check_against_oracle(engine, oracle_model, trace)
+
+
+def test_async_overlaps_and_discards_extra_rows(models):
+    """An async run of decode-heavy traffic really overlaps (overlap=1 steps, extra rows) yet matches legacy."""
+    _, fast = models
+    reqs = tuple(Request(f"d{i}", i, (5 + i, 7, 9), 4 + 3 * i) for i in range(3))
+    trace = Trace(EngineConfig(3, 12, 8, "async"), reqs)
+    engine = Engine(fast, trace.engine, max_len=64)
+    with ops.use_backend("torch"):
+        a = engine.run_trace(trace, "async")
+        legacy = engine.run_trace(trace, "legacy")
+    steps = a.schedule_log.to_json()["steps"]
+    assert sum(s["overlap"] for s in steps) >= 3
+    assert any(b["kind"] == "extra" for s in steps for b in s["batch"])
+    assert a.tokens == legacy.tokens
+
+
+def test_bad_requests_and_modes_are_rejected_by_field(models):
+    _, fast = models
+    engine = Engine(fast, EngineConfig(2, 16, 8, "legacy"), max_len=16)
+    with pytest.raises(TraceError, match="max_new_tokens"):
+        engine.add_request(Request("long", 0, tuple(range(10)), 10))
+    with pytest.raises(TraceError, match="prompt"):
+        engine.add_request(Request("bad", 0, (500,), 1))
+    engine.add_request(Request("ok", 0, (1, 2), 2))
+    with pytest.raises(TraceError, match="duplicate"):
+        engine.add_request(Request("ok", 0, (1, 2), 2))
+    with pytest.raises(TraceError, match="mode"):
+        engine.reset("turbo")
+    with pytest.raises(TraceError, match="engine"):
+        engine.run_trace(Trace(EngineConfig(3, 16, 8, "legacy"), (Request("x", 0, (1,), 1),)))
