@@ -106,13 +106,8 @@ class HybridConfig:
     def pattern(self) -> str:
         """Nemotron-H-style pattern string of the layer list (Bamba layers show mixer then ffn)."""
         inv = {v: k for k, v in PATTERN_CHARS.items()}
-        out = []
-        for s in self.layers:
-            if s.mixer:
-                out.append(inv[(s.mixer, None)])
-            if s.ffn:
-                out.append(inv[(None, s.ffn)])
-        return "".join(out)
+        return "".join((inv[(s.mixer, None)] if s.mixer else "") + (inv[(None, s.ffn)] if s.ffn else "")
+                       for s in self.layers)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -232,8 +227,16 @@ def _check_pattern(pattern: Any, key: str) -> str:
     return pattern
 
 
+def _check_gated_norm(f: _Fields) -> None:
+    if f.d.get("norm_before_gate") is True:
+        raise ConfigError("norm_before_gate: true is not supported (the gate multiplies before the norm)")
+    if f.d.get("rms_norm") is False:
+        raise ConfigError("rms_norm: false is not supported (the Mamba2 output norm is a gated RMSNorm)")
+
+
 def _mamba_fields(f: _Fields, heads: str, head_dim: str, groups: str, state: str, conv: str, chunk: str,
                   expand: str | None, conv_bias: str, proj_bias: str) -> dict:
+    _check_gated_norm(f)
     n_heads = f.int(heads)
     hd = f.d.get(head_dim, "auto")
     if hd == "auto" or hd is None:
@@ -259,12 +262,12 @@ def _mamba_fields(f: _Fields, heads: str, head_dim: str, groups: str, state: str
                 mamba_proj_bias=f.bool(proj_bias, False))
 
 
-def _attn_fields(f: _Fields) -> dict:
+def _attn_fields(f: _Fields, default_head_dim: int | None = None) -> dict:
     h = f.int("num_attention_heads")
     kv = f.int("num_key_value_heads", h)
     if h % kv:
         raise ConfigError(f"num_key_value_heads: num_attention_heads={h} is not divisible by it ({kv})")
-    hd = f.d.get("head_dim")
+    hd = f.d.get("head_dim", default_head_dim)
     if hd is None:
         if f.int("hidden_size") % h:
             raise ConfigError(f"num_attention_heads: {h} does not divide hidden_size={f.int('hidden_size')}")
@@ -368,8 +371,8 @@ def _nemotron_h(f: _Fields) -> dict:
                mlp_intermediate_size=f.int("intermediate_size"), mlp_bias=f.bool("mlp_bias", False),
                tie_word_embeddings=f.bool("tie_word_embeddings", False),
                residual_in_fp32=f.bool("residual_in_fp32", False))
-    if "*" in types:
-        out.update(_attn_fields(f))
+    if "*" in types:   # HF NemotronHConfig: head_dim defaults to 128; older configs call it attention_head_dim
+        out.update(_attn_fields(f, f.d.get("attention_head_dim", 128)))
     if "E" in types:
         n_exp, k = f.int("n_routed_experts"), f.int("num_experts_per_tok")
         ng, tg = f.int("n_group", 1), f.int("topk_group", 1)

@@ -45,6 +45,7 @@ CONFIG_CASES = [
     ("unsupported-rope-scaling", "granitemoehybrid",
      lambda d: d["rope_parameters"].update(rope_type="yarn"), r"rope_type: 'yarn' is not supported"),
     ("wrong-mlp-activation", "nemotron_h", lambda d: d.update(mlp_hidden_act="gelu"), r"mlp_hidden_act"),
+    ("norm-before-gate", "mamba2", lambda d: d.update(norm_before_gate=True), r"norm_before_gate: true"),
 ]
 
 
