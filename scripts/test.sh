@@ -8,5 +8,9 @@ set +e
 python3 -m pytest -n 2 -q "$@"
 rc=$?
 set -e
+if [ $rc -eq 0 ]; then
+  # Every shipped golden must still be exactly what the oracle produces (DESIGN §6).
+  python3 -m tools.goldens regen --check || rc=$?
+fi
 # pytest exits 5 when it collected no tests: that is a failure for us (a suite that runs nothing proves nothing).
 exit $rc
