@@ -117,9 +117,9 @@ class Scheduler:
         rec = p.record
         row_of = {rid: r for r, rid in enumerate(self.rows) if rid is not None}
         finished: list[int] = []
-        for b in p.batch:
-            r = row_of.get(b.request)
-            if r is None or p.row_tokens[r] < 0:      # no sample (non-final prefill piece) or extra row
+        live = [(b, row_of[b.request]) for b in p.batch if b.request in row_of]    # extra rows are gone
+        for b, r in sorted(live, key=lambda br: (br[0].kind != "decode", br[1])):  # decode first, row order
+            if p.row_tokens[r] < 0:                    # no sample: a non-final prefill piece
                 continue
             st, tok = self.requests[b.request], p.row_tokens[r]
             st.output.append(tok)
