@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
-from fastpath.kernels.ssd import ssd_chunk_table, ssd_varlen  # noqa: E402
+from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen  # noqa: E402
 from oracle.mamba2 import process_dt  # noqa: E402
 from oracle.ssd import chunk_bounds, ssm_recurrence  # noqa: E402
 
@@ -139,6 +139,32 @@ def test_ssd_chunk_aligned_split_is_bitwise_identical(device, dtype):
                    torch.tensor([False, True], device=device), Q, out=out)
         assert torch.equal(out[n_other:], ref[lo:hi]), f"piece {i} outputs differ from the one-call run"
     assert torch.equal(bank[2], final_one_call), "final state differs from the one-call run"
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
+    """Tiles smaller than the chunk (state sub-blocks, scan row/column blocks, P and N tiles), as the GPU
+    launch rule uses at chunk 256: outputs and final states still match fp64."""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N = 32, 2, 32, 1, 32
+    rule = ssd_launch_rule(H, G, P, N, Q, dtype)
+    rule["state"].update(BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
+    rule["scan"].update(BLOCK_M=16, BLOCK_K=16, BLOCK_P=16)
+    rule["bmm"].update(BLOCK_M=16)
+    gen = torch.Generator().manual_seed(9)
+    lens, start_pos, has_init, slots = [Q + 7, 5], [0, 40], [True, True], [1, 0]
+    for use_cb in (False, True):
+        inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=2), device)
+        bank0 = inp["bank"].clone()
+        cu = [0, lens[0], sum(lens)]
+        out = torch.full_like(inp["x"], float("nan"))
+        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], cu,
+                   torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
+                   out=out, use_cb=use_cb, _rule=rule)
+        for s, slot in enumerate(slots):
+            y, hf = reference(inp, cu[s], cu[s + 1], bank0[slot], (0.0, math.inf))
+            assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output (use_cb={use_cb})"
+            assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} state (use_cb={use_cb})"
 
 
 def test_ssd_chunk_table_cuts_at_absolute_multiples():

@@ -102,10 +102,13 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
                     r[stage][key] = val
             return r
         cases += [("cb-inline", v(top__use_cb=False)),
+                  ("cb-bf16", v(top__cb_fp32=False)),
+                  ("scan-w8", v(scan__num_warps=8)),
                   ("scan-m128-w8", v(scan__BLOCK_M=128, scan__num_warps=8)),
-                  ("scan-st3", v(scan__num_stages=3)),
-                  ("state-p64-w8", v(state__BLOCK_P=64, state__num_warps=8)),
-                  ("state-n128", v(state__BLOCK_N=128, state__BLOCK_P=16))]
+                  ("state-p32", v(state__BLOCK_P=32)),
+                  ("state-n128-w8", v(state__BLOCK_N=128, state__num_warps=8)),
+                  ("state-st2", v(state__num_stages=2))]
+    y_rule = None
     for name, rule in cases:
         kw = {} if rule is None else dict(_rule=rule, use_cb=rule["use_cb"])
         try:
@@ -114,6 +117,10 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
             print(f"[bench] ssd variant {name} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
         note = ""
+        if name == "rule":
+            y_rule = out.clone()
+        elif y_rule is not None:
+            note = f"rel(y) vs rule {rel(out, y_rule):.2e}"
         if name == "rule":
             ev = []
             def mark(stage):

@@ -77,13 +77,14 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
     bn_full = next_pow2(N, 16)
     return dict(
         BLOCK_Q=bq,
-        cumsum=dict(BLOCK_H=min(next_pow2(H), max(1, 4096 // bq)), num_warps=4),
+        cumsum=dict(num_warps=4),
         bmm=dict(BLOCK_M=min(bq, 64), num_warps=4),
-        state=dict(BLOCK_P=min(next_pow2(P, 16), 32), BLOCK_N=min(bn_full, 64),
-                   num_warps=4, num_stages=2),
+        state=dict(BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
+                   num_warps=4, num_stages=3),
         scan=dict(BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64),
                   BLOCK_N=bn_full, num_warps=4, num_stages=2),
         use_cb=(H // G) >= 4,
+        cb_fp32=True,
     )
 
 
@@ -117,6 +118,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     check(OP, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
     check(OP, "has_initial_state", has_initial_state, (n_seq,), (torch.bool, torch.int32, torch.int8), dev)
     check_slots(OP, slots, ssm_bank.shape[0])
+    if n_seq > 65535:
+        raise KernelInputError(f"{OP}: {n_seq} sequences in one call; at most 65535 (grid z limit)")
     if out is None:
         out = torch.empty_like(x)
     check(OP, "out", out, (T, H, P), (x.dtype,), dev)
@@ -139,14 +142,14 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     dacs = torch.empty(H, T, dtype=torch.float32, device=dev)
     if nc > 0:
         r = rule["cumsum"]
-        ssd_chunk_cumsum_kernel[(nc, triton_cdiv(H, r["BLOCK_H"]))](
+        ssd_chunk_cumsum_kernel[(nc * H,)](
             dt, dt_bias if dt_bias is not None else A, A, dt_p, dacs, table.chunk_start, table.chunk_len,
             H, lo, hi, dt.stride(0), dt.stride(1), dt_p.stride(0),
-            HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
+            HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, num_warps=r["num_warps"])
     mark("cumsum")
     cb = None
     if use_cb and nc > 0:
-        cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32, device=dev)
+        cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32 if rule.get("cb_fp32", True) else x.dtype, device=dev)
         r = rule["bmm"]
         nb = BQ // r["BLOCK_M"]
         ssd_bmm_kernel[(nc, G, nb * nb)](
@@ -154,24 +157,26 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             *B.stride(), *C.stride(), cb.stride(0), cb.stride(1), cb.stride(2),
             BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_N=next_pow2(N, 16), DOT_PREC=prec, num_warps=r["num_warps"])
     mark("bmm")
-    prev = torch.empty(max(nc, 1), H, P, N, dtype=torch.float32, device=dev)
+    # states entering each chunk, for the scan only (it multiplies them in the inputs' dtype); the state
+    # carried from chunk to chunk and written to the bank stays fp32 inside the chunk-state kernel.
+    prev = torch.empty(max(nc, 1), H, P, N, dtype=x.dtype, device=dev)
     if n_seq > 0:
         r = rule["state"]
-        grid = (n_seq, H, triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]))
+        grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
         ssd_chunk_state_kernel[grid](
             x, B, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len,
             slot, has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
             prev.stride(0), prev.stride(1), prev.stride(2),
-            BLOCK_Q=BQ, BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+            BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
             num_warps=r["num_warps"], num_stages=r["num_stages"])
     mark("state")
     if nc > 0:
         r = rule["scan"]
-        grid = (nc, H, (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]))
+        grid = (nc * H * (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]),)
         cbt = cb if cb is not None else prev
         ssd_chunk_scan_kernel[grid](
             x, B, C, cbt, dt_p, dacs, prev, D if D is not None else A, out,
-            table.chunk_start, table.chunk_len, P, N, H // G,
+            table.chunk_start, table.chunk_len, H, P, N, H // G,
             *x.stride(), *B.stride(), *C.stride(),
             cbt.stride(0), cbt.stride(1), cbt.stride(2), dt_p.stride(0),
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),

@@ -14,28 +14,24 @@ def ssd_chunk_cumsum_kernel(
     chunk_start_ptr, chunk_len_ptr,
     H, dt_lo, dt_hi,
     stride_dt_t, stride_dt_h, stride_out_h,
-    HAS_BIAS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    """Grid (n_chunks, cdiv(H, BLOCK_H))."""
-    c = tl.program_id(0)
-    hb = tl.program_id(1)
+    """1-D grid over (chunk, head), head fastest (the heads of a chunk share its dt cache lines)."""
+    pid = tl.program_id(0)
+    c = pid // H
+    h = (pid % H).to(tl.int64)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     length = tl.load(chunk_len_ptr + c)
     offs_q = tl.arange(0, BLOCK_Q)
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mq = offs_q < length
-    mh = offs_h < H
-    m = mq[:, None] & mh[None, :]
     tok = start + offs_q                                                   # int64
-    v = tl.load(dt_ptr + tok[:, None] * stride_dt_t + offs_h[None, :] * stride_dt_h, mask=m, other=0.0)
-    v = v.to(tl.float32)
+    v = tl.load(dt_ptr + tok * stride_dt_t + h * stride_dt_h, mask=mq, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        v += tl.load(dt_bias_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)[None, :]
+        v += tl.load(dt_bias_ptr + h).to(tl.float32)
     dt = softplus(v)
     dt = tl.minimum(tl.maximum(dt, dt_lo), dt_hi)
-    dt = tl.where(m, dt, 0.0)
-    A = tl.load(A_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
-    cs = tl.cumsum(dt * A[None, :], axis=0)
-    out = offs_h[None, :].to(tl.int64) * stride_out_h + tok[:, None]
-    tl.store(dt_out_ptr + out, dt, mask=m)
-    tl.store(dacs_out_ptr + out, cs, mask=m)
+    dt = tl.where(mq, dt, 0.0)
+    cs = tl.cumsum(dt * tl.load(A_ptr + h).to(tl.float32), axis=0)
+    out = h * stride_out_h + tok
+    tl.store(dt_out_ptr + out, dt, mask=mq)
+    tl.store(dacs_out_ptr + out, cs, mask=mq)

@@ -12,7 +12,7 @@ import triton.language as tl
 def ssd_chunk_scan_kernel(
     x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, prev_ptr, D_ptr, y_ptr,
     chunk_start_ptr, chunk_len_ptr,
-    P, N, heads_per_group,
+    H, P, N, heads_per_group,
     stride_x_t, stride_x_h, stride_x_p,
     stride_b_t, stride_b_g, stride_b_n,
     stride_c_t, stride_c_g, stride_c_n,
@@ -24,12 +24,15 @@ def ssd_chunk_scan_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Grid (n_chunks, H, (BLOCK_Q // BLOCK_M) * cdiv(P, BLOCK_P)); BLOCK_N covers all of N."""
-    c = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
+    """1-D grid over (chunk, head, row block, P-tile), chunk slowest: the programs of one chunk run side by
+    side, so its C·B, states and x are re-read from L2, not HBM. BLOCK_N covers all of N."""
     n_pb = tl.cdiv(P, BLOCK_P)
-    mb = tl.program_id(2) // n_pb
-    pb = tl.program_id(2) % n_pb
+    n_tiles = (BLOCK_Q // BLOCK_M) * n_pb
+    pid = tl.program_id(0)
+    c = pid // (H * n_tiles)
+    h = ((pid // n_tiles) % H).to(tl.int64)
+    mb = (pid % n_tiles) // n_pb
+    pb = pid % n_pb
     g = h // heads_per_group
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     length = tl.load(chunk_len_ptr + c)

@@ -1,9 +1,11 @@
 """SSD stage 3: chunk states and their passing along each sequence, fused.
 
 One program owns a (sequence, head, P-tile, N-tile) of the state and walks the sequence's chunks in order:
-it records the state entering chunk c (prev_states[c], read by the chunk scan), then advances it,
+it records the state entering chunk c (prev_states[c], in the inputs' dtype, read by the chunk scan), then
+advances it in fp32,
     h ← exp(Σ_chunk dt·A) · h + Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j,
-starting from ssm_bank[slot] (when has_initial_state) and writing the final state back to ssm_bank[slot].
+the sum taken in sub-blocks of BLOCK_K tokens (software-pipelined loads), starting from ssm_bank[slot] (when
+has_initial_state) and writing the final state back to ssm_bank[slot].
 """
 from __future__ import annotations
 
@@ -21,19 +23,21 @@ def ssd_chunk_state_kernel(
     stride_dt_h,
     stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
     stride_prev_c, stride_prev_h, stride_prev_p,
-    BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Grid (n_seqs, H, cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N))."""
-    s = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
+    """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs): the tiles of a head run side by side."""
     n_nb = tl.cdiv(N, BLOCK_N)
-    pb = tl.program_id(2) // n_nb
-    nb = tl.program_id(2) % n_nb
+    pb = tl.program_id(0) // n_nb
+    nb = tl.program_id(0) % n_nb
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(2)
     g = h // heads_per_group
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_q = tl.arange(0, BLOCK_Q)
-    mpn = (offs_p < P)[:, None] & (offs_n < N)[None, :]
+    offs_k = tl.arange(0, BLOCK_K)
+    mp = offs_p < P
+    mn = offs_n < N
+    mpn = mp[:, None] & mn[None, :]
 
     slot = tl.load(slot_ptr + s).to(tl.int64)
     has_init = tl.load(has_init_ptr + s) != 0
@@ -46,19 +50,22 @@ def ssd_chunk_state_kernel(
     c1 = tl.load(seq_chunk_ptr + s + 1)
     for c in range(c0, c1):
         prev = prev_ptr + c * stride_prev_c + h * stride_prev_h + offs_p[:, None] * stride_prev_p + offs_n[None, :]
-        tl.store(prev, state, mask=mpn)
+        tl.store(prev, state.to(prev_ptr.dtype.element_ty), mask=mpn)
         start = tl.load(chunk_start_ptr + c).to(tl.int64)
         length = tl.load(chunk_len_ptr + c)
-        mq = offs_q < length
-        tok = start + offs_q
-        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mq, other=0.0)
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mq, other=0.0)
-        w = tl.where(mq, tl.exp(cs_last - cs) * dt, 0.0)
-        xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                     mask=mq[:, None] & (offs_p < P)[None, :], other=0.0)
-        bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                     mask=mq[:, None] & (offs_n < N)[None, :], other=0.0)
-        xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
-        state = tl.exp(cs_last) * state + tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, length, BLOCK_K):
+            mk = (k0 + offs_k) < length
+            tok = start + k0 + offs_k
+            cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+            dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+            w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+            xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
+                         mask=mk[:, None] & mp[None, :], other=0.0)
+            bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                         mask=mk[:, None] & mn[None, :], other=0.0)
+            xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+            acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        state = tl.exp(cs_last) * state + acc
     tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
