@@ -90,6 +90,46 @@ def digest(log: ScheduleLog | dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(log).encode("utf-8")).hexdigest()
 
 
+def from_json(obj: dict[str, Any]) -> ScheduleLog:
+    """Rebuild a ScheduleLog from its JSON form (e.g. json.loads of canonical_json); rejects other schemas."""
+    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
+        raise ValueError(f"schedule log schema: expected {SCHEMA!r}")
+    steps = []
+    for s in obj["steps"]:
+        batch = [BatchRow(b["row"], b["request"], b["slot"], b["kind"], b["pos"], b["count"]) for b in s["batch"]]
+        steps.append(StepRecord(s["step"], s["overlap"], list(s["admit"]), batch, list(s["sampled"]),
+                                list(s["free"]), list(s["moves"]), list(s["row_to_slot"])))
+    return ScheduleLog(obj["mode"], steps)
+
+
+def _first_diff(a: Any, b: Any, path: str) -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(a.keys() | b.keys()):
+            if k not in a or k not in b:
+                return f"{path}.{k}: present on one side only"
+            d = _first_diff(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = _first_diff(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None if len(a) == len(b) else f"{path}: length {len(a)} != {len(b)}"
+    return None if a == b else f"{path}: {a!r} != {b!r}"
+
+
+def first_difference(a: ScheduleLog | dict[str, Any], b: ScheduleLog | dict[str, Any]) -> str | None:
+    """The first differing field of two logs as 'steps[k].batch[i].slot: 1 != 2' (steps in order), or None."""
+    ja = a.to_json() if isinstance(a, ScheduleLog) else a
+    jb = b.to_json() if isinstance(b, ScheduleLog) else b
+    for key in ("schema", "mode"):
+        if ja.get(key) != jb.get(key):
+            return f"{key}: {ja.get(key)!r} != {jb.get(key)!r}"
+    return _first_diff(ja["steps"], jb["steps"], "steps")
+
+
 @dataclass
 class TraceResult:
     """Outcome of running a trace (oracle or fast path): tokens and finish reason per request, log, digest."""

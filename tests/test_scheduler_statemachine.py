@@ -163,3 +163,37 @@ def test_generated_traces_async_matches_legacy_and_alone(case):
     for s in asyn.schedule_log.steps:
         if not s.overlap:
             assert not any(b.kind == "extra" for b in s.batch)
+
+
+@st.composite
+def zoo_traces(draw, vocab: int, C: int):
+    R = draw(st.integers(1, 3))
+    engine = EngineConfig(R, R - 1 + C + draw(st.integers(0, 8)), C + draw(st.integers(0, 12)), "legacy")
+    reqs = [Request(f"z{i}", draw(st.integers(0, 4)),
+                    tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=2 * C + 3))),
+                    draw(st.integers(1, 4)), tuple(draw(st.lists(st.integers(0, vocab - 1), max_size=8))),
+                    Sampling() if draw(st.booleans()) else Sampling("seeded", 1.0, i))
+            for i in range(draw(st.integers(1, 4)))]
+    return Trace(engine, tuple(reqs))
+
+
+_BAMBA = None
+
+
+def _bamba():
+    global _BAMBA
+    if _BAMBA is None:
+        from oracle import zoo
+        _BAMBA = zoo.build("bamba", seed=1)
+    return _BAMBA
+
+
+@settings(CI, max_examples=8)
+@given(zoo_traces(vocab=96, C=8))
+def test_generated_traces_on_zoo_model_async_matches_legacy_and_alone(trace):
+    model = _bamba()
+    assert model.config.vocab_size == 96 and model.config.chunk_size == 8
+    legacy, asyn = run_trace(model, trace, "legacy"), run_trace(model, trace, "async")
+    assert legacy.tokens == asyn.tokens
+    for req in trace.requests:
+        assert legacy.tokens[req.id] == run_request_alone(model, req)[0]
