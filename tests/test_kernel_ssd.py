@@ -96,15 +96,17 @@ def test_ssd_varlen_mixed_batch_matches_recurrence(device, dtype, use_cb):
 
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_varlen_without_D_bias_or_limit_single_group(device, dtype):
-    """Optional inputs off (D, dt_bias None; no clamp), G = 1, one sequence of several chunks."""
+    """Optional inputs off (D, dt_bias None; no clamp), G = 1, one sequence of several chunks, prebuilt table."""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 16, 2, 16, 1, 16
     L = 2 * Q + 3
     gen = torch.Generator().manual_seed(5)
     inp = to(make_inputs(L, H, P, G, N, dtype, device, gen, S=2), device)
     out = torch.full_like(inp["x"], float("nan"))
+    slot = torch.tensor([1], device=device)
+    table = ssd_chunk_table([0, L], [0], Q, device, slot=slot, n_slots=2)   # slots checked once, no sync later
     ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], None, None, inp["bank"], [0, L],
-               torch.tensor([1], device=device), [0], torch.tensor([False], device=device), Q, out=out)
+               slot, [0], torch.tensor([False], device=device), Q, out=out, table=table)
     dt = torch.nn.functional.softplus(inp["dt"].double().cpu())
     y, hf = ssm_recurrence(inp["x"].double().cpu(), dt, inp["A"].double().cpu(), inp["B"].double().cpu(),
                            inp["C"].double().cpu(), None, None)
@@ -195,6 +197,10 @@ def test_ssd_rejects_bad_inputs_naming_the_field():
     for field, change in cases:
         with pytest.raises(KernelInputError, match=field):
             ssd_varlen(**{**base, **change})
+    with pytest.raises(KernelInputError, match="slot"):
+        ssd_chunk_table([0, 2, 4], [0, 0], 16, "cpu", slot=torch.tensor([3, 3]), n_slots=4)
+    with pytest.raises(KernelInputError, match="table"):
+        ssd_varlen(**{**base, "table": ssd_chunk_table([0, 4], [0], 16, "cpu")})
 
 
 @GPU

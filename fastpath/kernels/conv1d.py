@@ -138,8 +138,10 @@ def _check_common(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, conv_
 
 def causal_conv1d_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor,
                          cu_seqlens: Tensor, slot: Tensor, has_initial_state: Tensor, silu: bool = True,
-                         out: Tensor | None = None) -> Tensor:
-    """Packed x [T, conv_dim] -> y [T, conv_dim]; each sequence's window continued from/written to the bank."""
+                         out: Tensor | None = None, validate: bool = True) -> Tensor:
+    """Packed x [T, conv_dim] -> y [T, conv_dim]; each sequence's window continued from/written to the bank.
+
+    validate=False skips the host-side checks of cu_seqlens and slots (no host sync; the caller checked)."""
     op = OP_PREFILL
     Dc, K = _check_common(op, x, weight, bias, conv_bank)
     T, dev = x.shape[0], x.device
@@ -147,10 +149,11 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_ba
     n_seq = cu_seqlens.shape[0] - 1
     check(op, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
     check(op, "has_initial_state", has_initial_state, (n_seq,), (torch.bool, torch.int32, torch.int8), dev)
-    cu = host_ints(op, "cu_seqlens", cu_seqlens)
-    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
-        raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}, got {cu[:4]}...{cu[-1:]}")
-    check_slots(op, host_ints(op, "slot", slot), conv_bank.shape[0])
+    if validate:
+        cu = host_ints(op, "cu_seqlens", cu_seqlens)
+        if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+            raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}, got {cu[:4]}...{cu[-1:]}")
+        check_slots(op, host_ints(op, "slot", slot), conv_bank.shape[0])
     if out is None:
         out = torch.empty_like(x)
     check(op, "out", out, (T, Dc), FLOAT_DTYPES, dev)

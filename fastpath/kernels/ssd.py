@@ -37,11 +37,20 @@ class SSDChunkTable:
     n_chunks: int
     n_tokens: int
     chunk_size: int
+    slots_checked: bool = False  # the builder saw the slots: ssd_varlen then skips its host-side slot check
 
 
 def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int], chunk_size: int,
-                    device: torch.device | str) -> SSDChunkTable:
-    """Cut every sequence at absolute multiples of chunk_size (as oracle.ssd.chunk_bounds) into one table."""
+                    device: torch.device | str, slot: Tensor | list[int] | None = None,
+                    n_slots: int | None = None) -> SSDChunkTable:
+    """Cut every sequence at absolute multiples of chunk_size (as oracle.ssd.chunk_bounds) into one table.
+
+    Given `slot` and `n_slots` (the bank size) it also checks the slots once, so that every layer's
+    ssd_varlen call with this table runs without a host sync."""
+    if (slot is None) != (n_slots is None):
+        raise KernelInputError(f"{OP}: give both `slot` and `n_slots` to the chunk table, or neither")
+    if slot is not None:
+        check_slots(OP, host_ints(OP, "slot", slot), n_slots)
     cu = host_ints(OP, "cu_seqlens", cu_seqlens)
     sp = host_ints(OP, "start_pos", start_pos)
     if chunk_size < 1:
@@ -68,7 +77,7 @@ def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int
     return SSDChunkTable(torch.tensor(starts, dtype=torch.int64, device=device),
                          torch.tensor(lens, dtype=torch.int32, device=device),
                          torch.tensor(ptr, dtype=torch.int64, device=device),
-                         len(starts), cu[-1], chunk_size)
+                         len(starts), cu[-1], chunk_size, slot is not None)
 
 
 def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torch.dtype) -> dict:
@@ -98,7 +107,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                _rule: dict | None = None) -> Tensor:
     """Chunked SSD over packed sequences: x [T,H,P], dt raw [T,H], A [H], B/C [T,G,N], D [H] -> y [T,H,P].
 
-    `table` (from ssd_chunk_table) can be built once per step and shared by all layers; `use_cb` overrides the
+    `table` (from ssd_chunk_table) can be built once per step and shared by all layers; built with the slots,
+    it makes this call free of host syncs (the slots must be the ones it checked); `use_cb` overrides the
     launch rule's choice of a precomputed C·B; `_mark(stage)` is called after each stage and `_rule` replaces
     the launch rule (benchmark hooks)."""
     mark = _mark if _mark is not None else (lambda stage: None)
@@ -115,11 +125,11 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     check(OP, "ssm_bank", ssm_bank, (None, H, P, N), (torch.float32,), dev)
     if G < 1 or H % G != 0:
         raise KernelInputError(f"{OP}: n_heads={H} is not divisible by n_groups={G}")
-    slots = host_ints(OP, "slot", slot)
-    n_seq = len(slots)
-    check(OP, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
+    check(OP, "slot", slot, (None,), INDEX_DTYPES, dev)
+    n_seq = slot.shape[0]
     check(OP, "has_initial_state", has_initial_state, (n_seq,), (torch.bool, torch.int32, torch.int8), dev)
-    check_slots(OP, slots, ssm_bank.shape[0])
+    if table is None or not table.slots_checked:
+        check_slots(OP, host_ints(OP, "slot", slot), ssm_bank.shape[0])
     if n_seq > 65535:
         raise KernelInputError(f"{OP}: {n_seq} sequences in one call; at most 65535 (grid z limit)")
     if out is None:
