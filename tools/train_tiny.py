@@ -314,7 +314,7 @@ def save(model: TinyBamba, out: Path, report: dict) -> str:
 
 
 def train(seed: int, steps: int, batch: int, lr: float, threads: int, n_eval: int,
-          log_every: int = 250) -> tuple[TinyBamba, dict]:
+          log_every: int = 250, n_probe: int = 200) -> tuple[TinyBamba, dict]:
     """Train from `seed` (weights and data) for `steps` AdamW steps; returns the model and a report."""
     if seed == task.HELDOUT_SEED:
         raise ValueError(f"--seed must differ from the held-out seed {task.HELDOUT_SEED}")
@@ -329,7 +329,7 @@ def train(seed: int, steps: int, batch: int, lr: float, threads: int, n_eval: in
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     rng = random.Random(seed)
-    probe = task.make_examples(task.HELDOUT_SEED + 1, 200)    # a small monitor set, distinct from held-out
+    probe = task.make_examples(task.HELDOUT_SEED + 1, n_probe)  # a small monitor set, distinct from held-out
     t0, log = time.time(), []
     for step in range(1, steps + 1):
         ids, tgt = batch_of([task.make_example(rng) for _ in range(batch)])
@@ -341,7 +341,7 @@ def train(seed: int, steps: int, batch: int, lr: float, threads: int, n_eval: in
         sched.step()
         if step % log_every == 0 or step == steps:
             entry = {"step": step, "loss": round(loss.item(), 6), "seconds": round(time.time() - t0, 1)}
-            if step % (4 * log_every) == 0 or step == steps:
+            if probe and (step % (4 * log_every) == 0 or step == steps):
                 ev = evaluate(model, probe)
                 entry["probe_accuracy"] = ev["accuracy"]
                 entry["probe_median_margin"] = round(ev["margins"]["median"], 3)
