@@ -70,7 +70,8 @@ def test_attention_prefill_pieces_then_decode_match_oracle(device, dtype, n_kv):
     for step in range(2):
         rows = [2, -1, 0, 1]                                      # request per row; -1 = pad
         pos = [prompt[r] + step if r >= 0 else 0 for r in rows]
-        pick = lambda a: torch.stack([a[r][p] if r >= 0 else a[0][0] for r, p in zip(rows, pos)]).to(device)  # noqa: E731
+        def pick(a):
+            return torch.stack([a[r][p] if r >= 0 else a[0][0] for r, p in zip(rows, pos)]).to(device)
         out = torch.full((4, Hq, d), float("nan"), dtype=dtype, device=device)
         attention_decode(pick(q_all), pick(k_all), pick(v_all), kc, vc,
                          torch.tensor([slots[r] if r >= 0 else -1 for r in rows], device=device),
@@ -117,7 +118,8 @@ def test_attention_rejects_bad_inputs_naming_the_field():
         attention_prefill_varlen(q, k, k, kc, kc.clone(), *args)
     q = torch.randn(4, 4, 16)
     with pytest.raises(KernelInputError, match="start_pos"):
-        attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 4]), torch.tensor([1]), torch.tensor([6]), 1.0)
+        attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 4]), torch.tensor([1]), torch.tensor([6]),
+                                 1.0)
     with pytest.raises(KernelInputError, match="slot"):
         attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 2, 4]), torch.tensor([1, 1]),
                                  torch.tensor([0, 0]), 1.0)

@@ -136,7 +136,8 @@ def test_conv1d_rejects_bad_inputs_naming_the_field():
     x, w, bank = torch.randn(4, 8), torch.randn(8, 4), torch.zeros(3, 8, 3)
     base = dict(x=x, weight=w, bias=None, conv_bank=bank, cu_seqlens=torch.tensor([0, 2, 4]),
                 slot=torch.tensor([0, 1]), has_initial_state=torch.tensor([True, False]))
-    for field, change in [("conv_bank", dict(conv_bank=torch.zeros(3, 8, 4))), ("slot", dict(slot=torch.tensor([1, 1]))),
-                          ("cu_seqlens", dict(cu_seqlens=torch.tensor([0, 3, 2]))), ("weight", dict(weight=torch.randn(7, 4)))]:
+    cases = [("conv_bank", dict(conv_bank=torch.zeros(3, 8, 4))), ("slot", dict(slot=torch.tensor([1, 1]))),
+             ("cu_seqlens", dict(cu_seqlens=torch.tensor([0, 3, 2]))), ("weight", dict(weight=torch.randn(7, 4)))]
+    for field, change in cases:
         with pytest.raises(KernelInputError, match=field):
             causal_conv1d_varlen(**{**base, **change})

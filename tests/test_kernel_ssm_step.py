@@ -64,7 +64,8 @@ def test_ssm_step_rows_match_oracle_and_pad_rows_touch_nothing(device, dtype, sl
             continue
         dtp = process_dt(dt[row].double(), dtb.double(), limit)
         y, h = oracle_step(bank[s].double(), x[row].double(), dtp, A.double(),
-                           heads_of_groups(B[row:row + 1].double(), H)[0], heads_of_groups(C[row:row + 1].double(), H)[0],
+                           heads_of_groups(B[row:row + 1].double(), H)[0],
+                           heads_of_groups(C[row:row + 1].double(), H)[0],
                            D.double())
         if gate:
             y = y * F.silu(z[row].double())

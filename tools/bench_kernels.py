@@ -270,7 +270,8 @@ def main() -> int:
              f"{'kernel':44s} {'ms':>8s} {'TB/s':>6s} {'TFLOP/s':>8s} {'floor ms':>9s} {'peer ms':>8s}"]
     for r in ROWS:
         peer = f"{r['peer_ms']:8.3f}" if r["peer_ms"] is not None else f"{'-':>8s}"
-        lines.append(f"{r['name'][:44]:44s} {r['ms']:8.3f} {r['TBps']:6.2f} {r['TFLOPs']:8.1f} {r['floor_ms']:9.3f} {peer}")
+        lines.append(f"{r['name'][:44]:44s} {r['ms']:8.3f} {r['TBps']:6.2f} {r['TFLOPs']:8.1f} "
+                     f"{r['floor_ms']:9.3f} {peer}")
     for r in ROWS:
         if r["note"]:
             lines.append(f"  {r['name']}: {r['note']}")
@@ -278,8 +279,8 @@ def main() -> int:
     print(text)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(dict(ceilings=ceil, rows=ROWS, device=torch.cuda.get_device_name(),
-                           torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())), f, indent=1)
+            json.dump(dict(ceilings=ceil, rows=ROWS, device=torch.cuda.get_device_name(), torch=torch.__version__,
+                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())), f, indent=1)
     if a.summary:
         with open(a.summary, "w") as f:
             f.write(text + "\n")

@@ -60,7 +60,8 @@ def ssm_step_kernel(
     if HAS_D:
         y += tl.load(D_ptr + h).to(tl.float32) * x
     if HAS_Z:
-        z = tl.load(z_ptr + r * stride_z_r + h * stride_z_h + offs_p * stride_z_p, mask=mp_live, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + r * stride_z_r + h * stride_z_h + offs_p * stride_z_p, mask=mp_live, other=0.0)
+        z = z.to(tl.float32)
         y = y * (z * sigmoid(z))
     y = tl.where(mp_live, y, 0.0)
     tl.store(y_ptr + r * stride_y_r + h * stride_y_h + offs_p * stride_y_p, y.to(y_ptr.dtype.element_ty), mask=mp)
