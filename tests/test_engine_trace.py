@@ -38,15 +38,24 @@ def models():
 
 
 class CompactionWatch:
-    """Wraps the row table's compact(): bank never moves, survivors keep their slot and bitwise state."""
+    """Wraps compact(): bank never moves, survivors keep their slot and bitwise state; admission zeroes."""
 
     def __init__(self, engine: Engine):
-        self.engine, self.compactions, self.moves = engine, 0, 0
+        self.engine, self.compactions, self.moves, self.admitted = engine, 0, 0, 0
         self._install()
 
     def _install(self) -> None:
         eng = self.engine
-        original_reset = eng.reset
+        original_reset, original_admit = eng.reset, eng.admit
+
+        def admit(rec):
+            n = len(rec.admit)
+            original_admit(rec)
+            for a in rec.admit[n:]:
+                state = eng.bank.slot_state(a["slot"])
+                assert not state["conv"].any() and not state["ssm"].any(), f"slot {a['slot']} not zeroed"
+                self.admitted += 1
+        eng.admit = admit
 
         def reset(mode=None):
             original_reset(mode)

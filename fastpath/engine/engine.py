@@ -69,7 +69,10 @@ def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chu
 class Engine:
     """Batched engine over one StateBank; `run_trace` or `add_request` + `step` (streaming)."""
 
-    def __init__(self, model, engine_config: EngineConfig, max_len: int = 2048, graphs: bool = False):
+    def __init__(self, model, engine_config: EngineConfig, max_len: int = 2048, graphs: bool = False,
+                 pad_decode: bool = False):
+        """graphs: decode-only steps replay CUDA graphs at bucket sizes (on CUDA); pad_decode: run those padded
+        bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU)."""
         if engine_config.mode not in MODES:
             raise TraceError("engine.mode", f"unknown mode {engine_config.mode!r}; expected {MODES}")
         self.model, self.config, self.ec = model, model.config, engine_config
@@ -80,21 +83,22 @@ class Engine:
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(self.R, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self.graphs = None
-        if graphs and cuda:
+        if graphs or pad_decode:
             from .graphs import DecodeGraphs
-            self.graphs = DecodeGraphs(self)
+            self.graphs = DecodeGraphs(self, capture=graphs)
         self.reset(engine_config.mode)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, engine_config: EngineConfig, device=None, dtype=None,
-                        max_len: int = 2048, graphs: bool = False) -> "Engine":
+                        max_len: int = 2048, graphs: bool = False, pad_decode: bool = False) -> "Engine":
         """Load an HF-format folder (config.json + safetensors) into a FastModel and build an engine."""
         from oracle.checkpoint import load_checkpoint
         from fastpath.model import FastModel
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         cfg, tensors = load_checkpoint(path)
-        return cls(FastModel(cfg, tensors, device, dtype), engine_config, max_len=max_len, graphs=graphs)
+        return cls(FastModel(cfg, tensors, device, dtype), engine_config, max_len=max_len, graphs=graphs,
+                   pad_decode=pad_decode)
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def reset(self, mode: str | None = None) -> None:
@@ -277,16 +281,18 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ resolve
     def resolve(self, p: Launched, inflight: Launched | None = None) -> None:
-        """Append p's tokens, finish/free (ascending row), compact rows (and `sampled` if a step is in flight)."""
+        """Append p's tokens (decode rows then prefill rows, each by current row), finish/free (ascending row),
+        compact rows (and `sampled` if a step is in flight)."""
         if p.event is not None:
             p.event.synchronize()
         toks = p.host_tokens[: len(p.batch)].tolist()
         rec, rt = p.record, self.rows
         row_of = {rid: r for r, rid in enumerate(rt.row_request[: rt.active]) if rid is not None}
         finished = []
-        for j, b in enumerate(p.batch):
-            r = row_of.get(b.request)
-            if r is None or not p.samples[j]:
+        live = [(j, row_of[b.request]) for j, b in enumerate(p.batch) if b.request in row_of]  # extras gone
+        for j, r in sorted(live, key=lambda jr: (p.batch[jr[0]].kind != "decode", jr[1])):      # decode first
+            b = p.batch[j]
+            if not p.samples[j]:                                                      # non-final prefill piece
                 continue
             st, tok = self.requests[b.request], toks[j]
             st.output.append(tok)

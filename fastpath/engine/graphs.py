@@ -1,0 +1,102 @@
+"""Decode-only steps at bucket sizes (1, 2, 4, ..., R): padded rows point at slot -1; CUDA graphs replay them.
+
+A decode-only batch of S rows runs at the smallest bucket nb >= S: rows S..nb-1 get token 0, position 0 and
+slot -1, which every kernel skips (no read, no write), and their sampled tokens are ignored.  On CUDA each
+bucket's forward + greedy sampling is captured once into a graph over static input/output buffers and
+replayed; the eager path (`capture=False`) runs exactly the same padded shapes, so graph replay and eager
+are bitwise equal by construction (same kernels, same GEMM shapes).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import ops
+
+
+def buckets(max_rows: int) -> list[int]:
+    """Powers of two below max_rows, then max_rows itself."""
+    out, b = [], 1
+    while b < max_rows:
+        out.append(b)
+        b *= 2
+    return out + [max_rows]
+
+
+class DecodeGraphs:
+    """Static buffers + one captured graph per bucket (CUDA), or the same padded forward run eagerly."""
+
+    def __init__(self, engine, capture: bool = True):
+        from fastpath.model import StepBatch
+        self.engine, self.model, self.bank = engine, engine.model, engine.bank
+        dev, R = engine.device, engine.R
+        self.capture = capture and dev.type == "cuda"
+        self.buckets = buckets(R)
+        self.ids = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.slot = torch.full((R,), -1, dtype=torch.int32, device=dev)
+        self.last = torch.arange(R, dtype=torch.int64, device=dev)
+        self.out = torch.zeros(R, dtype=torch.int64, device=dev)
+        empty = torch.zeros(0, dtype=torch.int32, device=dev)
+        self.batches = {nb: StepBatch(self.ids[:nb], self.pos[:nb], nb, self.slot[:nb],
+                                      torch.zeros(1, dtype=torch.int32, device=dev), empty,
+                                      torch.zeros(0, dtype=torch.int64, device=dev), empty, self.last[:nb],
+                                      [0], []) for nb in self.buckets}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.replays = 0
+
+    def covers(self, rows: int) -> bool:
+        """True if a decode-only batch of `rows` rows fits a bucket."""
+        return 0 < rows <= self.buckets[-1]
+
+    def bucket(self, rows: int) -> int:
+        """Smallest bucket >= rows."""
+        return next(b for b in self.buckets if b >= rows)
+
+    def _body(self, nb: int) -> None:
+        logits = self.model.forward(self.batches[nb], self.bank)
+        ops.greedy_sample(logits, self.out[:nb])
+
+    def _capture(self, nb: int) -> None:
+        """Warm up on a side stream (pads only: slot -1 everywhere, so the bank is untouched), then capture."""
+        self.slot[:nb].fill_(-1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body(nb)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            self._body(nb)
+        self.pool = g.pool()
+        self.graphs[nb] = g
+
+    def capture_all(self) -> None:
+        """Capture every bucket now (before serving), largest first so the pool fits them all."""
+        if self.capture:
+            for nb in reversed(self.buckets):
+                if nb not in self.graphs:
+                    self._capture(nb)
+
+    def run(self, sb, out: Tensor) -> None:
+        """Decode-only batch `sb` of S rows -> greedy tokens in out[:S], through bucket nb (graph or eager)."""
+        S = sb.n_dec
+        nb = self.bucket(S)
+        self.ids[:S].copy_(sb.ids)
+        self.pos[:S].copy_(sb.pos)
+        self.slot[:S].copy_(sb.dec_slot)
+        if nb > S:
+            self.ids[S:nb].zero_()
+            self.pos[S:nb].zero_()
+            self.slot[S:nb].fill_(-1)
+        if self.capture:
+            if nb not in self.graphs:
+                self._capture(nb)
+                self.slot[:S].copy_(sb.dec_slot)    # capture reset the slots to -1
+            self.graphs[nb].replay()
+            self.replays += 1
+        else:
+            self._body(nb)
+        out.copy_(self.out[:S])

@@ -1,0 +1,102 @@
+"""Padded decode buckets (pad rows -> slot -1), CUDA graphs == eager, chunked == unchunked prefill, no hidden syncs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fastpath import Engine, FastModel  # noqa: E402
+from fastpath.engine.graphs import buckets  # noqa: E402
+from oracle import zoo  # noqa: E402
+from oracle.trace import EngineConfig, Request, Trace  # noqa: E402
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+SMALL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
+
+
+def _model(device: str, dtype: torch.dtype, **overrides) -> FastModel:
+    cfg = zoo.tiny_config("bamba", **overrides)
+    return FastModel(cfg, zoo.random_weights(cfg, seed=5), device, dtype)
+
+
+def _decode_trace(R: int, n: int) -> Trace:
+    reqs = tuple(Request(f"r{i}", i // 2, (3 + i, 11, 40 + i), 3 + 2 * i) for i in range(n))
+    return Trace(EngineConfig(R, R - 1 + 8, 8, "async"), reqs)
+
+
+def test_buckets_are_powers_of_two_then_max():
+    assert buckets(1) == [1] and buckets(4) == [1, 2, 4] and buckets(6) == [1, 2, 4, 6]
+
+
+def test_padded_decode_rows_skip_their_slot_and_match_unpadded():
+    """3 live rows run in bucket 4: the pad row (slot -1) must not touch the bank; tokens and logs unchanged."""
+    fast = _model("cpu", torch.float32, **SMALL)
+    trace = _decode_trace(4, 3)
+    plain = Engine(fast, trace.engine, max_len=32).run_trace(trace, "async")
+    padded_engine = Engine(fast, trace.engine, max_len=32, pad_decode=True)
+    bank = padded_engine.bank
+    bank.conv_state[:, 3].fill_(7.0)           # slot 3 is never admitted: only a pad row could write it
+    bank.ssm_state[:, 3].fill_(7.0)
+    bank.k_cache[:, 3].fill_(7.0)
+    padded = padded_engine.run_trace(trace, "async")
+    assert padded.tokens == plain.tokens and padded.digest == plain.digest
+    assert bool((bank.conv_state[:, 3] == 7.0).all() and (bank.ssm_state[:, 3] == 7.0).all())
+    assert bool((bank.k_cache[:, 3] == 7.0).all())
+
+
+def _prefill_then_decode(engine: Engine, prompt: tuple[int, ...], chunk: int):
+    trace = Trace(EngineConfig(1, chunk, chunk, "legacy"), (Request("p", 0, prompt, 4),))
+    engine.ec = trace.engine
+    res = engine.run_trace(trace, "legacy")
+    return res.tokens["p"], engine.bank.ssm_state[:, 0].clone(), engine.bank.conv_state[:, 0].clone()
+
+
+@pytest.mark.parametrize("device,dtype", [pytest.param("cuda", torch.bfloat16, marks=GPU, id="cuda-bf16")])
+def test_chunked_prefill_equals_unchunked_bitwise(device, dtype):
+    fast = _model(device, dtype)
+    C = fast.config.chunk_size
+    prompt = tuple((7 * i + 3) % 90 for i in range(4 * C))
+    eng = Engine(fast, EngineConfig(1, 4 * C, 4 * C, "legacy"), max_len=8 * C)
+    whole = _prefill_then_decode(eng, prompt, 4 * C)
+    pieces = _prefill_then_decode(eng, prompt, C)         # four chunk-aligned pieces
+    assert whole[0] == pieces[0]
+    assert torch.equal(whole[1], pieces[1]) and torch.equal(whole[2], pieces[2])
+
+
+@pytest.mark.parametrize("device,dtype", [pytest.param("cuda", torch.bfloat16, marks=GPU, id="cuda-bf16")])
+def test_cuda_graph_replay_equals_eager_bitwise(device, dtype):
+    fast = _model(device, dtype)
+    trace = _decode_trace(6, 6)
+    eager = Engine(fast, trace.engine, max_len=64, pad_decode=True)
+    graphed = Engine(fast, trace.engine, max_len=64, graphs=True)
+    for mode in ("legacy", "async"):
+        a, b = eager.run_trace(trace, mode), graphed.run_trace(trace, mode)
+        assert a.tokens == b.tokens and a.digest == b.digest
+    assert graphed.graphs.replays > 0
+
+
+@pytest.mark.parametrize("device,dtype", [pytest.param("cuda", torch.bfloat16, marks=GPU, id="cuda-bf16")])
+def test_async_decode_steps_have_no_hidden_syncs(device, dtype):
+    """Profile decode steps: no cudaStreamSynchronize/cudaDeviceSynchronize, one event wait per step."""
+    from torch.profiler import ProfilerActivity, profile
+    fast = _model(device, dtype)
+    trace = Trace(EngineConfig(2, 9, 8, "async"), (Request("a", 0, (1, 2, 3), 40), Request("b", 0, (4, 5), 40)))
+    eng = Engine(fast, trace.engine, max_len=64, graphs=True)
+    eng.run_trace(trace, "async")                         # warm-up: captures the graphs
+    eng.reset("async")
+    for r in trace.requests:
+        eng.add_request(r)
+    for _ in range(4):                                    # admission + prefill, then decode-only steps
+        eng.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        steps = 0
+        for _ in range(20):
+            eng.step()
+            steps += 1
+    names = [e.name for e in prof.events()]
+    assert sum("StreamSynchronize" in n or "DeviceSynchronize" in n for n in names) == 0
+    assert sum("EventSynchronize" in n for n in names) <= steps
