@@ -1,0 +1,60 @@
+"""The replay debugger localises a deliberately corrupted engine: step, request, layer and tensor."""
+import pytest
+import torch
+
+import oracle
+from fastpath.engine.engine import Engine
+from fastpath.engine.rows import RowTable, compaction_moves
+from tools import goldens
+from tools.replay import bisect, first_log_difference, step_table
+
+MODEL = goldens.MODELS / "zoo-bamba"
+TRACE = goldens.TRACES / "seed_compaction.json"
+
+
+def compact_without_moving_slots(self):
+    """The bug: a compacted row carries its request but not its slot mapping (the row keeps slot -1)."""
+    live = [self.row_request[r] is not None for r in range(self.active)]
+    moves = compaction_moves(live)
+    for m in moves:
+        self.row_request[m.dst], self.row_pos[m.dst] = self.row_request[m.src], self.row_pos[m.src]
+        self.row_to_slot[m.src], self.row_request[m.src], self.row_pos[m.src] = -1, None, 0
+    self.row_to_slot_dev.copy_(torch.tensor(self.row_to_slot, dtype=self.row_to_slot_dev.dtype))
+    self.active = sum(live)
+    return moves
+
+
+@pytest.fixture(scope="module")
+def setup():
+    trace = oracle.load_trace(TRACE)
+    return trace, oracle.load(MODEL, dtype=torch.float64), Engine.from_pretrained(MODEL, trace.engine, device="cpu")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "async"])
+def test_bisection_finds_nothing_on_a_correct_engine(setup, mode):
+    trace, omodel, engine = setup
+    assert bisect(engine, trace, mode, omodel, rtol=1e-4) is None
+
+
+def test_bisection_names_step_request_and_ssm_state_when_slot_mapping_is_not_moved(setup, monkeypatch):
+    trace, omodel, engine = setup
+    monkeypatch.setattr(RowTable, "compact", compact_without_moving_slots)
+    d = bisect(engine, trace, "legacy", omodel, rtol=1e-4)
+    assert d is not None, "the corrupted engine went unnoticed"
+    # seed scenario: r1 finishes when step 3 resolves; r2 moves row 2 -> 1 and, without its slot, is computed
+    # nowhere at step 4, so its state (admitted to slot 2) is one token behind after step 4.
+    assert (d.step, d.request, d.slot) == (4, "r2", 2), d.describe()
+    assert d.layer == omodel.config.mamba_layer_ids[0] and d.kind == "mamba"
+    assert d.tensors[0][0] == "ssm_state", d.describe()
+
+
+def test_log_difference_and_table_name_the_step():
+    trace = oracle.load_trace(TRACE)
+    log = oracle.run_trace(oracle.load(MODEL), trace, mode="legacy").schedule_log.to_json()
+    assert first_log_difference(log, log) is None
+    import copy
+    bad = copy.deepcopy(log)
+    bad["steps"][3]["moves"][0]["slot"] = 0
+    assert first_log_difference(bad, log).startswith("step 3: moves")
+    table = step_table(log)
+    assert "r2→r1(r2,s2)" in table and len(table.splitlines()) == len(log["steps"]) + 1

@@ -1,0 +1,195 @@
+"""Replay a trace and debug it: per-step schedule table, first divergence from the oracle, layer bisection.
+
+    python -m tools.replay TRACE [--model M] [--engine fastpath|oracle|hf|module:Class] [--mode legacy|async]
+
+1. Runs the engine on the trace and prints the per-step table (rows → request, slot, positions; admissions,
+   frees, compaction moves, sampled tokens) from the engine's own schedule log (else the oracle's, labelled so).
+2. Compares with the oracle (fp64): first step whose schedule record differs; per request the first differing
+   token (step, request, position, both tokens, oracle margin and gap).
+3. Layer bisection (fast path only): re-runs the engine step by step and, after every step, compares each live
+   request's state *in the slot it was admitted to* (state never moves) with the oracle's state for the same
+   tokens. The first (step, request) whose state differs beyond tolerance is reported with the first layer and
+   the tensors that differ, in the fixed order ssm_state, conv_state (Mamba), k_cache, v_cache (attention).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tools import adapters, goldens
+
+# Relative tolerance ‖engine − oracle‖ / ‖oracle‖ on a state tensor, by engine compute dtype.
+STATE_RTOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+@dataclass
+class StateDivergence:
+    """First state tensor(s) found to differ."""
+    step: int
+    request: str
+    slot: int
+    layer: int
+    kind: str                          # "mamba" | "attention"
+    tensors: list[tuple[str, float]]   # (name, relative difference), in the fixed order
+
+    def describe(self) -> str:
+        what = ", ".join(f"{n} (rel. diff {d:.3g})" for n, d in self.tensors)
+        return (f"first divergence: step {self.step}, request {self.request} (slot {self.slot}), "
+                f"layer {self.layer} ({self.kind}): {what}")
+
+
+def step_table(log: dict) -> str:
+    """The per-step table of a schedule log (JSON form)."""
+    lines = [f"{'step':>4} {'ov':>2}  batch (row:request@slot kind pos+count) | admit | sampled | free | moves"]
+    for s in log["steps"]:
+        batch = " ".join(f"{b['row']}:{b['request']}@{b['slot']} {b['kind'][0]}{b['pos']}+{b['count']}"
+                         for b in s["batch"]) or "-"
+        admit = " ".join(f"{a['request']}→r{a['row']}/s{a['slot']}" for a in s["admit"]) or "-"
+        sampled = " ".join(f"{x['request']}:{x['token']}" for x in s["sampled"]) or "-"
+        free = " ".join(f"{f['request']}(s{f['slot']},{f['reason']})" for f in s["free"]) or "-"
+        moves = " ".join(f"r{m['from_row']}→r{m['to_row']}({m['request']},s{m['slot']})" for m in s["moves"]) or "-"
+        lines.append(f"{s['step']:>4} {s['overlap']:>2}  {batch} | {admit} | {sampled} | {free} | {moves}")
+    return "\n".join(lines)
+
+
+def first_log_difference(a: dict, b: dict) -> str | None:
+    """Where two schedule logs (JSON form) first differ, or None."""
+    for x, y in zip(a["steps"], b["steps"]):
+        if x != y:
+            keys = [k for k in x if x.get(k) != y.get(k)]
+            return f"step {x['step']}: {', '.join(keys)} differ — engine {[x[k] for k in keys]} vs oracle {[y[k] for k in keys]}"
+    if len(a["steps"]) != len(b["steps"]):
+        return f"engine logged {len(a['steps'])} steps, oracle {len(b['steps'])}"
+    return None
+
+
+def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / max(‖want‖, tiny), in fp64."""
+    got, want = got.double(), want.double()
+    if got.shape != want.shape:
+        return float("inf")
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def compare_request_state(engine, oracle_state, slot: int, n_tokens: int, rtol: float) -> tuple[int, str, list] | None:
+    """First layer where the bank's slot state differs from the oracle's state, or None."""
+    cfg = engine.config
+    for lid in range(len(cfg.layers)):
+        if lid in cfg.mamba_layer_ids:
+            pairs = [("ssm_state", engine.bank.ssm(lid)[slot], oracle_state.ssm[lid]),
+                     ("conv_state", engine.bank.conv(lid)[slot], oracle_state.conv[lid])]
+            kind = "mamba"
+        elif lid in cfg.attention_layer_ids:
+            k, v = engine.bank.kv(lid)
+            pairs = [("k_cache", k[slot, :n_tokens], oracle_state.k[lid]),
+                     ("v_cache", v[slot, :n_tokens], oracle_state.v[lid])]
+            kind = "attention"
+        else:
+            continue
+        bad = [(name, d) for name, got, want in pairs if (d := rel_diff(got, want)) > rtol]
+        if bad:
+            return lid, kind, bad
+    return None
+
+
+def bisect(engine, trace, mode: str, oracle_model, rtol: float) -> StateDivergence | None:
+    """Step the engine; after each step compare every live request's admitted-slot state with the oracle's."""
+    engine.reset(mode)
+    for req in trace.requests:
+        engine.add_request(req)
+    home: dict[str, int] = {}            # request -> the slot it was admitted to (state never moves)
+    consumed: dict[str, int] = {}        # request -> tokens fed into its state so far (from the batches)
+    while engine.step():
+        rec = engine.log.steps[-1]
+        for a in rec.admit:
+            home[a["request"]] = a["slot"]
+        for b in rec.batch:
+            consumed[b.request] = b.pos + b.count
+        for rid in [r for r in consumed if engine.requests[r].finish_reason is not None]:
+            del consumed[rid]             # finished: its slot may already belong to someone else
+        for rid in sorted(consumed):
+            st = engine.requests[rid]
+            seq = list(st.req.prompt) + list(st.output)
+            n = consumed[rid]
+            if n > len(seq):              # an in-flight async step fed a token not yet appended: check later
+                continue
+            _, ostate = oracle_model.prefill(seq[:n])
+            found = compare_request_state(engine, ostate, home[rid], n, rtol)
+            if found:
+                return StateDivergence(rec.step, rid, home[rid], *found)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.replay", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--model", type=Path, default=None, help="HF-format folder (default: goldens/models/tiny-sort)")
+    ap.add_argument("--engine", default="fastpath")
+    ap.add_argument("--mode", default="legacy", choices=["legacy", "async"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-table", action="store_true", help="skip the per-step table")
+    args = ap.parse_args(argv)
+
+    import oracle
+    from tools.compare import TAU, compare_tie_aware
+    model_dir = args.model or next(p for p in (goldens.MODELS / "tiny-sort", goldens.MODELS / "zoo-bamba")
+                                   if (p / "config.json").exists())
+    trace = oracle.load_trace(args.trace)
+    omodel = oracle.load(model_dir, dtype=torch.float64)
+    truth = oracle.run_trace(omodel, trace, mode=args.mode)
+    try:
+        adapter = adapters.resolve(args.engine)(model_dir, trace, args.mode, args.device)
+        run = adapter.run_trace()
+    except Exception as e:
+        print(f"engine {args.engine} failed on {args.trace}: {type(e).__name__}: {e}")
+        return 1
+    truth_log = truth.schedule_log.to_json()
+    log = run.schedule_log.to_json() if run.schedule_log is not None else None
+    if not args.no_table:
+        print(f"== schedule ({'engine' if log else 'oracle — the engine keeps no log'}, mode {args.mode}) ==")
+        print(step_table(log or truth_log))
+    ok = True
+    if log is not None:
+        where = first_log_difference(log, truth_log)
+        print(f"== schedule log vs oracle: {'identical' if where is None else 'DIFFERS at ' + where}")
+        ok &= where is None
+    step_of = {(x["request"], x["pos"]): s["step"] for s in truth_log["steps"] for x in s["sampled"]}
+    print("== tokens vs oracle (tie-aware) ==")
+    for req in trace.requests:
+        v = compare_tie_aware(omodel, req.id, req.prompt, run.tokens.get(req.id, []), req.stop_token_ids,
+                              req.max_new_tokens, TAU[torch.float32])
+        if v.ok and not v.near_ties:
+            print(f"  {req.id}: {len(run.tokens.get(req.id, []))} tokens exact")
+            continue
+        for m in v.near_ties:
+            print(f"  {req.id}: near tie at position {m.position}: oracle {m.oracle_token} vs engine "
+                  f"{m.candidate_token}, gap {m.oracle_gap:.3g}")
+        if not v.ok:
+            ok = False
+            f = v.failure
+            if f:
+                step = step_of.get((req.id, len(req.prompt) + f.position), "?")
+                print(f"  {req.id}: DIVERGES at step {step}, position {f.position}: oracle token {f.oracle_token} "
+                      f"(margin {f.oracle_margin:.3g}) vs engine {f.candidate_token} (oracle gap {f.oracle_gap:.3g})")
+            else:
+                print(f"  {req.id}: {v.note}")
+    if isinstance(adapter, adapters.FastpathAdapter):
+        eng = adapter.engine
+        rtol = STATE_RTOL.get(eng.model.dtype, 1e-4)
+        d = bisect(eng, trace, args.mode, omodel, rtol)
+        print(f"== layer bisection (state rtol {rtol:g}) ==")
+        print("  " + (d.describe() if d else "every request's state matches the oracle after every step"))
+        ok &= d is None
+    else:
+        print("== layer bisection: needs the fastpath engine (state bank access) ==")
+    print("REPLAY " + ("PASSED" if ok else "FOUND A DIVERGENCE"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
