@@ -55,9 +55,19 @@ def _prefill_then_decode(engine: Engine, prompt: tuple[int, ...], chunk: int):
     return res.tokens["p"], engine.bank.ssm_state[:, 0].clone(), engine.bank.conv_state[:, 0].clone()
 
 
-@pytest.mark.parametrize("device,dtype", [pytest.param("cuda", torch.bfloat16, marks=GPU, id="cuda-bf16")])
-def test_chunked_prefill_equals_unchunked_bitwise(device, dtype):
-    fast = _model(device, dtype)
+ATTN_SPLIT = pytest.mark.xfail(reason="attention_prefill_varlen output depends on how queries are split into "
+                               "pieces (measured on CPU: 1.8e-7); reported to the kernels part", strict=False)
+
+
+@pytest.mark.parametrize("device,dtype,arch", [
+    pytest.param("cpu", torch.float32, "mamba2", id="cpu-fp32-mamba2"),
+    pytest.param("cuda", torch.bfloat16, "mamba2", marks=GPU, id="cuda-bf16-mamba2"),
+    pytest.param("cuda", torch.bfloat16, "bamba", marks=GPU + [ATTN_SPLIT], id="cuda-bf16-bamba")])
+def test_chunked_prefill_equals_unchunked_bitwise(device, dtype, arch):
+    """A prompt of 4 chunks in one piece vs four chunk-aligned pieces: same tokens, bitwise the same state."""
+    small = {"pattern": "M", "hidden_size": 16, "mamba_n_heads": 2, "mamba_n_groups": 1} if device == "cpu" else {}
+    cfg = zoo.tiny_config(arch, **small)
+    fast = FastModel(cfg, zoo.random_weights(cfg, seed=5), device, dtype)
     C = fast.config.chunk_size
     prompt = tuple((7 * i + 3) % 90 for i in range(4 * C))
     eng = Engine(fast, EngineConfig(1, 4 * C, 4 * C, "legacy"), max_len=8 * C)
