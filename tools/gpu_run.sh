@@ -22,6 +22,7 @@ unset TRITON_INTERPRET
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 DEFAULT_STEPS="gpu_tests bench_kernels"
+DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BENCH_ENGINE_TIMEOUT:-300}" $PY tools/bench_engine.py ${BENCH_ENGINE_ARGS:-} --out "$OUT/bench_engine.json" --summary "$OUT/bench_engine.summary"; }
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 

@@ -13,6 +13,7 @@ table; in an overlapped step the same moves are applied to `sampled`, which feed
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +116,7 @@ class Engine:
         self.k = 0
         self._flip = 0
         self.emitted: dict[str, list[int]] = {}
+        self.wait_s = 0.0                               # host time blocked on device events (bench)
 
     def add_request(self, req: Request) -> None:
         """Submit a request that arrives at `req.arrival_step` (>= the current step)."""
@@ -284,7 +286,9 @@ class Engine:
         """Append p's tokens (decode rows then prefill rows, each by current row), finish/free (ascending row),
         compact rows (and `sampled` if a step is in flight)."""
         if p.event is not None:
-            p.event.synchronize()
+            t0 = time.perf_counter()
+            p.event.synchronize()                       # the one wait per step: this step's tokens
+            self.wait_s += time.perf_counter() - t0
         toks = p.host_tokens[: len(p.batch)].tolist()
         rec, rt = p.record, self.rows
         row_of = {rid: r for r, rid in enumerate(rt.row_request[: rt.active]) if rid is not None}

@@ -1,0 +1,193 @@
+"""Benchmark the fast-path engine on one GPU (DESIGN §8): anchor-3b, random bf16 weights.
+
+    PYTHONPATH=. python3 tools/bench_engine.py [--out bench_engine.json] [--summary bench_engine.summary] [--quick]
+
+1. bs1 decode, the seed protocol: 4 requests one after another (bs1), OSL 512, the first discarded as warm-up;
+   tok/s for legacy and async, CUDA graphs on/off, beside the roofline (parameter bytes / copy bandwidth
+   measured in this run) and the host time per step (step wall time minus time blocked on the device).
+2. Hidden syncs: torch.profiler over async+graphs decode steps, CUDA runtime synchronisations per step.
+3. Batch-64 decode at 32k context, anchor-3b vs anchor-3b-attn (the context is placed in the bank's
+   bookkeeping without running the prefill: decode cost depends only on positions; attention reads them all).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from fastpath.engine.configs import n_params, named_config, random_device_weights
+from fastpath.engine.engine import Engine
+from fastpath.model import FastModel
+from oracle.schedule_log import StepRecord
+from oracle.trace import EngineConfig, Request
+
+DEV = torch.device("cuda")
+
+
+def sync() -> None:
+    """Wait for the device (no-op on the CPU smoke run)."""
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device copy bandwidth in bytes/s (read + write counted), median of 20."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEV)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(25):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    t = sorted(times[5:])[len(times[5:]) // 2]
+    del a, b
+    return 2 * nbytes / t
+
+
+def bs1_run(model: FastModel, mode: str, graphs: bool, osl: int, n_req: int, prompt_len: int) -> dict:
+    """Seed protocol: n_req requests one at a time; decode tok/s over requests 2..n (first = warm-up)."""
+    C = model.config.chunk_size
+    ec = EngineConfig(1, max(C, prompt_len), max(C, prompt_len), mode)
+    eng = Engine(model, ec, max_len=prompt_len + osl + 8, graphs=graphs)
+    rates, host = [], []
+    for i in range(n_req):
+        eng.reset(mode)
+        prompt = tuple((17 * i + 7 * j) % 32000 for j in range(prompt_len))
+        eng.add_request(Request(f"q{i}", 0, prompt, osl))
+        eng.step()                                    # admission + prefill (samples token 1)
+        sync()
+        eng.wait_s, steps = 0.0, 0
+        t0 = time.perf_counter()
+        while eng.step():
+            steps += 1
+        sync()
+        dt = time.perf_counter() - t0
+        out = len(eng.requests[f"q{i}"].output)
+        if i > 0:
+            rates.append((out - 1) / dt)
+            host.append((dt - eng.wait_s) / max(steps, 1))
+    return {"mode": mode, "graphs": graphs, "tok_s": sum(rates) / len(rates),
+            "host_ms_per_step": 1e3 * sum(host) / len(host), "osl": osl, "requests_timed": len(rates)}
+
+
+def count_syncs(model: FastModel, steps: int = 32) -> dict:
+    """Profile async+graphs decode steps; count CUDA runtime synchronisations per step."""
+    from torch.profiler import ProfilerActivity, profile
+    ec = EngineConfig(1, 256, 256, "async")
+    eng = Engine(model, ec, max_len=1024, graphs=True)
+    eng.add_request(Request("s", 0, (1, 2, 3, 4), 2 * steps + 16))
+    for _ in range(8):
+        eng.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    counts: dict[str, int] = {}
+    for e in prof.events():
+        if "ynchronize" in e.name or e.name in ("cudaMemcpy", "aten::item", "aten::_local_scalar_dense"):
+            counts[e.name] = counts.get(e.name, 0) + 1
+    if counts.get("cudaDeviceSynchronize"):
+        counts["cudaDeviceSynchronize"] -= 1          # the bench's own synchronize above
+    return {"steps": steps, "per_step": {k: v / steps for k, v in counts.items()}}
+
+
+def batch_decode(model: FastModel, rows: int, ctx: int, steps: int) -> dict:
+    """`rows` requests decoding at context `ctx` (placed in the bookkeeping), graphs + async; tok/s."""
+    C = model.config.chunk_size
+    ec = EngineConfig(rows, rows - 1 + C, C, "async")
+    eng = Engine(model, ec, max_len=ctx + steps + 8, graphs=True)
+    for i in range(rows):
+        eng.add_request(Request(f"b{i}", 0, (1,) * ctx, steps + 4))
+    eng.admit(StepRecord(0))
+    for st in eng.requests.values():                  # as if the prompt had been prefilled
+        st.done, st.output = ctx, [1]
+    for _ in range(3):
+        eng.step()
+    sync()
+    t0 = time.perf_counter()
+    n = steps - 6
+    for _ in range(n):
+        eng.step()
+    sync()
+    dt = time.perf_counter() - t0
+    res = {"rows": rows, "ctx": ctx, "tok_s": rows * n / dt, "ms_per_step": 1e3 * dt / n,
+           "bank_GB": eng.bank.nbytes() / 1e9}
+    del eng
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out")
+    ap.add_argument("--summary")
+    ap.add_argument("--quick", action="store_true", help="OSL 64, fewer steps (smoke run)")
+    ap.add_argument("--skip-batch", action="store_true")
+    args = ap.parse_args()
+    osl = 64 if args.quick else 512
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    bw = copy_bandwidth()
+    cfg = named_config("anchor-3b")
+    P = n_params(cfg)
+    model = FastModel(cfg, random_device_weights(cfg, DEV, torch.bfloat16), DEV, torch.bfloat16)
+    roof = bw / (2 * P)
+    report.update(copy_TBps=bw / 1e12, params=P, roofline_tok_s=roof)
+    lines = [f"anchor-3b {P:,} params bf16 | copy {bw / 1e12:.2f} TB/s -> bs1 roofline {roof:.0f} tok/s"]
+    report["bs1"] = []
+    for mode, graphs in (("legacy", False), ("async", False), ("legacy", True), ("async", True)):
+        r = bs1_run(model, mode, graphs, osl, 4, 32)
+        report["bs1"].append(r)
+        lines.append(f"bs1 {mode:6s} graphs={'on ' if graphs else 'off'}: {r['tok_s']:7.1f} tok/s "
+                     f"({100 * r['tok_s'] / roof:4.1f}% of roofline), host {r['host_ms_per_step']:.3f} ms/step")
+        print(lines[-1], flush=True)
+    s = count_syncs(model)
+    report["syncs"] = s
+    lines.append("syncs/step (async+graphs decode): " + ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))
+    print(lines[-1], flush=True)
+    if not args.skip_batch:
+        steps = 24 if args.quick else 64
+        free = torch.cuda.mem_get_info()[0]
+        del model
+        torch.cuda.empty_cache()
+        out = {}
+        for name in ("anchor-3b", "anchor-3b-attn"):
+            c = named_config(name)
+            m = FastModel(c, random_device_weights(c, DEV, torch.bfloat16), DEV, torch.bfloat16)
+            per_slot = 2 * len(c.attention_layer_ids) * (32768 + steps + 8) * c.n_kv_heads * c.attn_head_dim * 2
+            rows = 64
+            free = torch.cuda.mem_get_info()[0]
+            while rows > 1 and rows * per_slot > 0.85 * free:
+                rows -= 8
+            try:
+                out[name] = batch_decode(m, rows, 32768, steps)
+            except torch.OutOfMemoryError as e:
+                out[name] = {"rows": rows, "error": f"OOM: {e}"[:200]}
+            out[name]["rows_requested"] = 64
+            del m
+            torch.cuda.empty_cache()
+            lines.append(f"{name}: decode at 32k ctx, {out[name].get('rows')} rows: "
+                         f"{out[name].get('tok_s', float('nan')):.0f} tok/s")
+            print(lines[-1], flush=True)
+        report["batch_decode_32k"] = out
+        a, b = out["anchor-3b"].get("tok_s"), out["anchor-3b-attn"].get("tok_s")
+        if a and b:
+            lines.append(f"hybrid / attention tok/s ratio at 32k: {a / b:.2f}x "
+                         f"(rows {out['anchor-3b']['rows']} vs {out['anchor-3b-attn']['rows']})")
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.summary:
+        with open(args.summary, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
