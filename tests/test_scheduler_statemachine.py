@@ -28,6 +28,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         engine = EngineConfig(R, R - 1 + C + extra_budget, C + extra_chunk, mode)
         self.s = Scheduler(self.model, Trace(engine, ()), mode)
         self.slot_of: dict[str, int] = {}
+        self.shadow_free = list(range(R - 1, -1, -1))   # the spec's LIFO stack, replayed from the log
         self.n = 0
         self.bound = 8                                  # steps by which everything submitted must be finished
 
@@ -53,6 +54,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return False
         self.check_batch(self.s.log.steps[-1])
         self.check_slots_travel()
+        self.check_lifo()
         assert self.s.k <= self.bound, f"starvation: step {self.s.k} > bound {self.bound}"
         return True
 
@@ -82,6 +84,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert decode_rows == {r for r, _ in live} - set(prefilling)
         if prefilling:
             assert any(b.row == prefilling[0] and b.kind == "prefill" for b in rec.batch)
+
+    def check_lifo(self):
+        """Replay the log on a shadow stack: frees of step k-1 push (ascending row), admissions of step k pop."""
+        steps = self.s.log.steps
+        if len(steps) >= 2:
+            self.shadow_free.extend(f["slot"] for f in steps[-2].free)
+        for a in steps[-1].admit:
+            assert self.shadow_free and a["slot"] == self.shadow_free.pop(), "admission did not reuse the top slot"
+        assert [f["row"] for f in steps[-1].free] == sorted(f["row"] for f in steps[-1].free)
 
     def check_slots_travel(self):
         for move in [m for rec in self.s.log.steps[-2:] for m in rec.moves]:
