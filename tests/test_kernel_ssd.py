@@ -153,7 +153,7 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
     Q, H, P, G, N = 32, 2, 32, 1, 32
     rule = ssd_launch_rule(H, G, P, N, Q, dtype)
     rule["state"].update(BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
-    rule["scan"].update(BLOCK_M=16, BLOCK_K=16, BLOCK_P=16)
+    rule["scan"].update(BLOCK_M=16, BLOCK_K=16, BLOCK_P=16, BLOCK_S=16)
     rule["bmm"].update(BLOCK_M=16)
     gen = torch.Generator().manual_seed(9)
     lens, start_pos, has_init, slots = [Q + 7, 5], [0, 40], [True, True], [1, 0]
@@ -169,6 +169,39 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
             y, hf = reference(inp, cu[s], cu[s + 1], bank0[slot], (0.0, math.inf))
             assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output (use_cb={use_cb})"
             assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} state (use_cb={use_cb})"
+
+
+@pytest.mark.parametrize("scan,state_flat,block_s", [("rec", True, 8), ("rec", False, 4), ("blocked", False, 16),
+                                                     ("blocked", True, 16)])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_flat, block_s):
+    """Both scan kernels (sub-chunk recurrence with steps of 4 or 8 tokens, and row x column blocks) and both
+    chunk-state loops (per chunk, flat) on a mixed batch with partial chunks, mid-chunk continuations and a
+    slot -1 piece: outputs and final states vs fp64, unused bank entries untouched."""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N = 16, 2, 16, 1, 16
+    rule = ssd_launch_rule(H, G, P, N, Q, dtype)
+    rule["scan"].update(kind=scan, BLOCK_S=block_s)
+    rule["state"].update(flat=state_flat, BLOCK_K=8)
+    gen = torch.Generator().manual_seed(21)
+    lens, start_pos = [2 * Q + 3, 5, Q + 6, 3], [Q + 7, 0, 2, 1]
+    has_init, slots = [True, False, True, False], [2, 0, 3, -1]
+    inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=5), device)
+    bank0 = inp["bank"].clone()
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    out = torch.full_like(inp["x"], float("nan"))
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], cu,
+               torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
+               out=out, _rule=rule)
+    for s, slot in enumerate(slots):
+        h0 = bank0[slot] if has_init[s] and slot >= 0 else None
+        y, hf = reference(inp, cu[s], cu[s + 1], h0, (0.0, math.inf))
+        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output"
+        if slot >= 0:
+            assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} final state"
+    assert torch.equal(inp["bank"][[1, 4]], bank0[[1, 4]]), "bank entries of unused slots changed"
 
 
 def test_ssd_chunk_table_cuts_at_absolute_multiples():
@@ -235,3 +268,27 @@ def test_ssd_int64_offsets_beyond_2_31_elements():
     y0, _ = reference(inp, 0, 2 * Q + 7, None, (0.0, math.inf))
     assert rel(out[:2 * Q + 7], y0) < REL[dt_]
     assert torch.isfinite(out[:filler].float()).all()
+
+
+@GPU
+@NO_CUDA
+def test_ssd_with_slot_checked_table_makes_no_host_sync():
+    """With a table built with the slots, an ssd_varlen call runs under sync-debug mode "error" (no host
+    sync), and gives the same bits as the call without a table."""
+    Q, H, P, G, N = 64, 4, 32, 1, 32
+    dev = "cuda"
+    inp = to(make_inputs(3 * Q + 5, H, P, G, N, torch.bfloat16, "cpu", torch.Generator().manual_seed(4), S=3), dev)
+    slot, init = torch.tensor([2, 0], device=dev), torch.tensor([True, False], device=dev)
+    cu, sp = [0, Q + 3, 3 * Q + 5], [5, 0]
+    args = lambda bank: (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank,  # noqa: E731
+                         cu, slot, sp, init, Q)
+    bank_a, bank_b = inp["bank"].clone(), inp["bank"].clone()
+    y_a = ssd_varlen(*args(bank_a))
+    table = ssd_chunk_table(cu, sp, Q, dev, slot=slot, n_slots=3)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y_b = ssd_varlen(*args(bank_b), table=table)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(y_a, y_b) and torch.equal(bank_a, bank_b)

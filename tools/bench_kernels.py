@@ -2,6 +2,7 @@
 bandwidth and bf16 GEMM rate measured in the same run, and mamba_ssm's Triton ops (peer) when importable.
 
     PYTHONPATH=.:.peer python3 tools/bench_kernels.py [--out bench.json] [--summary bench.summary] [--quick]
+        [--only ssd,ssm_step,rest]
 
 Byte counts are the fewest bytes each op must move (inputs read once, outputs written once); FLOP counts
 are stated next to each case. Every time is the median of triton.testing.do_bench (CUDA events).
@@ -101,13 +102,18 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
                 else:
                     r[stage][key] = val
             return r
-        cases += [("cb-inline", v(top__use_cb=False)),
-                  ("cb-bf16", v(top__cb_fp32=False)),
-                  ("scan-w8", v(scan__num_warps=8)),
-                  ("scan-m128-w8", v(scan__BLOCK_M=128, scan__num_warps=8)),
+        cases += [("scan-blocked", v(scan__kind="blocked")),
+                  ("state-per-chunk", v(state__flat=False)),
+                  ("scan-s32-w4", v(scan__BLOCK_S=32, scan__num_warps=4)),
+                  ("scan-s32-w8", v(scan__BLOCK_S=32)),
+                  ("scan-s64-w4", v(scan__num_warps=4)),
+                  ("scan-s128-w8", v(scan__BLOCK_S=128)),
+                  ("scan-st3", v(scan__num_stages=3)),
+                  ("scan-p32-w4", v(scan__BLOCK_P=32, scan__num_warps=4)),
+                  ("state-st4", v(state__num_stages=4)),
                   ("state-p32", v(state__BLOCK_P=32)),
                   ("state-n128-w8", v(state__BLOCK_N=128, state__num_warps=8)),
-                  ("state-st2", v(state__num_stages=2))]
+                  ("state-k32-st4", v(state__BLOCK_K=32, state__num_stages=4))]
     y_rule = None
     for name, rule in cases:
         kw = {} if rule is None else dict(_rule=rule, use_cb=rule["use_cb"])
@@ -119,6 +125,15 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
         note = ""
         if name == "rule":
             y_rule = out.clone()
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")     # the table path must not sync the host
+            try:
+                run()
+                note_sync = "sync-free: yes"
+            except RuntimeError as e:
+                note_sync = f"sync-free: NO ({str(e)[:80]})"
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
         elif y_rule is not None:
             note = f"rel(y) vs rule {rel(out, y_rule):.2e}"
         if name == "rule":
@@ -138,7 +153,7 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
                 for stage, e in ev:
                     stage_ms[stage] = stage_ms.get(stage, 0.0) + prev.elapsed_time(e) / 5
                     prev = e
-            note = "stages " + " ".join(f"{k}={v:.3f}" for k, v in stage_ms.items())
+            note = note_sync + " | stages " + " ".join(f"{k}={v:.3f}" for k, v in stage_ms.items())
         peer_ms = None
         if peer is not None and name == "rule":
             f = lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=None, dt_bias=dtb,  # noqa: E731
@@ -253,6 +268,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--summary", default=None)
     ap.add_argument("--quick", action="store_true", help="no launch-config variants")
+    ap.add_argument("--only", default="ssd,ssm_step,rest", help="comma list of groups: ssd, ssm_step, rest")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs CUDA")
@@ -261,10 +277,14 @@ def main() -> int:
     ceil = ceilings()
     print(f"[bench] ceilings {json.dumps(ceil)}", flush=True)
     peer_ssd, peer_ssu = peer_ops()
-    bench_ssd(ceil, peer_ssd, 8192, variants=False)
-    bench_ssd(ceil, peer_ssd, 65536, variants=not a.quick)
-    bench_ssm_step(ceil, peer_ssu, variants=not a.quick)
-    bench_rest(ceil)
+    only = set(a.only.split(","))
+    if "ssd" in only:
+        bench_ssd(ceil, peer_ssd, 8192, variants=False)
+        bench_ssd(ceil, peer_ssd, 65536, variants=not a.quick)
+    if "ssm_step" in only:
+        bench_ssm_step(ceil, peer_ssu, variants=not a.quick)
+    if "rest" in only:
+        bench_rest(ceil)
     lines = [f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | copy {ceil['copy_TBps']:.2f} TB/s"
              f" | bf16 gemm {ceil['bf16_gemm_TFLOPs']:.0f} TFLOP/s | {time.time() - t0:.0f} s",
              f"{'kernel':44s} {'ms':>8s} {'TB/s':>6s} {'TFLOP/s':>8s} {'floor ms':>9s} {'peer ms':>8s}"]

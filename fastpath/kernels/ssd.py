@@ -7,8 +7,8 @@ zero state). Chunks are cut at absolute multiples of chunk_size, so a continuati
 first finishes that chunk. dt processing (softplus(dt + dt_bias), clamp to dt_limit) happens inside; the z
 gate is *not* applied here (the gated norm does it). fp32 accumulation, fp32 states.
 
-Pipeline (one kernel per file): ssd_chunk_cumsum → [ssd_bmm] → ssd_chunk_state (chunk states + passing,
-fused) → ssd_chunk_scan.
+Pipeline (one stage per file): ssd_chunk_cumsum → [ssd_bmm] → ssd_chunk_state (chunk states + passing,
+fused) → ssd_chunk_scan (by default a sub-chunk recurrence inside each chunk; or row × column blocks).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check
                       dt_limits, host_ints, next_pow2)
 from .ssd_bmm import ssd_bmm_kernel
 from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
-from .ssd_chunk_scan import ssd_chunk_scan_kernel
-from .ssd_chunk_state import ssd_chunk_state_kernel
+from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
+from .ssd_chunk_state import ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel
 
 OP = "ssd_varlen"
 
@@ -86,14 +86,17 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
     bn_full = next_pow2(N, 16)
     return dict(
         BLOCK_Q=bq,
-        cumsum=dict(num_warps=4),
+        cumsum=dict(BLOCK_H=min(next_pow2(H), max(1, 8192 // bq)), num_warps=4),
         bmm=dict(BLOCK_M=min(bq, 64), num_warps=4),
-        state=dict(BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
+        # flat: one software-pipelined loop over all sub-blocks of a sequence (ssd_chunk_state_flat_kernel)
+        state=dict(flat=True, BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
                    num_warps=4, num_stages=3),
-        scan=dict(BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64),
-                  BLOCK_N=bn_full, num_warps=4, num_stages=2),
-        # C·B computed in the scan (not precomputed per group): measured faster on the H200 at H/G = 128
-        # (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md). The precomputed path stays tested.
+        # kind "rec": sub-chunk recurrence inside the chunk (ssd_chunk_scan_rec_kernel, BLOCK_S tokens a
+        # step); kind "blocked": row × column blocks of the full chunk (ssd_chunk_scan_kernel, BLOCK_M/K)
+        scan=dict(kind="rec", BLOCK_S=min(bq, 64), BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64),
+                  BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=8, num_stages=2),
+        # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
+        # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
         use_cb=False,
         cb_fp32=True,
     )
@@ -109,7 +112,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
 
     `table` (from ssd_chunk_table) can be built once per step and shared by all layers; built with the slots,
     it makes this call free of host syncs (the slots must be the ones it checked); `use_cb` overrides the
-    launch rule's choice of a precomputed C·B; `_mark(stage)` is called after each stage and `_rule` replaces
+    launch rule's choice of a precomputed C·B (True runs the blocked scan); `_mark(stage)` is called after each stage and `_rule` replaces
     the launch rule (benchmark hooks)."""
     mark = _mark if _mark is not None else (lambda stage: None)
     check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
@@ -154,11 +157,12 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     dacs = torch.empty(H, T, dtype=torch.float32, device=dev)
     if nc > 0:
         r = rule["cumsum"]
-        ssd_chunk_cumsum_kernel[(nc * H,)](
+        ssd_chunk_cumsum_kernel[(nc, triton_cdiv(H, r["BLOCK_H"]))](
             dt, dt_bias if dt_bias is not None else A, A, dt_p, dacs, table.chunk_start, table.chunk_len,
             H, lo, hi, dt.stride(0), dt.stride(1), dt_p.stride(0),
-            HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, num_warps=r["num_warps"])
+            HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
     mark("cumsum")
+    rec = rule["scan"].get("kind", "blocked") == "rec" and not use_cb     # a precomputed C·B needs "blocked"
     cb = None
     if use_cb and nc > 0:
         cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32 if rule.get("cb_fp32", True) else x.dtype, device=dev)
@@ -175,14 +179,26 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     if n_seq > 0:
         r = rule["state"]
         grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
-        ssd_chunk_state_kernel[grid](
-            x, B, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len,
-            slot, has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
-            prev.stride(0), prev.stride(1), prev.stride(2),
-            BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            num_warps=r["num_warps"], num_stages=r["num_stages"])
+        args = (x, B, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len,
+                slot, has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
+                prev.stride(0), prev.stride(1), prev.stride(2))
+        tiles = dict(BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+                     num_warps=r["num_warps"], num_stages=r["num_stages"])
+        if r.get("flat", False):
+            ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
+        else:
+            ssd_chunk_state_kernel[grid](*args, **tiles)
     mark("state")
-    if nc > 0:
+    if nc > 0 and rec:
+        r = rule["scan"]
+        ssd_chunk_scan_rec_kernel[(nc * H * triton_cdiv(P, r["BLOCK_P"]),)](
+            x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
+            table.chunk_start, table.chunk_len, H, P, N, H // G,
+            *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
+            prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
+            HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+            num_warps=r["num_warps"], num_stages=r["num_stages"])
+    elif nc > 0:
         r = rule["scan"]
         grid = (nc * H * (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]),)
         cbt = cb if cb is not None else prev

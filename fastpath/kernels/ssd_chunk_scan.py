@@ -80,3 +80,72 @@ def ssd_chunk_scan_kernel(
         acc += tl.load(D_ptr + h).to(tl.float32) * xm.to(tl.float32)
     tl.store(y_ptr + tok_m[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
              acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mp[None, :])
+
+
+@triton.jit
+def ssd_chunk_scan_rec_kernel(
+    x_ptr, B_ptr, C_ptr, dt_ptr, dacs_ptr, prev_ptr, D_ptr, y_ptr,
+    chunk_start_ptr, chunk_len_ptr,
+    H, P, N, heads_per_group,
+    stride_x_t, stride_x_h, stride_x_p,
+    stride_b_t, stride_b_g, stride_b_n,
+    stride_c_t, stride_c_g, stride_c_n,
+    stride_dt_h,
+    stride_prev_c, stride_prev_h, stride_prev_p,
+    stride_y_t, stride_y_h, stride_y_p,
+    HAS_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """The chunk scan as a recurrence over sub-chunks of BLOCK_S tokens inside one program per (chunk, head,
+    P-tile): the state h (fp32, starting at the chunk's entering state) gives each sub-chunk its inter term,
+        y_i = exp(cs_i − cs_s) C_i · h  +  Σ_{s ≤ j ≤ i} (C_i·B_j) exp(cs_i − cs_j) dt_j x_j  +  D x_i,
+    then advances, h ← exp(cs_e − cs_s) h + Σ_j exp(cs_e − cs_j) dt_j x_j ⊗ B_j (cs_s: log-decay before the
+    sub-chunk, cs_e: at its last token). Every x, B, C row is read once per (chunk, head, P-tile) and the
+    quadratic part shrinks to BLOCK_S × BLOCK_S blocks on the diagonal. BLOCK_N covers all of N."""
+    n_pb = tl.cdiv(P, BLOCK_P)
+    pid = tl.program_id(0)
+    c = pid // (H * n_pb)
+    h = ((pid // n_pb) % H).to(tl.int64)
+    pb = pid % n_pb
+    g = h // heads_per_group
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    length = tl.load(chunk_len_ptr + c)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mp = offs_p < P
+    mn = offs_n < N
+    state = tl.load(prev_ptr + c.to(tl.int64) * stride_prev_c + h * stride_prev_h
+                    + offs_p[:, None] * stride_prev_p + offs_n[None, :],
+                    mask=mp[:, None] & mn[None, :], other=0.0).to(tl.float32)   # [BLOCK_P, BLOCK_N]
+    if HAS_D:
+        d = tl.load(D_ptr + h).to(tl.float32)
+    cs_before = 0.0
+    for s0 in range(0, length, BLOCK_S):
+        ms = (s0 + offs_s) < length
+        tok = start + s0 + offs_s
+        e = tl.minimum(length, s0 + BLOCK_S) - 1
+        cs_end = tl.load(dacs_ptr + h * stride_dt_h + start + e)
+        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=ms, other=0.0)
+        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=ms, other=0.0)
+        Cs = tl.load(C_ptr + tok[:, None] * stride_c_t + g * stride_c_g + offs_n[None, :] * stride_c_n,
+                     mask=ms[:, None] & mn[None, :], other=0.0)
+        Bs = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                     mask=ms[:, None] & mn[None, :], other=0.0)
+        xs = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
+                     mask=ms[:, None] & mp[None, :], other=0.0)
+        cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
+        acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+        cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
+        causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
+        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
+        w = cb * decay * dt[None, :]
+        acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
+        if HAS_D:
+            acc += d * xs.to(tl.float32)
+        tl.store(y_ptr + tok[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
+                 acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
+        ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
+        xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
+        state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+        cs_before = cs_end

@@ -69,3 +69,70 @@ def ssd_chunk_state_kernel(
             acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
         state = tl.exp(cs_last) * state + acc
     tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
+
+
+@triton.jit
+def ssd_chunk_state_flat_kernel(
+    x_ptr, B_ptr, dt_ptr, dacs_ptr, bank_ptr, prev_ptr,
+    seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr,
+    P, N, heads_per_group,
+    stride_x_t, stride_x_h, stride_x_p,
+    stride_b_t, stride_b_g, stride_b_n,
+    stride_dt_h,
+    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
+    stride_prev_c, stride_prev_h, stride_prev_p,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """As ssd_chunk_state_kernel (same grid, same sums in the same order), but one flat loop over all
+    BLOCK_K sub-blocks of the sequence (BLOCK_Q // BLOCK_K per chunk), so the software pipeline keeps loads
+    in flight across chunk boundaries; the chunk-end update is applied by select, not by branch."""
+    SUBS: tl.constexpr = BLOCK_Q // BLOCK_K
+    n_nb = tl.cdiv(N, BLOCK_N)
+    pb = tl.program_id(0) // n_nb
+    nb = tl.program_id(0) % n_nb
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(2)
+    g = h // heads_per_group
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mp = offs_p < P
+    mn = offs_n < N
+    mpn = mp[:, None] & mn[None, :]
+    tile_prev = h * stride_prev_h + offs_p[:, None] * stride_prev_p + offs_n[None, :]
+
+    slot = tl.load(slot_ptr + s).to(tl.int64)
+    has_init = tl.load(has_init_ptr + s) != 0
+    bank_tile = (bank_ptr + slot * stride_bank_s + h * stride_bank_h
+                 + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
+    state = tl.load(bank_tile, mask=tl.where((slot >= 0) & has_init, mpn, False), other=0.0).to(tl.float32)
+
+    c0 = tl.load(seq_chunk_ptr + s)          # int64
+    c1 = tl.load(seq_chunk_ptr + s + 1)
+    tl.store(prev_ptr + c0 * stride_prev_c + tile_prev, state.to(prev_ptr.dtype.element_ty),
+             mask=tl.where(c0 < c1, mpn, False))
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for i in range(0, (c1 - c0) * SUBS):
+        c = c0 + i // SUBS
+        k0 = (i % SUBS) * BLOCK_K
+        start = tl.load(chunk_start_ptr + c).to(tl.int64)
+        length = tl.load(chunk_len_ptr + c)
+        cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
+        mk = (k0 + offs_k) < length
+        tok = start + k0 + offs_k
+        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+        w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+        xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
+                     mask=mk[:, None] & mp[None, :], other=0.0)
+        bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                     mask=mk[:, None] & mn[None, :], other=0.0)
+        xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+        acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        is_end = (i % SUBS) == SUBS - 1
+        state = tl.where(is_end, tl.exp(cs_last) * state + acc, state)
+        acc = tl.where(is_end, 0.0, acc)
+        tl.store(prev_ptr + (c + 1) * stride_prev_c + tile_prev, state.to(prev_ptr.dtype.element_ty),
+                 mask=tl.where(is_end & (c + 1 < c1), mpn, False))
+    tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
