@@ -141,14 +141,23 @@ def main() -> None:
     lines = [f"anchor-3b {P:,} params bf16 | copy {bw / 1e12:.2f} TB/s -> bs1 roofline {roof:.0f} tok/s"]
     report["bs1"] = []
     for mode, graphs in (("legacy", False), ("async", False), ("legacy", True), ("async", True)):
-        r = bs1_run(model, mode, graphs, osl, 4, 32)
+        try:
+            r = bs1_run(model, mode, graphs, osl, 4, 32)
+        except Exception as e:   # keep going: one GPU visit must report every section it can
+            lines.append(f"bs1 {mode} graphs={graphs}: FAILED {type(e).__name__}: {e}"[:300])
+            print(lines[-1], flush=True)
+            continue
         report["bs1"].append(r)
         lines.append(f"bs1 {mode:6s} graphs={'on ' if graphs else 'off'}: {r['tok_s']:7.1f} tok/s "
                      f"({100 * r['tok_s'] / roof:4.1f}% of roofline), host {r['host_ms_per_step']:.3f} ms/step")
         print(lines[-1], flush=True)
-    s = count_syncs(model)
-    report["syncs"] = s
-    lines.append("syncs/step (async+graphs decode): " + ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))
+    try:
+        s = count_syncs(model)
+        report["syncs"] = s
+        lines.append("syncs/step (async+graphs decode): " +
+                     ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))
+    except Exception as e:
+        lines.append(f"sync count FAILED {type(e).__name__}: {e}"[:300])
     print(lines[-1], flush=True)
     if not args.skip_batch:
         steps = 24 if args.quick else 64
@@ -166,13 +175,15 @@ def main() -> None:
                 rows -= 8
             try:
                 out[name] = batch_decode(m, rows, 32768, steps)
-            except torch.OutOfMemoryError as e:
-                out[name] = {"rows": rows, "error": f"OOM: {e}"[:200]}
+            except Exception as e:
+                out[name] = {"rows": rows, "error": f"{type(e).__name__}: {e}"[:200]}
+                torch.cuda.empty_cache()
             out[name]["rows_requested"] = 64
             del m
             torch.cuda.empty_cache()
             lines.append(f"{name}: decode at 32k ctx, {out[name].get('rows')} rows: "
-                         f"{out[name].get('tok_s', float('nan')):.0f} tok/s")
+                         f"{out[name].get('tok_s', float('nan')):.0f} tok/s, "
+                         f"{out[name].get('ms_per_step', float('nan')):.1f} ms/step {out[name].get('error', '')}")
             print(lines[-1], flush=True)
         report["batch_decode_32k"] = out
         a, b = out["anchor-3b"].get("tok_s"), out["anchor-3b-attn"].get("tok_s")
