@@ -171,20 +171,21 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
             assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} state (use_cb={use_cb})"
 
 
-@pytest.mark.parametrize("scan,state_flat,block_s", [("rec", True, 8), ("rec", False, 4), ("blocked", False, 16),
-                                                     ("blocked", True, 16)])
+@pytest.mark.parametrize("scan,state_mode", [("rec", "parallel"), ("rec", "fused"), ("rec", "flat"),
+                                              ("blocked", "parallel"), ("blocked", "flat")])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_flat, block_s):
-    """Both scan kernels (sub-chunk recurrence with steps of 4 or 8 tokens, and row x column blocks) and both
-    chunk-state loops (per chunk, flat) on a mixed batch with partial chunks, mid-chunk continuations and a
-    slot -1 piece: outputs and final states vs fp64, unused bank entries untouched."""
+def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode):
+    """Both scan kernels (sub-chunk recurrence, 16-token steps; row x column blocks) and the three chunk-state
+    paths (fused walk, flat walk, parallel chunk states + passing) at a chunk size that is no power of two
+    (48), on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs and
+    final states vs fp64, unused bank entries untouched."""
     _skip_cpu_without_interpreter(device)
-    Q, H, P, G, N = 16, 2, 16, 1, 16
+    Q, H, P, G, N = 48, 2, 16, 1, 16
     rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-    rule["scan"].update(kind=scan, BLOCK_S=block_s)
-    rule["state"].update(flat=state_flat, BLOCK_K=8)
+    rule["scan"].update(kind=scan, BLOCK_S=16, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16)
+    rule["state"].update(mode=state_mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, PASS_BLOCK=64)
     gen = torch.Generator().manual_seed(21)
-    lens, start_pos = [2 * Q + 3, 5, Q + 6, 3], [Q + 7, 0, 2, 1]
+    lens, start_pos = [2 * Q + 3, 5, Q + 22, 3], [Q + 7, 0, 2, 1]
     has_init, slots = [True, False, True, False], [2, 0, 3, -1]
     inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=5), device)
     bank0 = inp["bank"].clone()

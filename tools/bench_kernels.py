@@ -102,18 +102,18 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
                 else:
                     r[stage][key] = val
             return r
-        cases += [("scan-blocked", v(scan__kind="blocked")),
-                  ("state-per-chunk", v(state__flat=False)),
-                  ("scan-s32-w4", v(scan__BLOCK_S=32, scan__num_warps=4)),
-                  ("scan-s32-w8", v(scan__BLOCK_S=32)),
-                  ("scan-s64-w4", v(scan__num_warps=4)),
-                  ("scan-s128-w8", v(scan__BLOCK_S=128)),
+        cases += [("state-fused", v(state__mode="fused")),
+                  ("state-flat", v(state__mode="flat")),
+                  ("state-par-n128-w8", v(state__BLOCK_N=128, state__num_warps=8)),
+                  ("state-par-k32-st4", v(state__BLOCK_K=32, state__num_stages=4)),
+                  ("pass-4096-w8", v(state__PASS_BLOCK=4096, state__PASS_WARPS=8)),
+                  ("pass-256-w2", v(state__PASS_BLOCK=256, state__PASS_WARPS=2)),
+                  ("scan-st1", v(scan__num_stages=1)),
                   ("scan-st3", v(scan__num_stages=3)),
-                  ("scan-p32-w4", v(scan__BLOCK_P=32, scan__num_warps=4)),
-                  ("state-st4", v(state__num_stages=4)),
-                  ("state-p32", v(state__BLOCK_P=32)),
-                  ("state-n128-w8", v(state__BLOCK_N=128, state__num_warps=8)),
-                  ("state-k32-st4", v(state__BLOCK_K=32, state__num_stages=4))]
+                  ("scan-p32", v(scan__BLOCK_P=32)),
+                  ("scan-s128", v(scan__BLOCK_S=128)),
+                  ("scan-s32", v(scan__BLOCK_S=32)),
+                  ("scan-w2", v(scan__num_warps=2))]
     y_rule = None
     for name, rule in cases:
         kw = {} if rule is None else dict(_rule=rule, use_cb=rule["use_cb"])

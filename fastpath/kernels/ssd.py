@@ -23,7 +23,8 @@ from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check
 from .ssd_bmm import ssd_bmm_kernel
 from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
 from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
-from .ssd_chunk_state import ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel
+from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel,
+                              ssd_state_passing_kernel)
 
 OP = "ssd_varlen"
 
@@ -88,13 +89,16 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         BLOCK_Q=bq,
         cumsum=dict(BLOCK_H=min(next_pow2(H), max(1, 8192 // bq)), num_warps=4),
         bmm=dict(BLOCK_M=min(bq, 64), num_warps=4),
-        # flat: one software-pipelined loop over all sub-blocks of a sequence (ssd_chunk_state_flat_kernel)
-        state=dict(flat=True, BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
+        # mode "fused": one program walks a sequence's chunks (ssd_chunk_state_kernel; "flat": the same as one
+        # loop over all sub-blocks); "parallel": every chunk's own state at once (fp32 scratch), then a
+        # streaming element-wise passing kernel (PASS_BLOCK elements a program)
+        state=dict(mode="parallel", PASS_BLOCK=1024, PASS_WARPS=4,
+                   BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
                    num_warps=4, num_stages=3),
         # kind "rec": sub-chunk recurrence inside the chunk (ssd_chunk_scan_rec_kernel, BLOCK_S tokens a
         # step); kind "blocked": row × column blocks of the full chunk (ssd_chunk_scan_kernel, BLOCK_M/K)
         scan=dict(kind="rec", BLOCK_S=min(bq, 64), BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64),
-                  BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=8, num_stages=2),
+                  BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=4, num_stages=2),
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
         use_cb=False,
@@ -184,7 +188,19 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                 prev.stride(0), prev.stride(1), prev.stride(2))
         tiles = dict(BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
                      num_warps=r["num_warps"], num_stages=r["num_stages"])
-        if r.get("flat", False):
+        mode = r.get("mode", "fused")
+        if mode == "parallel" and nc > 0:
+            local = torch.empty(nc, H, P, N, dtype=torch.float32, device=dev)
+            ssd_chunk_local_state_kernel[(grid[0] * H * nc,)](
+                x, B, dt_p, dacs, local, table.chunk_start, table.chunk_len, H, P, N, H // G,
+                *x.stride(), *B.stride(), dt_p.stride(0), local.stride(0), local.stride(1), local.stride(2),
+                **tiles)
+            ssd_state_passing_kernel[(triton_cdiv(P * N, r["PASS_BLOCK"]), H, n_seq)](
+                local, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len, slot,
+                has_init, P, N, local.stride(0), local.stride(1), local.stride(2), dt_p.stride(0),
+                *ssm_bank.stride(), prev.stride(0), prev.stride(1), prev.stride(2),
+                BLOCK=r["PASS_BLOCK"], num_warps=r["PASS_WARPS"])
+        elif mode == "flat":
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         else:
             ssd_chunk_state_kernel[grid](*args, **tiles)

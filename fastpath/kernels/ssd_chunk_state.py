@@ -136,3 +136,89 @@ def ssd_chunk_state_flat_kernel(
         tl.store(prev_ptr + (c + 1) * stride_prev_c + tile_prev, state.to(prev_ptr.dtype.element_ty),
                  mask=tl.where(is_end & (c + 1 < c1), mpn, False))
     tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
+
+
+@triton.jit
+def ssd_chunk_local_state_kernel(
+    x_ptr, B_ptr, dt_ptr, dacs_ptr, local_ptr,
+    chunk_start_ptr, chunk_len_ptr,
+    H, P, N, heads_per_group,
+    stride_x_t, stride_x_h, stride_x_p,
+    stride_b_t, stride_b_g, stride_b_n,
+    stride_dt_h,
+    stride_loc_c, stride_loc_h, stride_loc_p,
+    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """1-D grid over (chunk, head, P-tile × N-tile), tiles fastest: the chunk's own state from a zero start,
+    Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j in fp32 (the same sums, in the same order, as the fused kernel),
+    every chunk in parallel; ssd_state_passing_kernel then chains them."""
+    n_nb = tl.cdiv(N, BLOCK_N)
+    n_tiles = tl.cdiv(P, BLOCK_P) * n_nb
+    pid = tl.program_id(0)
+    t = pid % n_tiles
+    pb = t // n_nb
+    nb = t % n_nb
+    h = ((pid // n_tiles) % H).to(tl.int64)
+    c = (pid // (n_tiles * H)).to(tl.int64)
+    g = h // heads_per_group
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mp = offs_p < P
+    mn = offs_n < N
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    length = tl.load(chunk_len_ptr + c)
+    cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, length, BLOCK_K):
+        mk = (k0 + offs_k) < length
+        tok = start + k0 + offs_k
+        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+        w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+        xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
+                     mask=mk[:, None] & mp[None, :], other=0.0)
+        bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                     mask=mk[:, None] & mn[None, :], other=0.0)
+        xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+        acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+    tl.store(local_ptr + c * stride_loc_c + h * stride_loc_h + offs_p[:, None] * stride_loc_p + offs_n[None, :],
+             acc, mask=mp[:, None] & mn[None, :])
+
+
+@triton.jit
+def ssd_state_passing_kernel(
+    local_ptr, dacs_ptr, bank_ptr, prev_ptr,
+    seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr,
+    P, N,
+    stride_loc_c, stride_loc_h, stride_loc_p,
+    stride_dt_h,
+    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
+    stride_prev_c, stride_prev_h, stride_prev_p,
+    BLOCK: tl.constexpr,
+):
+    """Grid (cdiv(P * N, BLOCK), H, n_seqs): walks the sequence's chunks, recording the entering state
+    (prev[c], inputs' dtype) and advancing h ← exp(Σ_chunk dt·A) · h + local[c] in fp32, from ssm_bank[slot]
+    (when has_initial_state) to the final state written back to ssm_bank[slot]. Element-wise, so every
+    load of local[c] is independent of the carried state and streams."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(2)
+    m = offs < P * N
+    p = offs // N
+    n = offs % N
+    slot = tl.load(slot_ptr + s).to(tl.int64)
+    has_init = tl.load(has_init_ptr + s) != 0
+    bank = bank_ptr + slot * stride_bank_s + h * stride_bank_h + p * stride_bank_p + n * stride_bank_n
+    state = tl.load(bank, mask=tl.where((slot >= 0) & has_init, m, False), other=0.0).to(tl.float32)
+    loc = h * stride_loc_h + p * stride_loc_p + n
+    prv = h * stride_prev_h + p * stride_prev_p + n
+    c0 = tl.load(seq_chunk_ptr + s)
+    c1 = tl.load(seq_chunk_ptr + s + 1)
+    for c in range(c0, c1):
+        tl.store(prev_ptr + c * stride_prev_c + prv, state.to(prev_ptr.dtype.element_ty), mask=m)
+        start = tl.load(chunk_start_ptr + c).to(tl.int64)
+        length = tl.load(chunk_len_ptr + c)
+        cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
+        state = tl.exp(cs_last) * state + tl.load(local_ptr + c * stride_loc_c + loc, mask=m, other=0.0)
+    tl.store(bank, state, mask=tl.where(slot >= 0, m, False))
