@@ -3,7 +3,8 @@
 The training forward (tools/train_tiny.py, batched chunked SSD) on the shipped weights must give the same
 logits as (a) a per-sequence fp64 forward composed from the oracle's literal primitives (per-token
 recurrence, conv, gated norm, RoPE + attention) reading the tensors by their HF names, (b) `oracle.load`
-(the oracle's own checkpoint loader and model), and (c) HF transformers' BambaForCausalLM, when installed (the external oracle).
+(the oracle's own checkpoint loader and model), and (c) HF transformers' BambaForCausalLM, when installed
+(the external oracle).
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def primitive_logits(cfg: dict, W: dict[str, torch.Tensor], tokens: list[int]) -
         h = h + mix
         f = rms_norm(h, W[p + "pre_ff_layernorm.weight"], eps)
         ff = p + "feed_forward."
-        h = h + (F.silu(f @ W[ff + "gate_proj.weight"].T) * (f @ W[ff + "up_proj.weight"].T)) @ W[ff + "down_proj.weight"].T
+        gated = F.silu(f @ W[ff + "gate_proj.weight"].T) * (f @ W[ff + "up_proj.weight"].T)
+        h = h + gated @ W[ff + "down_proj.weight"].T
     return rms_norm(h, W["model.final_layernorm.weight"], eps) @ W["lm_head.weight"].T
 
 

@@ -360,7 +360,7 @@ def train(seed: int, steps: int, batch: int, lr: float, threads: int, n_eval: in
 
 
 def oracle_evaluate(out: Path, n: int) -> dict:
-    """Greedy held-out evaluation of the saved folder through `oracle.load` (fp64 prefill + decode); updates the report."""
+    """Greedy held-out evaluation of the folder via `oracle.load` (fp64 prefill + decode); updates the report."""
     import oracle                                    # the truth side; training itself never needs it
     t0 = time.time()
     ev = task.evaluate(oracle.load(out, dtype=torch.float64), task.heldout(n))
@@ -376,7 +376,8 @@ def oracle_evaluate(out: Path, n: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.train_tiny",
+                                 description="Train the tiny Bamba-style sorting model (goldens/models/tiny-sort).")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=64)
@@ -387,6 +388,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--oracle-eval", type=int, default=0, metavar="N",
                     help="evaluate the folder --out through the oracle on N held-out examples (no training)")
     a = ap.parse_args(argv)
+    if a.seed == task.HELDOUT_SEED:
+        ap.error(f"--seed must differ from the held-out seed {task.HELDOUT_SEED}")
+    for name in ("steps", "batch", "threads", "n_eval"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if a.oracle_eval:
         torch.set_num_threads(a.threads)
         r = oracle_evaluate(a.out, a.oracle_eval)
