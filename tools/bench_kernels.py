@@ -102,12 +102,11 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
                 else:
                     r[stage][key] = val
             return r
-        cases += [("state-fused", v(state__mode="fused")),
+        cases += [("state-parallel", v(state__mode="parallel")),
                   ("state-flat", v(state__mode="flat")),
-                  ("state-par-n128-w8", v(state__BLOCK_N=128, state__num_warps=8)),
-                  ("state-par-k32-st4", v(state__BLOCK_K=32, state__num_stages=4)),
-                  ("pass-4096-w8", v(state__PASS_BLOCK=4096, state__PASS_WARPS=8)),
-                  ("pass-256-w2", v(state__PASS_BLOCK=256, state__PASS_WARPS=2)),
+                  ("state-par-n128-w8", v(state__mode="parallel", state__BLOCK_N=128, state__num_warps=8)),
+                  ("state-fused-k32-st4", v(state__BLOCK_K=32, state__num_stages=4)),
+                  ("scan-blocked", v(scan__kind="blocked")),
                   ("scan-st1", v(scan__num_stages=1)),
                   ("scan-st3", v(scan__num_stages=3)),
                   ("scan-p32", v(scan__BLOCK_P=32)),

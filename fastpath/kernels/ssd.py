@@ -90,13 +90,16 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         cumsum=dict(BLOCK_H=min(next_pow2(H), max(1, 8192 // bq)), num_warps=4),
         bmm=dict(BLOCK_M=min(bq, 64), num_warps=4),
         # mode "fused": one program walks a sequence's chunks (ssd_chunk_state_kernel; "flat": the same as one
-        # loop over all sub-blocks); "parallel": every chunk's own state at once (fp32 scratch), then a
-        # streaming element-wise passing kernel (PASS_BLOCK elements a program)
-        state=dict(mode="parallel", PASS_BLOCK=1024, PASS_WARPS=4,
+        # loop over all sub-blocks); "parallel": every chunk's own state at once (fp32 scratch, nc·H·P·N·4
+        # bytes), then a streaming element-wise passing kernel (PASS_BLOCK elements a program). H200, L65536:
+        # fused 4.00 ms total, parallel 4.13, flat 4.54 (bitwise equal y) — fused, which needs no scratch.
+        state=dict(mode="fused", PASS_BLOCK=1024, PASS_WARPS=4,
                    BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
                    num_warps=4, num_stages=3),
         # kind "rec": sub-chunk recurrence inside the chunk (ssd_chunk_scan_rec_kernel, BLOCK_S tokens a
-        # step); kind "blocked": row × column blocks of the full chunk (ssd_chunk_scan_kernel, BLOCK_M/K)
+        # step); kind "blocked": row × column blocks of the full chunk (ssd_chunk_scan_kernel, BLOCK_M/K).
+        # H200, L65536 (docs/performance.md): rec S64 4 warps 2 stages is best (scan ≈ 2.5 ms vs 5.6 blocked);
+        # S32 +0.8 ms, S128 +4.3, 8 warps +2.6, 3 stages +2.4, P-tile 32 +2.3, 2 warps 84 ms.
         scan=dict(kind="rec", BLOCK_S=min(bq, 64), BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64),
                   BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=4, num_stages=2),
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
