@@ -47,6 +47,10 @@ class FastModel:
         for k, v in tensors.items():
             keep32 = k.rsplit(".", 1)[-1] in f32 or k.endswith("router.weight") or k.endswith("score_bias")
             self.w[k] = v.to(device=self.device, dtype=torch.float32 if keep32 else dtype).contiguous()
+        for k in [k for k in self.w if k.endswith("mlp.gate_proj.weight") or k.endswith("shared.gate_proj.weight")]:
+            p = k[: -len("gate_proj.weight")]
+            if p + "up_proj.bias" not in self.w and p + "gate_proj.bias" not in self.w:
+                self.w[p + "gate_up.weight"] = torch.cat([self.w.pop(k), self.w.pop(p + "up_proj.weight")])
         if "lm_head.weight" not in self.w:          # tied embeddings
             self.w["lm_head.weight"] = self.w["embed.weight"]
         self.A = {i: -torch.exp(self.w[f"layers.{i}.mamba.A_log"]) for i in config.mamba_layer_ids}
@@ -65,18 +69,16 @@ class FastModel:
         c, p, n = self.config, f"layers.{i}.mamba.", b.n_dec
         T, H, P, G, N = u.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
         zxbcdt = self._linear(u, p + "in_proj")
-        z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)
-        xBC = xBC.contiguous()
+        z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)     # strided views, no copies
         conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
-        xbc = torch.empty_like(xBC)
+        xbc = torch.empty(T, c.conv_dim, dtype=u.dtype, device=u.device)
         if n:
             ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
         if T > n:
             ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
                                      out=xbc[n:])
         x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
-        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N).contiguous(), C.reshape(T, G, N).contiguous()
-        dt = dt.contiguous()
+        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
         A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
         y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
         if n:
@@ -86,7 +88,7 @@ class FastModel:
             ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
                            b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
                            table=b.table)
-        y = ops.rms_norm_gated(y.reshape(T, c.d_inner), z.contiguous(), self.w[p + "norm.weight"], G, c.norm_eps)
+        y = ops.rms_norm_gated(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"], G, c.norm_eps)
         return self._linear(y, p + "out_proj")
 
     def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
@@ -107,14 +109,22 @@ class FastModel:
                                          c.attn_scale, out=o[n:])
         return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj")
 
+    def _residual(self, h: Tensor, out: Tensor) -> Tensor:
+        m = self.config.residual_multiplier
+        return h + (out if m == 1.0 else out * m).to(self.stream_dtype)
+
     def _act(self, x: Tensor) -> Tensor:
         return F.silu(x) if self.config.mlp_act == "silu" else torch.square(F.relu(x))
 
     def mlp(self, x: Tensor, p: str) -> Tensor:
         """Gated SiLU (gate_proj present) or squared-ReLU MLP."""
-        up = self._linear(x, p + "up_proj")
-        hidden = self._act(self._linear(x, p + "gate_proj")) * up if p + "gate_proj.weight" in self.w \
-            else self._act(up)
+        if p + "gate_up.weight" in self.w:                  # gate and up in one GEMM
+            gate, up = self._linear(x, p + "gate_up").chunk(2, dim=-1)
+            hidden = self._act(gate) * up
+        elif p + "gate_proj.weight" in self.w:
+            hidden = self._act(self._linear(x, p + "gate_proj")) * self._linear(x, p + "up_proj")
+        else:
+            hidden = self._act(self._linear(x, p + "up_proj"))
         return self._linear(hidden, p + "down_proj")
 
     def moe(self, x: Tensor, p: str) -> Tensor:
@@ -157,12 +167,12 @@ class FastModel:
             if spec.mixer is not None:
                 u = self._norm(h, f"layers.{i}.mixer_norm.weight")
                 out = self.mamba(i, u, b, bank) if spec.mixer == "mamba" else self.attention(i, u, b, bank)
-                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+                h = self._residual(h, out)
             if spec.ffn is not None:
                 u = self._norm(h, f"layers.{i}.ffn_norm.weight")
                 p = f"layers.{i}."
                 out = self.mlp(u, p + "mlp.") if spec.ffn == "mlp" else self.moe(u, p + "moe.")
-                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+                h = self._residual(h, out)
         h = self._norm(h.index_select(0, b.last), "final_norm.weight")
         logits = F.linear(h, w["lm_head.weight"])
         return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits
