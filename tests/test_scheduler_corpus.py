@@ -24,8 +24,8 @@ def test_corpus_covers_the_required_scenarios():
     assert max(len(r.prompt) for r in chunked.requests) > chunked.engine.max_tokens_per_step
 
 
-# The scheduler is model-agnostic: the default tier runs the fake model and two architectures, the rest are slow.
-MODEL_PARAMS = [m if m in ("fake", "bamba", "nemotron_h") else pytest.param(m, marks=pytest.mark.slow)
+# The scheduler is model-agnostic: the default tier runs the fake model and bamba; other architectures are slow.
+MODEL_PARAMS = [m if m in ("fake", "bamba") else pytest.param(m, marks=pytest.mark.slow)
                 for m in sorted(MODELS)]
 
 
