@@ -85,9 +85,10 @@ class Scheduler:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:
             raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
-        for j, t in enumerate(req.prompt + req.stop_token_ids):
-            if not 0 <= t < self.model.config.vocab_size:
-                raise TraceError(f"{where}.prompt", f"token id {t} outside the vocabulary", req.id)
+        for name in ("prompt", "stop_token_ids"):
+            for j, t in enumerate(getattr(req, name)):
+                if not 0 <= t < self.model.config.vocab_size:
+                    raise TraceError(f"{where}.{name}[{j}]", f"token id {t} outside the vocabulary", req.id)
         if not req.prompt or req.max_new_tokens < 1:
             raise TraceError(f"{where}.prompt", "needs a non-empty prompt and max_new_tokens >= 1", req.id)
         self.requests[req.id] = RequestState(req)

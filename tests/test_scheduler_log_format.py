@@ -43,3 +43,21 @@ def test_first_difference_names_step_and_field():
     assert first_difference(a, b) == "steps[4].batch[2].slot: 1 != 0"
     assert digest(a) != digest(b)
     assert first_difference(_log("legacy"), _log("async")) == "mode: 'legacy' != 'async'"
+
+
+def test_streaming_add_request_validates_and_runs():
+    from oracle.scheduler import Scheduler
+    from oracle.trace import EngineConfig, Request, Trace, TraceError
+    model = FakeModel(vocab_size=16, chunk_size=4, seed=0)
+    s = Scheduler(model, Trace(EngineConfig(2, 8, 4), ()), "async")
+    s.add_request(Request("x", 0, (1, 2, 3), 3))
+    with pytest.raises(TraceError, match=r"^requests\[1\]\.id \(request 'x'\)"):
+        s.add_request(Request("x", 0, (1,), 1))
+    with pytest.raises(TraceError, match=r"^requests\[1\]\.stop_token_ids\[0\] \(request 'y'\)"):
+        s.add_request(Request("y", 0, (1,), 1, (16,)))
+    assert s.step() and s.step()
+    with pytest.raises(TraceError, match=r"^requests\[1\]\.arrival_step \(request 'z'\)"):
+        s.add_request(Request("z", 1, (1,), 1))
+    s.add_request(Request("z", 2, (5, 6), 2))
+    result = s.run()
+    assert {k: len(v) for k, v in result.tokens.items()} == {"x": 3, "z": 2}
