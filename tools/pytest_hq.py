@@ -44,7 +44,15 @@ def hq_pairs(config: pytest.Config) -> list[tuple[Path, Path]]:
     return pairs
 
 
+# Pairs of the shipped corpus that run in the CPU tier; every other shipped pair is marked `slow` (the fast path
+# runs its kernels through the Triton interpreter on CPU, about a second per step). User-given pairs always run.
+FAST_PAIRS = {("tiny-sort", "seed_compaction"), ("zoo-nemotron_h", "seed_compaction")}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "hq_case" in metafunc.fixturenames:
-        pairs = hq_pairs(metafunc.config)
-        metafunc.parametrize("hq_case", pairs, ids=[f"{m.name}-{t.stem}" for m, t in pairs])
+        user = bool(metafunc.config.getoption("--hq-model") or metafunc.config.getoption("--hq-trace"))
+        params = [pytest.param((m, t), id=f"{m.name}-{t.stem}",
+                               marks=() if user or (m.name, t.stem) in FAST_PAIRS else (pytest.mark.slow,))
+                  for m, t in hq_pairs(metafunc.config)]
+        metafunc.parametrize("hq_case", params)

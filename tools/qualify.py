@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tools import adapters, goldens
+from tools import adapters, goldens, task_traces
 from tools.compare import TAU, compare_bitwise, compare_tie_aware
 
 DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
@@ -90,6 +90,12 @@ def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str]
     if "legacy" in runs and "async" in runs:
         diffs = compare_bitwise(runs["legacy"].tokens, runs["async"].tokens)
         checks.append(Check(name, "async == legacy, bitwise", not diffs, "; ".join(diffs) or "identical"))
+    if runs and task_traces.is_task_trace(trace):
+        want = task_traces.task_accuracy(trace, {r: g["tokens"] for r, g in truth["requests"].items()})
+        got = {mode: task_traces.task_accuracy(trace, run.tokens) for mode, run in runs.items()}
+        checks.append(Check(name, "task accuracy identical in every mode and to the oracle's",
+                            all(a == want for a in got.values()),
+                            f"oracle {want:.3f}; " + ", ".join(f"{m} {a:.3f}" for m, a in got.items())))
     return checks
 
 

@@ -1,0 +1,101 @@
+"""The differential matrix as users run it (tools.qualify.check_trace), and proof that every check can fail.
+
+`hq_case` pairs come from the pytest plugin tools.pytest_hq: the shipped models × traces by default (a fast
+subset in the CPU tier, the rest marked slow), or the user's `--hq-model` / `--hq-trace`.
+"""
+import pytest
+import torch
+
+import oracle
+from fastpath.engine.rows import RowTable, compaction_moves
+from tools import adapters, goldens
+from tools.compare import TAU
+from tools.qualify import check_trace
+
+
+@pytest.fixture(scope="module")
+def oracle_models():
+    return {}
+
+
+def oracle_for(cache, model_dir):
+    if model_dir not in cache:
+        cache[model_dir] = oracle.load(model_dir, dtype=torch.float64)
+    return cache[model_dir]
+
+
+def failing(checks):
+    return {c.name: c.detail for c in checks if not c.ok}
+
+
+def test_fastpath_matches_truth_legacy_async_and_schedule(hq_case, oracle_models):
+    model_dir, trace_path = hq_case
+    checks = check_trace(adapters.FastpathAdapter, model_dir, trace_path, ["legacy", "async"],
+                         oracle_for(oracle_models, model_dir), "cpu", TAU[torch.float32])
+    names = {c.name for c in checks}
+    assert any("tokens match the truth" in n for n in names) and "async == legacy, bitwise" in names
+    assert any("schedule log" in n for n in names), "the fast path must be checked against the oracle's schedule"
+    assert not failing(checks), failing(checks)
+
+
+# ---- negative controls: each kind of check fails on an engine that has the matching defect -----------------
+
+def compact_without_moving_slots(self):
+    """Defect: a compacted row carries its request but not its slot mapping."""
+    live = [self.row_request[r] is not None for r in range(self.active)]
+    moves = compaction_moves(live)
+    for m in moves:
+        self.row_request[m.dst], self.row_pos[m.dst] = self.row_request[m.src], self.row_pos[m.src]
+        self.row_to_slot[m.src], self.row_request[m.src], self.row_pos[m.src] = -1, None, 0
+    self.row_to_slot_dev.copy_(torch.tensor(self.row_to_slot, dtype=self.row_to_slot_dev.dtype))
+    self.active = sum(live)
+    return moves
+
+
+class AsyncKeepsExtraToken(adapters.FastpathAdapter):
+    """Defect (async only): the discarded extra token of a just-finished request is appended to its output."""
+
+    def run_trace(self):
+        r = super().run_trace()
+        if self.mode == "async":
+            rid = sorted(r.tokens)[0]
+            r.tokens[rid] = r.tokens[rid] + [r.tokens[rid][-1]]
+        return r
+
+
+class WrongDigitAnswer(adapters.FastpathAdapter):
+    """Defect: one answer token off by one digit (what a broken kernel does to a sorted answer)."""
+
+    def run_trace(self):
+        r = super().run_trace()
+        rid = sorted(r.tokens)[0]
+        r.tokens[rid] = [r.tokens[rid][0] + 1] + r.tokens[rid][1:]
+        return r
+
+
+SEED = goldens.TRACES / "seed_compaction.json"
+TINY = goldens.MODELS / "tiny-sort"
+
+
+def test_token_and_schedule_checks_fail_when_slot_mapping_is_not_moved(monkeypatch, oracle_models):
+    monkeypatch.setattr(RowTable, "compact", compact_without_moving_slots)
+    checks = check_trace(adapters.FastpathAdapter, TINY, SEED, ["legacy"], oracle_for(oracle_models, TINY),
+                         "cpu", TAU[torch.float32])
+    bad = failing(checks)
+    assert any("tokens match the truth" in n for n in bad), checks
+    assert any("schedule log" in n for n in bad), checks
+
+
+def test_async_equals_legacy_check_fails_on_an_async_only_defect(oracle_models):
+    checks = check_trace(AsyncKeepsExtraToken, TINY, SEED, ["legacy", "async"], oracle_for(oracle_models, TINY),
+                         "cpu", TAU[torch.float32])
+    bad = failing(checks)
+    assert "async == legacy, bitwise" in bad and "async: tokens match the truth (tie-aware, τ=0.001)" in bad
+    assert "legacy: tokens match the truth (tie-aware, τ=0.001)" not in bad
+
+
+@pytest.mark.slow
+def test_task_accuracy_check_fails_on_a_wrong_answer(oracle_models):
+    checks = check_trace(WrongDigitAnswer, TINY, goldens.TRACES / "task_burst.json", ["legacy"],
+                         oracle_for(oracle_models, TINY), "cpu", TAU[torch.float32])
+    assert "task accuracy identical in every mode and to the oracle's" in failing(checks)
