@@ -55,16 +55,15 @@ def _prefill_then_decode(engine: Engine, prompt: tuple[int, ...], chunk: int):
     return res.tokens["p"], engine.bank.ssm_state[:, 0].clone(), engine.bank.conv_state[:, 0].clone()
 
 
-ATTN_SPLIT = pytest.mark.xfail(reason="attention_prefill_varlen output depends on how queries are split into "
-                               "pieces (measured on CPU: 1.8e-7); reported to the kernels part", strict=False)
-
-
 @pytest.mark.parametrize("device,dtype,arch", [
     pytest.param("cpu", torch.float32, "mamba2", id="cpu-fp32-mamba2"),
     pytest.param("cuda", torch.bfloat16, "mamba2", marks=GPU, id="cuda-bf16-mamba2"),
-    pytest.param("cuda", torch.bfloat16, "bamba", marks=GPU + [ATTN_SPLIT], id="cuda-bf16-bamba")])
+    pytest.param("cuda", torch.bfloat16, "bamba", marks=GPU, id="cuda-bf16-bamba")])
 def test_chunked_prefill_equals_unchunked_bitwise(device, dtype, arch):
-    """A prompt of 4 chunks in one piece vs four chunk-aligned pieces: same tokens, bitwise the same state."""
+    """A prompt of 4 chunks in one piece vs four chunk-aligned pieces: same tokens, bitwise the same state.
+
+    The hybrid runs on GPU only: passed on H200 bf16; on the CPU interpreter attention_prefill_varlen gives
+    different bits (1.8e-7) when the prompt is split, so the CPU case is Mamba-only (docs/engine.md)."""
     small = {"pattern": "M", "hidden_size": 16, "mamba_n_heads": 2, "mamba_n_groups": 1} if device == "cpu" else {}
     cfg = zoo.tiny_config(arch, **small)
     fast = FastModel(cfg, zoo.random_weights(cfg, seed=5), device, dtype)
@@ -89,24 +88,32 @@ def test_cuda_graph_replay_equals_eager_bitwise(device, dtype):
     assert graphed.graphs.replays > 0
 
 
+def _sync_counts(eng: Engine, steps: int) -> dict[str, int]:
+    """CUDA runtime synchronisations seen by torch.profiler while the engine runs `steps` steps."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+    names = [e.name for e in prof.events()]
+    return {"stream_or_device": sum("StreamSynchronize" in n or "DeviceSynchronize" in n for n in names),
+            "event": sum("EventSynchronize" in n for n in names)}
+
+
 @pytest.mark.parametrize("device,dtype", [pytest.param("cuda", torch.bfloat16, marks=GPU, id="cuda-bf16")])
 def test_async_decode_steps_have_no_hidden_syncs(device, dtype):
-    """Profile decode steps: no cudaStreamSynchronize/cudaDeviceSynchronize, one event wait per step."""
-    from torch.profiler import ProfilerActivity, profile
+    """Decode steps add no stream/device syncs and exactly one event wait each.
+
+    The profiler itself may synchronise once per window (seen on H200: one cudaDeviceSynchronize per profiled
+    window), so the claim is made on the difference between a 30-step and a 10-step window."""
     fast = _model(device, dtype)
-    trace = Trace(EngineConfig(2, 9, 8, "async"), (Request("a", 0, (1, 2, 3), 40), Request("b", 0, (4, 5), 40)))
-    eng = Engine(fast, trace.engine, max_len=64, graphs=True)
+    trace = Trace(EngineConfig(2, 9, 8, "async"), (Request("a", 0, (1, 2, 3), 60), Request("b", 0, (4, 5), 60)))
+    eng = Engine(fast, trace.engine, max_len=80, graphs=True)
     eng.run_trace(trace, "async")                         # warm-up: captures the graphs
     eng.reset("async")
     for r in trace.requests:
         eng.add_request(r)
     for _ in range(4):                                    # admission + prefill, then decode-only steps
         eng.step()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        steps = 0
-        for _ in range(20):
-            eng.step()
-            steps += 1
-    names = [e.name for e in prof.events()]
-    assert sum("StreamSynchronize" in n or "DeviceSynchronize" in n for n in names) == 0
-    assert sum("EventSynchronize" in n for n in names) <= steps
+    short, long = _sync_counts(eng, 10), _sync_counts(eng, 30)
+    assert long["stream_or_device"] - short["stream_or_device"] == 0, (short, long)
+    assert long["event"] - short["event"] == 20, (short, long)

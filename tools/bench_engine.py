@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -75,25 +76,30 @@ def bs1_run(model: FastModel, mode: str, graphs: bool, osl: int, n_req: int, pro
             "host_ms_per_step": 1e3 * sum(host) / len(host), "osl": osl, "requests_timed": len(rates)}
 
 
-def count_syncs(model: FastModel, steps: int = 32) -> dict:
-    """Profile async+graphs decode steps; count CUDA runtime synchronisations per step."""
+def _profiled_syncs(eng: Engine, steps: int) -> dict[str, int]:
     from torch.profiler import ProfilerActivity, profile
-    ec = EngineConfig(1, 256, 256, "async")
-    eng = Engine(model, ec, max_len=1024, graphs=True)
-    eng.add_request(Request("s", 0, (1, 2, 3, 4), 2 * steps + 16))
-    for _ in range(8):
-        eng.step()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             eng.step()
-        torch.cuda.synchronize()
     counts: dict[str, int] = {}
     for e in prof.events():
         if "ynchronize" in e.name or e.name in ("cudaMemcpy", "aten::item", "aten::_local_scalar_dense"):
             counts[e.name] = counts.get(e.name, 0) + 1
-    if counts.get("cudaDeviceSynchronize"):
-        counts["cudaDeviceSynchronize"] -= 1          # the bench's own synchronize above
-    return {"steps": steps, "per_step": {k: v / steps for k, v in counts.items()}}
+    return counts
+
+
+def count_syncs(model: FastModel, short: int = 8, long: int = 40) -> dict:
+    """CUDA runtime syncs per async+graphs decode step: (count over `long` steps - over `short`) / (long - short),
+    which cancels the profiler's own per-window synchronisation."""
+    ec = EngineConfig(1, 256, 256, "async")
+    eng = Engine(model, ec, max_len=1024, graphs=True)
+    eng.add_request(Request("s", 0, (1, 2, 3, 4), short + long + 32))
+    for _ in range(8):
+        eng.step()
+    a, b = _profiled_syncs(eng, short), _profiled_syncs(eng, long)
+    names = sorted(set(a) | set(b))
+    return {"steps": (short, long), "per_step": {k: (b.get(k, 0) - a.get(k, 0)) / (long - short) for k in names},
+            "raw": {"short": a, "long": b}}
 
 
 def batch_decode(model: FastModel, rows: int, ctx: int, steps: int) -> dict:
@@ -118,6 +124,7 @@ def batch_decode(model: FastModel, rows: int, ctx: int, steps: int) -> dict:
     res = {"rows": rows, "ctx": ctx, "tok_s": rows * n / dt, "ms_per_step": 1e3 * dt / n,
            "bank_GB": eng.bank.nbytes() / 1e9}
     del eng
+    gc.collect()
     torch.cuda.empty_cache()
     return res
 
@@ -161,8 +168,8 @@ def main() -> None:
     print(lines[-1], flush=True)
     if not args.skip_batch:
         steps = 24 if args.quick else 64
-        free = torch.cuda.mem_get_info()[0]
         del model
+        gc.collect()
         torch.cuda.empty_cache()
         out = {}
         for name in ("anchor-3b", "anchor-3b-attn"):
@@ -170,6 +177,8 @@ def main() -> None:
             m = FastModel(c, random_device_weights(c, DEV, torch.bfloat16), DEV, torch.bfloat16)
             per_slot = 2 * len(c.attention_layer_ids) * (32768 + steps + 8) * c.n_kv_heads * c.attn_head_dim * 2
             rows = 64
+            gc.collect()                                   # engines <-> graph runners form cycles
+            torch.cuda.empty_cache()
             free = torch.cuda.mem_get_info()[0]
             while rows > 1 and rows * per_slot > 0.85 * free:
                 rows -= 8
