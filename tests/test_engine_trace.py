@@ -173,3 +173,32 @@ def test_bad_requests_and_modes_are_rejected_by_field(models):
         engine.reset("turbo")
     with pytest.raises(TraceError, match="engine"):
         engine.run_trace(Trace(EngineConfig(3, 16, 8, "legacy"), (Request("x", 0, (1,), 1),)))
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h", "granitemoehybrid"])
+def test_other_architectures_follow_the_oracle_through_the_engine(arch):
+    """Tied embeddings / fp32 residual (mamba2), squared-ReLU MLP + grouped-sigmoid MoE + dt limit (nemotron_h),
+    multipliers + softmax MoE + full RoPE (granite) through the batched model, on the torch stand-ins."""
+    cfg = zoo.tiny_config(arch)
+    w = zoo.random_weights(cfg, seed=2)
+    trace = load_trace(CORPUS[[p.stem for p in CORPUS].index("seed_compaction")])
+    engine = Engine(FastModel(cfg, w, "cpu", torch.float32), trace.engine, max_len=32)
+    with ops.use_backend("torch"):
+        _check_against_oracle(engine, OracleModel(cfg, w, dtype=torch.float64), trace)
+
+
+def test_from_pretrained_streaming_matches_run_trace(zoo_folder):
+    """The public entry point loads an HF folder; add_request/step streaming gives run_trace's tokens."""
+    path = zoo_folder("bamba")
+    trace = load_trace(CORPUS[[p.stem for p in CORPUS].index("slot_exhaustion")])
+    engine = Engine.from_pretrained(path, trace.engine, device="cpu", max_len=32)
+    with ops.use_backend("torch"):
+        whole = engine.run_trace(trace, "async")
+        engine.reset("async")
+        for r in trace.requests:
+            engine.add_request(r)
+        streamed: dict[str, list[int]] = {}
+        while engine.step():
+            for rid, toks in engine.take_emitted().items():
+                streamed.setdefault(rid, []).extend(toks)
+    assert streamed == whole.tokens and engine.model.dtype == torch.float32
