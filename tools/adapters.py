@@ -28,7 +28,7 @@ class RunResult:
     """What qualify compares: tokens and finish reasons per request, and the schedule log when the engine has one."""
     tokens: dict[str, list[int]]
     finish_reasons: dict[str, str] = field(default_factory=dict)
-    schedule_log: list | None = None
+    schedule_log: object | None = None   # oracle.schedule_log.ScheduleLog (has .to_json()) when the engine logs
     digest: str | None = None
 
 
