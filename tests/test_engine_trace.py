@@ -88,7 +88,10 @@ def _check_against_oracle(engine: Engine, oracle_model, trace: Trace) -> dict[st
     for mode in ("legacy", "async"):
         got = engine.run_trace(trace, mode=mode)
         want = oracle_run_trace(oracle_model, trace, mode)
-        assert got.tokens == want.tokens, f"{mode}: tokens differ from the oracle's"
+        if got.tokens != want.tokens:       # allowed only as documented near ties (DESIGN §5); then no log check
+            _assert_near_ties(oracle_model, trace, got.tokens, want.tokens)
+            tokens[mode] = got.tokens
+            continue
         assert got.finish_reasons == want.finish_reasons
         g, w = got.schedule_log.to_json(), want.schedule_log.to_json()
         for a, b in zip(g["steps"], w["steps"]):
@@ -100,6 +103,17 @@ def _check_against_oracle(engine: Engine, oracle_model, trace: Trace) -> dict[st
 
 
 TRITON_WORK = 120   # prompt + new tokens of a trace run on the Triton interpreter; bigger ones use "torch"
+
+
+def _assert_near_ties(oracle_model, trace: Trace, got: dict, want: dict) -> None:
+    from tools.compare import TAU, compare_tie_aware
+    for req in trace.requests:
+        if got[req.id] == want[req.id]:
+            continue
+        assert req.sampling.kind == "greedy", f"{req.id}: seeded tokens differ from the oracle's"
+        v = compare_tie_aware(oracle_model, req.id, req.prompt, got[req.id], req.stop_token_ids,
+                              req.max_new_tokens, TAU[torch.float32])
+        assert v.ok and v.near_ties, f"{req.id}: not a near tie: {v.failure} {v.note}"
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
@@ -133,7 +147,7 @@ def _trace(draw) -> Trace:
     return Trace(EngineConfig(R, B, P, "legacy"), tuple(reqs))
 
 
-@settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_generated_traces_log_and_tokens_equal_oracle_async_equals_legacy(models, data):
     oracle_model, fast = models

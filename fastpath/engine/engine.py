@@ -260,8 +260,9 @@ class Engine:
         dec_slot = take(n).to(torch.int32)
         pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pre)).to(torch.int32)
         pre_start, pre_init, last_t = take(len(pre)), take(len(pre)).to(torch.int32), take(len(batch))
-        if tokens_on_device:
+        if tokens_on_device:            # overlapped: rows 0..n-1 in order, straight from the device tables
             ids_t[:n].copy_(self.sampled[:n])
+            dec_slot = self.rows.row_to_slot_dev[:n]
         sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
         if pre:
             sb.table = ops.ssd_chunk_table(cu, starts, self.config.chunk_size, self.device)
