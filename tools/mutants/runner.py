@@ -33,6 +33,11 @@ class Mutant:
     replace: str
     tests: tuple[str, ...]          # pytest node ids / paths expected to kill it
     gpu_only: bool = False
+    more: tuple[tuple[str, str, str], ...] = ()   # further hunks (file, find, replace) of the same defect
+
+    def hunks(self) -> list[tuple[str, str, str]]:
+        """Every (file, find, replace) of this mutant."""
+        return [(self.file, self.find, self.replace), *self.more]
 
 
 @dataclass
@@ -44,20 +49,33 @@ class Outcome:
     seconds: float
 
 
+def stale_hunks(m: Mutant, tree: Path = ROOT) -> list[str]:
+    """Hunks of `m` whose find text does not occur exactly once in `tree` (empty: the patch applies)."""
+    bad = []
+    for file, find, _ in m.hunks():
+        path = tree / file
+        n = path.read_text().count(find) if path.exists() else 0
+        if n != 1 or find == "":
+            bad.append(f"{file}: find text occurs {n} times")
+    return bad
+
+
 def apply(m: Mutant, tree: Path) -> bool:
-    """Patch the copy; False when the patch does not apply exactly once."""
-    path = tree / m.file
-    if not path.exists():
+    """Patch the copy; False when a hunk does not apply exactly once."""
+    if stale_hunks(m, tree):
         return False
-    text = path.read_text()
-    if text.count(m.find) != 1:
-        return False
-    path.write_text(text.replace(m.find, m.replace))
+    for file, find, replace in m.hunks():
+        path = tree / file
+        path.write_text(path.read_text().replace(find, replace))
     return True
 
 
 def classify(junit_path: Path, rc: int) -> tuple[str, str]:
-    """(status, killed_by) from pytest's JUnit XML and exit code."""
+    """(status, killed_by) from pytest's JUnit XML and exit code.
+
+    KILLED needs an assertion failure (`assert`, pytest.fail, AssertionError raised by a check); a test that
+    died of any other exception (import/syntax errors, but also a RuntimeError deep in the mutated code) is a
+    CRASH: it shows the mutant breaks something, not that a check of the suite saw the defect."""
     if not junit_path.exists():
         return "CRASH", f"pytest exit {rc}, no report"
     root = ET.parse(junit_path).getroot()
@@ -65,14 +83,15 @@ def classify(junit_path: Path, rc: int) -> tuple[str, str]:
     for case in root.iter("testcase"):
         for tag in ("failure", "error"):
             for el in case.findall(tag):
-                msg = (el.get("message") or "") + " " + (el.text or "")[-2000:]
+                head = el.get("message") or ""
+                msg = head + " " + (el.text or "")[-3000:]
                 node = f"{case.get('classname')}::{case.get('name')}"
-                if tag == "failure" and "AssertionError" in msg or tag == "failure" and "Failed:" in msg:
+                asserted = tag == "failure" and ("AssertionError" in msg or "Failed:" in msg or
+                                                 head.startswith("assert "))
+                if asserted and not any(t in head for t in CRASH_TYPES):
                     killers.append(node)
-                elif any(t in msg for t in CRASH_TYPES) or tag == "error":
-                    crashes.append(node)
                 else:
-                    killers.append(node)
+                    crashes.append(f"{node} ({head.split(':')[0][:60] or tag})")
     if killers:
         return "KILLED", killers[0]
     if crashes:
@@ -89,7 +108,7 @@ def run_one(m: Mutant, timeout: int = 900) -> Outcome:
         tree = Path(tmp) / "tree"
         shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
         if not apply(m, tree):
-            return Outcome(m, "STALE", f"patch does not apply once to {m.file}", time.time() - t0)
+            return Outcome(m, "STALE", "; ".join(stale_hunks(m, tree)), time.time() - t0)
         env = dict(os.environ, PYTHONPATH=str(tree), TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
         where = subprocess.run([sys.executable, "-c", "import oracle, fastpath; print(oracle.__file__, fastpath.__file__)"],
                                cwd=tree, env=env, capture_output=True, text=True)

@@ -1,0 +1,256 @@
+"""The bug zoo (DESIGN §9): each entry is one realistic engine/kernel defect and the fast tests expected to kill it.
+
+Patches are anchored on stable lines and must match exactly once (tests/test_mutants.py checks that every
+patch still applies, so a refactor that moves an anchor is caught at once). Tests are listed fastest first;
+the runner stops at the first failure (-x).
+"""
+from __future__ import annotations
+
+from tools.mutants.runner import Mutant
+
+ENGINE, ROWS, MODEL = "fastpath/engine/engine.py", "fastpath/engine/rows.py", "fastpath/model.py"
+GRAPHS, TORCH_OPS = "fastpath/engine/graphs.py", "fastpath/engine/torch_ops.py"
+K = "fastpath/kernels/"
+
+# Test selections (fast tests only; node ids).
+T_ROWS = "tests/test_engine_rows.py"
+T_TRACE = "tests/test_engine_trace.py"
+T_GEN = T_TRACE + "::test_generated_traces_log_and_tokens_equal_oracle_async_equals_legacy"
+T_ASYNC = T_TRACE + "::test_async_overlaps_and_discards_extra_rows"
+T_ARCH = T_TRACE + "::test_other_architectures_follow_the_oracle_through_the_engine"
+T_CORPUS = T_TRACE + "::test_corpus_trace_log_and_tokens_equal_oracle_in_both_modes"
+T_CHUNKED = "tests/test_engine_graphs.py::test_chunked_prefill_equals_unchunked_bitwise"
+T_PADDED = "tests/test_engine_graphs.py::test_padded_decode_rows_skip_their_slot_and_match_unpadded"
+T_PAD_ROWS = "tests/test_engine_pad_rows.py"
+T_CHUNKED_KV = "tests/test_engine_chunked_kv.py"
+T_CONV_STEP = "tests/test_kernel_conv1d.py::test_conv1d_step_rows_match_oracle_and_pad_rows_touch_nothing"
+T_CONV = "tests/test_kernel_conv1d.py"
+T_SSM_STEP = "tests/test_kernel_ssm_step.py"
+T_SSD_TABLE = "tests/test_kernel_ssd.py::test_ssd_chunk_table_cuts_at_absolute_multiples"
+T_SSD_MIXED = "tests/test_kernel_ssd.py::test_ssd_varlen_mixed_batch_matches_recurrence"
+T_SAMPLING = "tests/test_kernel_sampling.py"
+T_SAMPLING_DT = "tests/test_sampling_dtypes.py"
+T_OFFSETS = "tests/test_kernel_offsets_int64.py"
+T_ATTN = "tests/test_kernel_attention.py::test_attention_prefill_pieces_then_decode_match_oracle"
+T_ROPE = "tests/test_kernel_attention.py::test_rope_matches_oracle_in_and_out_of_place"
+
+
+MUTANTS: list[Mutant] = [
+    # ---------------------------------------------------------------- compaction / row table
+    Mutant("compact_slot_not_moved", "compaction",
+           "compaction moves the request id and position to the hole but forgets its row_to_slot entry",
+           ROWS, "            self.row_to_slot[m.dst] = self.row_to_slot[m.src]\n", "",
+           (T_ROWS,)),
+    Mutant("compact_device_slot_not_moved", "compaction",
+           "the host table is compacted but the device mirror row_to_slot_dev (read by overlapped launches) is not",
+           ROWS, "            apply_moves_(self.row_to_slot_dev, src, dst, fill=-1)\n", "            pass\n",
+           (T_ROWS, T_ASYNC)),
+    Mutant("vacated_row_not_cleared", "compaction",
+           "the row a request moved out of keeps its old slot instead of -1",
+           ROWS, "            self.row_to_slot[m.src], self.row_request[m.src], self.row_pos[m.src] = -1, None, 0",
+           "            self.row_request[m.src], self.row_pos[m.src] = None, 0",
+           (T_ROWS,)),
+    Mutant("vacated_device_row_not_cleared", "compaction",
+           "device mirror: vacated and trailing finished rows keep their stale slot instead of -1",
+           ROWS, "            apply_moves_(self.row_to_slot_dev, src, dst, fill=-1)\n"
+                 "        if n_live < self.active:   # finished rows at the right end need no move, only clearing\n"
+                 "            self.row_to_slot_dev[n_live:self.active] = -1\n",
+           "            apply_moves_(self.row_to_slot_dev, src, dst)\n",
+           (T_ROWS,)),
+    Mutant("compaction_moves_state", "compaction",
+           "the engine keeps row == slot by copying the moved row's Mamba state into the hole's slot (KV forgotten)",
+           ENGINE, "        moves = rt.compact()\n",
+           "        moves = rt.compact()\n"
+           "        for m in moves:\n"
+           "            old, new = rt.row_to_slot[m.dst], m.dst\n"
+           "            if new in rt.free_slots:\n"
+           "                self.bank.conv_state[:, new] = self.bank.conv_state[:, old]\n"
+           "                self.bank.ssm_state[:, new] = self.bank.ssm_state[:, old]\n"
+           "                rt.free_slots[rt.free_slots.index(new)] = old\n"
+           "                rt.row_to_slot[m.dst] = new\n"
+           "                rt.row_to_slot_dev[m.dst] = new\n",
+           (T_GEN,)),
+    Mutant("hole_fill_off_by_one", "compaction",
+           "the hole-filling loop stops one early: a hole right before the last live row is never filled",
+           ROWS, "        if lo >= hi:\n            return moves", "        if lo + 1 >= hi:\n            return moves",
+           (T_ROWS,)),
+    Mutant("free_stack_fifo", "slot allocation",
+           "free slots handed out oldest-first (queue) instead of LIFO: the schedule no longer matches the spec",
+           ROWS, "        slot = self.free_slots.pop()\n", "        slot = self.free_slots.pop(0)\n",
+           (T_ROWS,)),
+    # ---------------------------------------------------------------- admission
+    Mutant("admit_without_drain", "async admission",
+           "async keeps overlapping while requests wait and admits them into just-freed slots without draining",
+           ENGINE, "                and not self.waiting(self.k)\n", "\n",
+           (T_GEN,),
+           more=((ENGINE, "            self.resolve(prev, inflight=launched)\n",
+                  "            self.resolve(prev, inflight=launched)\n            self.admit(rec)\n"),)),
+    Mutant("admitted_slot_not_zeroed", "stale state",
+           "a reused slot keeps the previous owner's conv/ssm state (zeroing dropped as 'redundant')",
+           ENGINE, "            self.bank.zero_slot(slot)\n", "",
+           (T_GEN,)),
+    # ---------------------------------------------------------------- chunked prefill
+    Mutant("chunked_drops_initial_state", "chunked prefill",
+           "continuation pieces start the SSD from a zero state instead of bank[slot]",
+           MODEL, "b.pre_start_host, b.pre_init, c.chunk_size", "b.pre_start_host, torch.zeros_like(b.pre_init), c.chunk_size",
+           (T_CHUNKED,)),
+    Mutant("chunked_drops_conv_window", "chunked prefill",
+           "continuation pieces start the causal conv from a zero window instead of the slot's last K-1 inputs",
+           MODEL, "bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,", "bank.conv(i), b.pre_cu, b.pre_slot, 0 * b.pre_init,",
+           (T_CHUNKED,)),
+    Mutant("chunk_table_restarts_at_piece", "chunked prefill",
+           "SSD chunk boundaries counted from the piece start, not at absolute multiples of chunk_size",
+           K + "ssd.py", "hi = min(hi_seq, lo + chunk_size - pos % chunk_size)",
+           "hi = min(hi_seq, lo + chunk_size - (pos - sp[s]) % chunk_size)",
+           (T_SSD_TABLE,)),
+    Mutant("piece_not_chunk_aligned", "chunked prefill",
+           "a prefill piece is cut at the token budget instead of the last whole chunk that fits",
+           ENGINE, "    return cap - cap % chunk_size\n", "    return cap\n",
+           (T_GEN,)),
+    Mutant("rope_pos_off_by_one_after_chunk", "positions",
+           "continuation pieces number their tokens from start+1 (position of the last token prefilled + 1, twice)",
+           ENGINE, "                pos.extend(range(b.pos, b.pos + b.count))",
+           "                pos.extend(range(b.pos + (b.pos > 0), b.pos + b.count + (b.pos > 0)))",
+           (T_CHUNKED_KV,)),
+    # ---------------------------------------------------------------- conv / ssm arithmetic
+    Mutant("conv_decode_window_shifted", "conv window",
+           "decode reads the window one tap late (window[k+1] against weight[k])",
+           K + "conv1d.py", "        acc += wk * tl.load(base + k * stride_bank_k, mask=ml, other=0.0).to(tl.float32)",
+           "        acc += wk * tl.load(base + (k + 1) * stride_bank_k, mask=ml & (k + 1 < K - 1), other=0.0)"
+           ".to(tl.float32)",
+           (T_CONV_STEP,)),
+    Mutant("conv_decode_window_not_rolled", "conv window",
+           "decode overwrites the newest window entry but never shifts the older ones left",
+           K + "conv1d.py", "        nxt = tl.load(base + (k + 1) * stride_bank_k, mask=ml, other=0.0)",
+           "        nxt = tl.load(base + k * stride_bank_k, mask=ml, other=0.0)",
+           (T_CONV_STEP,)),
+    Mutant("conv_prefill_stale_window", "stale state",
+           "a piece without initial state still reads the slot's old window when it is shorter than K-1",
+           K + "conv1d.py", "    old_m = tl.where(init, ", "    old_m = tl.where(live, ",
+           (T_CONV,)),
+    Mutant("dt_bias_twice_decode", "dt processing",
+           "the decode kernel adds dt_bias although the caller already folded it into dt",
+           K + "ssm_step.py", "        dt += tl.load(dt_bias_ptr + h).to(tl.float32)",
+           "        dt += 2.0 * tl.load(dt_bias_ptr + h).to(tl.float32)",
+           (T_SSM_STEP,)),
+    Mutant("dt_bias_twice_prefill", "dt processing",
+           "the model adds dt_bias before the SSD prefill kernel, which adds it again",
+           MODEL, "ops.ssd_varlen(x[n:], dt[n:], A,", "ops.ssd_varlen(x[n:], dt[n:] + dt_bias, A,",
+           (T_ARCH,)),
+    Mutant("softplus_skipped", "dt processing",
+           "decode clamps the raw dt instead of softplus(dt + bias)",
+           K + "ssm_step.py", "dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)",
+           "dt = tl.minimum(tl.maximum(dt, dt_lo), dt_hi)",
+           (T_SSM_STEP,)),
+    Mutant("softplus_skipped_prefill", "dt processing",
+           "the SSD cumsum stage uses dt + bias without softplus",
+           K + "ssd_chunk_cumsum.py", "    dt = softplus(v)\n", "    dt = v\n",
+           (T_SSD_MIXED,)),
+    Mutant("d_skip_dropped_decode", "D skip",
+           "decode forgets the D * x skip connection",
+           K + "ssm_step.py", "        y += tl.load(D_ptr + h).to(tl.float32) * x", "        y += 0.0 * x",
+           (T_SSM_STEP,)),
+    Mutant("d_skip_dropped_prefill", "D skip",
+           "the sub-chunk scan forgets the D * x skip connection",
+           K + "ssd_chunk_scan.py", "            acc += d * xs.to(tl.float32)\n", "            acc += 0.0 * d\n",
+           (T_SSD_MIXED,)),
+    Mutant("gated_norm_ungrouped", "gated norm",
+           "the Mamba gated RMSNorm is normalised over all of d_inner although the architecture groups it",
+           MODEL, "z, self.w[p + \"norm.weight\"], G, c.norm_eps)", "z, self.w[p + \"norm.weight\"], 1, c.norm_eps)",
+           (T_ARCH,)),
+    Mutant("ssm_state_bf16_between_steps", "state precision",
+           "the decode state is rounded to bf16 when written back to the bank",
+           K + "ssm_step.py", "    tl.store(tile, state, mask=m2)", "    tl.store(tile, state.to(tl.bfloat16).to(tl.float32), mask=m2)",
+           (T_SSM_STEP,)),
+    # ---------------------------------------------------------------- pad rows / null slot
+    Mutant("ssm_step_pad_aliases_slot0", "pad rows",
+           "slot -1 is clamped to 0 (null slot aliasing slot 0): pad rows read and write slot 0's state",
+           K + "ssm_step.py", "    live = slot >= 0\n", "    slot = tl.maximum(slot, 0)\n    live = slot >= 0\n",
+           (T_SSM_STEP,)),
+    Mutant("conv_step_pad_aliases_slot0", "pad rows",
+           "slot -1 is clamped to 0 in the decode conv: pad rows roll slot 0's window",
+           K + "conv1d.py", "    ml = tl.where(slot >= 0, md, False)\n",
+           "    slot = tl.maximum(slot, 0)\n    ml = tl.where(slot >= 0, md, False)\n",
+           (T_CONV_STEP,)),
+    Mutant("torch_conv_step_pad_writes", "pad rows",
+           "the torch stand-in writes back every row's window, pad rows (clamped to slot 0) included",
+           TORCH_OPS, "    conv_bank.index_copy_(0, idx[valid], new[valid])", "    conv_bank.index_copy_(0, idx, new)",
+           (T_PAD_ROWS,)),
+    Mutant("graph_pad_rows_keep_stale_slot", "pad rows",
+           "a smaller batch in a reused bucket leaves the previous batch's slots in the pad rows",
+           GRAPHS, "            self.slot[S:nb].fill_(-1)\n", "",
+           (T_PAD_ROWS,)),
+    # ---------------------------------------------------------------- attention / KV
+    Mutant("kv_written_to_row_not_slot", "KV cache",
+           "prefill K is written at cache[sequence index] instead of cache[slot]",
+           K + "attention.py", "tl.store(kc_ptr + slot * stride_kc_s + pos", "tl.store(kc_ptr + s * stride_kc_s + pos",
+           (T_ATTN,)),
+    Mutant("rope_kernel_pos_off_by_one", "positions",
+           "the RoPE kernel rotates by position + 1",
+           K + "rope.py", "ang = tl.load(pos_ptr + t).to(tl.float32)", "ang = (tl.load(pos_ptr + t) + 1).to(tl.float32)",
+           (T_ROPE,)),
+    # ---------------------------------------------------------------- sampling
+    Mutant("sampling_max_out_bf16", "sampling dtype",
+           "greedy through torch.max(out=(values_bf16, idx)): works for bf16 logits, fails for fp32",
+           K + "sampling.py", "    torch.argmax(logits, dim=-1, out=out)\n",
+           "    torch.max(logits, dim=-1, out=(torch.empty(out.shape, dtype=torch.bfloat16, device=out.device), out))\n",
+           (T_SAMPLING_DT,)),
+    Mutant("argmax_after_bf16_cast", "sampling dtype",
+           "fp32 logits cast to bf16 before argmax: near-equal logits become ties and the lower index wins",
+           K + "sampling.py", "    torch.argmax(logits, dim=-1, out=out)\n",
+           "    torch.argmax(logits.to(torch.bfloat16), dim=-1, out=out)\n",
+           (T_SAMPLING_DT,)),
+    Mutant("ties_highest_index", "sampling ties",
+           "argmax over the reversed vocabulary: the highest index wins ties",
+           K + "sampling.py", "    torch.argmax(logits, dim=-1, out=out)\n",
+           "    torch.argmax(logits.flip(-1), dim=-1, out=out)\n    out.neg_().add_(logits.shape[-1] - 1)\n",
+           (T_SAMPLING,)),
+    Mutant("seeded_position_off_by_one", "sampling seed",
+           "the seeded draw is keyed on the position of the last input token instead of the sampled one",
+           ENGINE, "int(st.req.sampling.seed), b.pos + b.count))", "int(st.req.sampling.seed), b.pos + b.count - 1))",
+           (T_GEN,)),
+    # ---------------------------------------------------------------- offsets
+    Mutant("chunk_offsets_int32", "int32 overflow",
+           "packed token offsets of the SSD chunk table stored as int32: they wrap past 2^31 tokens·elements",
+           K + "ssd.py", "    return SSDChunkTable(torch.tensor(starts, dtype=torch.int64, device=device),",
+           "    return SSDChunkTable(torch.tensor(starts, dtype=torch.int64, device=device).to(torch.int32),",
+           (T_OFFSETS,)),
+    Mutant("ssd_scan_token_offset_int32", "int32 overflow",
+           "the scan kernel computes token offsets in int32: x/y addresses wrap past 2^31 elements",
+           K + "ssd_chunk_scan.py", "        tok = start + s0 + offs_s\n        e = tl.minimum",
+           "        tok = (start + s0 + offs_s).to(tl.int32)\n        e = tl.minimum",
+           ("tests/test_kernel_ssd.py::test_ssd_int64_offsets_beyond_2_31_elements",), gpu_only=True),
+    # ---------------------------------------------------------------- async bookkeeping / finishing
+    Mutant("async_extra_token_appended", "async",
+           "the token computed for a request in the step after it finished is appended to its output",
+           ENGINE, "        live = [(j, row_of[b.request]) for j, b in enumerate(p.batch) if b.request in row_of]",
+           "        live = [(j, row_of.get(b.request, -1)) for j, b in enumerate(p.batch)]",
+           (T_ASYNC,),
+           more=((ENGINE, "            if st.finish_reason is not None:\n                finished.append(r)",
+                  "            if st.finish_reason is not None and r >= 0:\n                finished.append(r)"),)),
+    Mutant("pending_outputs_not_compacted", "async",
+           "rows are compacted but the in-flight step's sampled tokens (fed to the next launch) are not",
+           ENGINE, "            apply_moves_(self.sampled, src, dst)\n", "            pass\n",
+           (T_ASYNC,)),
+    Mutant("stop_ignored_at_last_step", "finishing",
+           "a stop token sampled at the max_new_tokens-th step is reported as 'length'",
+           ENGINE, "            if tok in st.req.stop_token_ids:\n",
+           "            if tok in st.req.stop_token_ids and len(st.output) < st.req.max_new_tokens:\n",
+           (T_GEN,)),
+    Mutant("max_new_tokens_off_by_one", "finishing",
+           "length finish tested before the append: one token too many",
+           ENGINE, "            elif len(st.output) == st.req.max_new_tokens:\n",
+           "            elif len(st.output) == st.req.max_new_tokens + 1:\n",
+           (T_ASYNC,)),
+    Mutant("decode_rows_not_in_budget", "batch building",
+           "decode tokens are not counted against max_tokens_per_step before prefill pieces are added",
+           ENGINE, "        used = len(batch)\n", "        used = 0\n",
+           (T_GEN,)),
+]
+
+# The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.
+QUICK = {
+    "compact_slot_not_moved", "hole_fill_off_by_one", "pending_outputs_not_compacted", "async_extra_token_appended",
+    "ties_highest_index", "argmax_after_bf16_cast", "chunk_offsets_int32", "chunk_table_restarts_at_piece",
+    "torch_conv_step_pad_writes",
+}
