@@ -22,3 +22,20 @@ def test_anchor_3b_attn_is_the_same_model_with_attention_everywhere():
         (b.hidden_size, b.vocab_size, b.mlp_intermediate_size, b.n_kv_heads)
     with pytest.raises(ValueError, match="config"):
         named_config("anchor-7b")
+
+
+def test_memory_prediction_counts_tied_weights_once_and_grows_with_the_step():
+    import torch
+    from fastpath import Engine, FastModel
+    from fastpath.engine.memory import activation_bytes, predict
+    from oracle import zoo
+    from oracle.trace import EngineConfig
+    cfg = zoo.tiny_config("mamba2")                  # tied embeddings
+    model = FastModel(cfg, zoo.random_weights(cfg, 0), "cpu", torch.float32)
+    eng = Engine(model, EngineConfig(2, 16, 8, "legacy"), max_len=16)
+    p = predict(eng)
+    untied = sum(t.numel() * 4 for k, t in model.w.items())
+    assert p["weights"] == untied - cfg.vocab_size * cfg.hidden_size * 4
+    assert p["bank"] == eng.bank.nbytes() and p["total"] == p["weights"] + p["bank"] + p["activations"]
+    big = named_config("anchor-3b")
+    assert activation_bytes(big, 2048, torch.bfloat16) > 2 * activation_bytes(big, 512, torch.bfloat16)

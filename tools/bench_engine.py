@@ -129,12 +129,39 @@ def batch_decode(model: FastModel, rows: int, ctx: int, steps: int) -> dict:
     return res
 
 
+def long_prefill(model: FastModel, prompt_len: int = 131072, osl: int = 64, chunk: int = 16384) -> dict:
+    """One prompt_len-token prompt at bs1 (chunked prefill, then graphs + async decode): completes? and the
+    engine's memory prediction (printed before the run) against the measured peak."""
+    from fastpath.engine.memory import predict
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    eng = Engine(model, EngineConfig(1, chunk, chunk, "async"), max_len=prompt_len + osl + 8, graphs=True)
+    pred = predict(eng)
+    print("long prefill: predicted peak " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in pred.items()),
+          flush=True)
+    eng.add_request(Request("long", 0, tuple((11 * j) % 32000 for j in range(prompt_len)), osl))
+    t0 = time.perf_counter()
+    while eng.step():
+        pass
+    sync()
+    peak = torch.cuda.max_memory_allocated()
+    res = {"prompt": prompt_len, "generated": len(eng.requests["long"].output), "seconds": time.perf_counter() - t0,
+           "graph_replays": eng.graphs.replays, "predicted_GiB": pred["total"] / 2**30, "peak_GiB": peak / 2**30,
+           "error_pct": 100 * (pred["total"] - peak) / peak}
+    del eng
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
     ap.add_argument("--summary")
     ap.add_argument("--quick", action="store_true", help="OSL 64, fewer steps (smoke run)")
     ap.add_argument("--skip-batch", action="store_true")
+    ap.add_argument("--skip-long", action="store_true")
     args = ap.parse_args()
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -166,6 +193,16 @@ def main() -> None:
     except Exception as e:
         lines.append(f"sync count FAILED {type(e).__name__}: {e}"[:300])
     print(lines[-1], flush=True)
+    if not args.skip_long:
+        try:
+            r = long_prefill(model, 8192 if args.quick else 131072)
+            report["long_prefill"] = r
+            lines.append(f"long prefill {r['prompt']} tokens bs1 + {r['generated']} decoded (graph replays "
+                         f"{r['graph_replays']}): {r['seconds']:.1f}s; memory predicted {r['predicted_GiB']:.2f} GiB "
+                         f"vs peak {r['peak_GiB']:.2f} GiB ({r['error_pct']:+.1f}%)")
+        except Exception as e:
+            lines.append(f"long prefill FAILED {type(e).__name__}: {e}"[:300])
+        print(lines[-1], flush=True)
     if not args.skip_batch:
         steps = 24 if args.quick else 64
         del model
