@@ -46,7 +46,7 @@ def hq_pairs(config: pytest.Config) -> list[tuple[Path, Path]]:
 
 # Pairs of the shipped corpus that run in the CPU tier; every other shipped pair is marked `slow` (the fast path
 # runs its kernels through the Triton interpreter on CPU, about a second per step). User-given pairs always run.
-FAST_PAIRS = {("tiny-sort", "seed_compaction"), ("zoo-nemotron_h", "seed_compaction")}
+FAST_PAIRS = {("tiny-sort", "seed_compaction")}   # zoo models: tests/test_engine_*.py cover them
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
