@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -128,7 +128,8 @@ def test_corpus_trace_log_and_tokens_equal_oracle_in_both_modes(models, path):
     assert watch.compactions > 0 and watch.admitted == 2 * len(trace.requests)
 
 
-def _trace(draw) -> Trace:
+@st.composite
+def traces(draw) -> Trace:
     R = draw(st.integers(1, 4))
     C = 8                                   # zoo chunk size
     P = draw(st.sampled_from([C, 2 * C]))
@@ -147,11 +148,16 @@ def _trace(draw) -> Trace:
     return Trace(EngineConfig(R, B, P, "legacy"), tuple(reqs))
 
 
-@settings(max_examples=15, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_generated_traces_log_and_tokens_equal_oracle_async_equals_legacy(models, data):
+# Pinned example: decode rows must count against the budget (a 10-token prompt beside a decoding row, B = 10).
+BUDGET_EDGE = Trace(EngineConfig(3, 10, 16, "legacy"),
+                    (Request("a", 0, (5, 6, 7), 6), Request("b", 1, tuple(range(20, 30)), 3)))
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(traces())
+@example(BUDGET_EDGE)
+def test_generated_traces_log_and_tokens_equal_oracle_async_equals_legacy(models, trace):
     oracle_model, fast = models
-    trace = _trace(data.draw)
     engine = Engine(fast, trace.engine, max_len=64)
     CompactionWatch(engine)
     with ops.use_backend("torch"):
@@ -171,6 +177,23 @@ def test_async_overlaps_and_discards_extra_rows(models):
     assert sum(s["overlap"] for s in steps) >= 3
     assert any(b["kind"] == "extra" for s in steps for b in s["batch"])
     assert a.tokens == legacy.tokens
+    for r in reqs:                                        # no stop tokens: exactly max_new_tokens each
+        assert len(a.tokens[r.id]) == r.max_new_tokens and a.finish_reasons[r.id] == "length"
+
+
+def test_decode_rows_count_against_the_token_budget(models):
+    """A 10-token prompt admitted beside one decoding row under a 10-token budget gets an 8-token piece."""
+    oracle_model, fast = models
+    trace = BUDGET_EDGE
+    engine = Engine(fast, trace.engine, max_len=32)
+    with ops.use_backend("torch"):
+        got = engine.run_trace(trace, "legacy")
+    for step in got.schedule_log.to_json()["steps"]:
+        assert sum(b["count"] for b in step["batch"]) <= 10, f"step {step['step']} exceeds the budget"
+    pieces = [b["count"] for s in got.schedule_log.to_json()["steps"] for b in s["batch"] if b["request"] == "b"
+              and b["kind"] == "prefill"]
+    assert pieces == [8, 2]
+    assert got.digest == oracle_run_trace(oracle_model, trace, "legacy").digest
 
 
 def test_bad_requests_and_modes_are_rejected_by_field(models):
