@@ -117,7 +117,7 @@ def run_one(m: Mutant, timeout: int = 900) -> Outcome:
                            time.time() - t0)
         junit = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
-               f"--junitxml={junit}", *m.tests]
+               "-p", "tools.mutants.no_shrink", f"--junitxml={junit}", *m.tests]
         try:
             proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
             rc = proc.returncode

@@ -10,6 +10,7 @@ from tools.mutants.runner import Mutant
 
 ENGINE, ROWS, MODEL = "fastpath/engine/engine.py", "fastpath/engine/rows.py", "fastpath/model.py"
 GRAPHS, TORCH_OPS = "fastpath/engine/graphs.py", "fastpath/engine/torch_ops.py"
+ORACLE_SCHED = "oracle/scheduler.py"
 K = "fastpath/kernels/"
 
 # Test selections (fast tests only; node ids).
@@ -189,6 +190,10 @@ MUTANTS: list[Mutant] = [
            "the RoPE kernel rotates by position + 1",
            K + "rope.py", "ang = tl.load(pos_ptr + t).to(tl.float32)", "ang = (tl.load(pos_ptr + t) + 1).to(tl.float32)",
            (T_ROPE,)),
+    Mutant("causal_mask_excludes_self", "attention mask",
+           "the causal mask is strict (key < query): a token never attends to its own key",
+           K + "attention.py", "vis = (offs_n[None, :] <= qpos[:, None])", "vis = (offs_n[None, :] < qpos[:, None])",
+           (T_ATTN,)),
     # ---------------------------------------------------------------- sampling
     Mutant("sampling_max_out_bf16", "sampling dtype",
            "greedy through torch.max(out=(values_bf16, idx)): works for bf16 logits, fails for fp32",
@@ -209,6 +214,10 @@ MUTANTS: list[Mutant] = [
            "the seeded draw is keyed on the position of the last input token instead of the sampled one",
            ENGINE, "int(st.req.sampling.seed), b.pos + b.count))", "int(st.req.sampling.seed), b.pos + b.count - 1))",
            (T_GEN,)),
+    Mutant("seeded_temperature_multiplies", "sampling seed",
+           "seeded rows scale logits by the temperature instead of dividing by it",
+           "fastpath/engine/sample.py", "to(torch.float64) / temps[:, None]", "to(torch.float64) * temps[:, None]",
+           ("tests/test_sampling_fastpath_agrees.py::test_fastpath_batched_draws_equal_oracle_per_row",)),
     # ---------------------------------------------------------------- offsets
     Mutant("chunk_offsets_int32", "int32 overflow",
            "packed token offsets of the SSD chunk table stored as int32: they wrap past 2^31 tokens·elements",
@@ -241,16 +250,31 @@ MUTANTS: list[Mutant] = [
            "length finish tested before the append: one token too many",
            ENGINE, "            elif len(st.output) == st.req.max_new_tokens:\n",
            "            elif len(st.output) == st.req.max_new_tokens + 1:\n",
-           (T_ASYNC,)),
+           (T_ASYNC, T_GEN)),
     Mutant("decode_rows_not_in_budget", "batch building",
            "decode tokens are not counted against max_tokens_per_step before prefill pieces are added",
            ENGINE, "        used = len(batch)\n", "        used = 0\n",
-           (T_GEN,)),
+           (T_TRACE + "::test_decode_rows_count_against_the_token_budget",)),
+    # ---------------------------------------------------------------- the oracle's scheduler (spec bugs)
+    Mutant("oracle_overlap_while_waiting", "spec: async drain",
+           "the truth keeps overlapping while a request waits, so admission is late and never drains first",
+           ORACLE_SCHED, "                and not self.waiting(k)\n", "\n",
+           ("tests/test_scheduler_async_drain.py",)),
+    Mutant("oracle_compaction_order_preserving", "spec: compaction",
+           "the truth shifts the first live row after a hole into it (order-preserving) instead of the right-most",
+           ORACLE_SCHED, "            src, dst = live[-1], holes[0]\n",
+           "            src, dst = min(r for r in live if r > holes[0]), holes[0]\n",
+           ("tests/test_scheduler_seed_scenario.py",)),
+    Mutant("oracle_free_stack_fifo", "spec: slot allocation",
+           "the truth hands out the oldest free slot instead of the most recently freed one",
+           ORACLE_SCHED, "            slot, row = self.free_slots.pop(), self.active\n",
+           "            slot, row = self.free_slots.pop(0), self.active\n",
+           ("tests/test_scheduler_seed_scenario.py",)),
 ]
 
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.
 QUICK = {
     "compact_slot_not_moved", "hole_fill_off_by_one", "pending_outputs_not_compacted", "async_extra_token_appended",
     "ties_highest_index", "argmax_after_bf16_cast", "chunk_offsets_int32", "chunk_table_restarts_at_piece",
-    "torch_conv_step_pad_writes",
+    "graph_pad_rows_keep_stale_slot", "ssm_step_pad_aliases_slot0", "chunked_drops_initial_state",
 }
