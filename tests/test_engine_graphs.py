@@ -117,3 +117,31 @@ def test_async_decode_steps_have_no_hidden_syncs(device, dtype):
     short, long = _sync_counts(eng, 10), _sync_counts(eng, 30)
     assert long["stream_or_device"] - short["stream_or_device"] == 0, (short, long)
     assert long["event"] - short["event"] == 20, (short, long)
+
+
+@pytest.mark.parametrize("pad_decode", [False, True], ids=["eager", "padded"])
+def test_decode_steps_read_back_from_the_device_once(monkeypatch, pad_decode):
+    """CPU stand-in for the sync count: in async decode steps the only tensor->host reads are the one token
+    read per step (`tolist` of the host copy); no `.item()`, no other `tolist`, no `__bool__` of a tensor."""
+    fast = _model("cpu", torch.float32, **SMALL)
+    trace = Trace(EngineConfig(2, 9, 8, "async"), (Request("a", 0, (1, 2, 3), 30), Request("b", 0, (4, 5), 30)))
+    eng = Engine(fast, trace.engine, max_len=40, pad_decode=pad_decode)
+    eng.reset("async")
+    for r in trace.requests:
+        eng.add_request(r)
+    for _ in range(4):                                    # admission + prefill, then decode-only steps
+        eng.step()
+    counts = {"item": 0, "tolist": 0, "__bool__": 0}
+    for name in counts:
+        original = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, _name=name, _orig=original, **k):
+            counts[_name] += 1
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+    steps = 10
+    for _ in range(steps):
+        eng.step()
+    monkeypatch.undo()
+    assert counts == {"item": 0, "tolist": steps, "__bool__": 0}, counts
+    assert all(s["overlap"] == 1 for s in eng.log.to_json()["steps"][-steps:])
