@@ -28,7 +28,7 @@ class DecodeGraphs:
 
     def __init__(self, engine, capture: bool = True):
         from fastpath.model import StepBatch
-        self.engine, self.model, self.bank = engine, engine.model, engine.bank
+        self.model, self.bank = engine.model, engine.bank      # no back-reference: no engine <-> runner cycle
         dev, R = engine.device, engine.R
         self.capture = capture and dev.type == "cuda"
         self.buckets = buckets(R)
