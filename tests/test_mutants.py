@@ -18,6 +18,7 @@ def test_zoo_is_large_named_and_every_patch_applies_exactly_once():
     names = [m.name for m in MUTANTS]
     assert len(names) >= 20 and len(set(names)) == len(names)
     assert QUICK <= set(names), f"QUICK names unknown mutants: {sorted(QUICK - set(names))}"
+    assert not [m.name for m in MUTANTS if m.name in QUICK and m.gpu_only], "QUICK must run on CPU"
     for m in MUTANTS:
         assert m.story and m.bug_class and m.tests, f"{m.name}: needs a class, a story and tests"
         for t in m.tests:
