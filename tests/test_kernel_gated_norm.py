@@ -6,26 +6,13 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_tiers import TIERS, rel  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
 from fastpath.kernels.gated_norm import rms_norm_gated  # noqa: E402
 from oracle.gated_norm import rms_norm_gated as oracle_norm  # noqa: E402
 
 REL = {torch.float32: 5e-6, torch.bfloat16: 1e-2}   # docs/kernels.md
-GPU = pytest.mark.gpu
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-TIERS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
-         pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=[GPU, NO_CUDA]),
-         pytest.param("cuda", torch.float32, id="cuda-fp32", marks=[GPU, NO_CUDA])]
-
-
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖a - ref‖ / ‖ref‖ in fp64; NaN never passes."""
-    a, ref = a.double().cpu(), ref.double().cpu()
-    assert torch.isfinite(a).all(), "output has NaN/inf (an element was not written?)"
-    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "plain"])

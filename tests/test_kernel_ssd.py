@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_tiers import GPU, NO_CUDA, TIERS, skip_cpu_without_interpreter as _skip_cpu_without_interpreter  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
 from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen  # noqa: E402
@@ -18,16 +16,6 @@ from oracle.ssd import chunk_bounds, ssm_recurrence  # noqa: E402
 # ‖Δ‖/‖ref‖ bounds per dtype (docs/kernels.md): fp32 measured ≈ 1e-7..4e-7 (CPU interpreter); the bf16 bound
 # covers bf16 outputs and 16-bit tensor-core operands.
 REL = {torch.float32: 5e-6, torch.bfloat16: 1.5e-2}
-GPU = pytest.mark.gpu
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-TIERS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
-         pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=[GPU, NO_CUDA]),
-         pytest.param("cuda", torch.float32, id="cuda-fp32", marks=[GPU, NO_CUDA])]
-
-
-def _skip_cpu_without_interpreter(device: str) -> None:
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the CPU tier needs TRITON_INTERPRET=1")
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:

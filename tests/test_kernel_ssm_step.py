@@ -1,14 +1,12 @@
 """fastpath.kernels.ssm_step (decode state update over the bank) vs oracle.ssd.ssm_step in fp64."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_tiers import TIERS, skip_cpu_without_interpreter as _skip_cpu_without_interpreter, rel  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
 from fastpath.kernels.ssm_step import ssm_step  # noqa: E402
@@ -17,23 +15,6 @@ from oracle.ssd import heads_of_groups, ssm_recurrence  # noqa: E402
 from oracle.ssd import ssm_step as oracle_step  # noqa: E402
 
 REL = {torch.float32: 5e-6, torch.bfloat16: 1.5e-2}   # docs/kernels.md
-GPU = pytest.mark.gpu
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-TIERS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
-         pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=[GPU, NO_CUDA]),
-         pytest.param("cuda", torch.float32, id="cuda-fp32", marks=[GPU, NO_CUDA])]
-
-
-def _skip_cpu_without_interpreter(device: str) -> None:
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the CPU tier needs TRITON_INTERPRET=1")
-
-
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖a - ref‖ / ‖ref‖ in fp64; NaN never passes."""
-    a, ref = a.double().cpu(), ref.double().cpu()
-    assert torch.isfinite(a).all(), "output has NaN/inf (an element was not written?)"
-    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["no-z", "z-gate"])
