@@ -2,7 +2,6 @@
 import json
 import shutil
 
-import pytest
 
 from tools import goldens
 

@@ -7,7 +7,6 @@ recomputes it. This is the suite's "HumanEval": the exact-answer accuracy must b
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
