@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import oracle
-from fastpath.engine.rows import RowTable, compaction_moves
+from broken_engines import compact_without_moving_slots
+from fastpath.engine.rows import RowTable
 from tools import adapters, goldens
 from tools.compare import TAU
 from tools.qualify import check_trace
@@ -39,18 +40,6 @@ def test_fastpath_matches_truth_legacy_async_and_schedule(hq_case, oracle_models
 
 
 # ---- negative controls: each kind of check fails on an engine that has the matching defect -----------------
-
-def compact_without_moving_slots(self):
-    """Defect: a compacted row carries its request but not its slot mapping."""
-    live = [self.row_request[r] is not None for r in range(self.active)]
-    moves = compaction_moves(live)
-    for m in moves:
-        self.row_request[m.dst], self.row_pos[m.dst] = self.row_request[m.src], self.row_pos[m.src]
-        self.row_to_slot[m.src], self.row_request[m.src], self.row_pos[m.src] = -1, None, 0
-    self.row_to_slot_dev.copy_(torch.tensor(self.row_to_slot, dtype=self.row_to_slot_dev.dtype))
-    self.active = sum(live)
-    return moves
-
 
 class AsyncKeepsExtraToken(adapters.FastpathAdapter):
     """Defect (async only): the discarded extra token of a just-finished request is appended to its output."""

@@ -3,25 +3,14 @@ import pytest
 import torch
 
 import oracle
+from broken_engines import compact_without_moving_slots
 from fastpath.engine.engine import Engine
-from fastpath.engine.rows import RowTable, compaction_moves
+from fastpath.engine.rows import RowTable
 from tools import goldens
 from tools.replay import bisect, first_log_difference, step_table
 
 MODEL = goldens.MODELS / "zoo-bamba"
 TRACE = goldens.TRACES / "seed_compaction.json"
-
-
-def compact_without_moving_slots(self):
-    """The bug: a compacted row carries its request but not its slot mapping (the row keeps slot -1)."""
-    live = [self.row_request[r] is not None for r in range(self.active)]
-    moves = compaction_moves(live)
-    for m in moves:
-        self.row_request[m.dst], self.row_pos[m.dst] = self.row_request[m.src], self.row_pos[m.src]
-        self.row_to_slot[m.src], self.row_request[m.src], self.row_pos[m.src] = -1, None, 0
-    self.row_to_slot_dev.copy_(torch.tensor(self.row_to_slot, dtype=self.row_to_slot_dev.dtype))
-    self.active = sum(live)
-    return moves
 
 
 @pytest.fixture(scope="module")
