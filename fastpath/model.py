@@ -17,6 +17,9 @@ from torch import Tensor
 
 from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
+from fastpath.kernels.act_mul import act_mul as _act_mul
+from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
+from fastpath.kernels.gemv import gemv as _gemv
 
 
 @dataclass
@@ -38,6 +41,9 @@ class StepBatch:
 
 class FastModel:
     """Weights on the device in the compute dtype, and `forward(batch, bank) -> logits [S, V]`."""
+
+    fused: bool = True   # Triton backend: residual add + norm and act·mul as one kernel each (False: torch ops)
+    gemv: bool = False   # CUDA + Triton backend: one-row projections through the Triton GEMV (False: cuBLAS)
 
     def __init__(self, config, tensors: dict[str, Tensor], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
@@ -61,8 +67,28 @@ class FastModel:
     def _norm(self, h: Tensor, name: str) -> Tensor:
         return ops.rms_norm_gated(h.to(self.dtype), None, self.w[name], 1, self.config.norm_eps)
 
+    def _fusing(self) -> bool:
+        return self.fused and ops.BACKEND == "triton"
+
+    def _add_norm(self, h: Tensor, out: Tensor | None, name: str,
+                  rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(h + out, norm(h + out)) — the residual add of the previous sublayer (out None: none) fused with
+        the next norm; `rows` selects the rows to normalise (then the returned stream is not updated)."""
+        if self._fusing():
+            hn, u = _add_rms_norm(h, out, self.w[name], self.config.norm_eps, self.config.residual_multiplier,
+                                  rows=rows, out_dtype=self.dtype)
+            return (h if hn is None else hn), u
+        if out is not None:
+            h = self._residual(h, out)
+        return h, self._norm(h if rows is None else h.index_select(0, rows), name)
+
+    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        if self.gemv and x.shape[0] == 1 and x.is_cuda and ops.BACKEND == "triton" and x.stride(-1) == 1:
+            return _gemv(x, w, b)
+        return F.linear(x, w, b)
+
     def _linear(self, x: Tensor, name: str) -> Tensor:
-        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+        return self._proj(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
 
     def mamba(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
         """Mamba2 mixer of layer i over the packed batch; conv/ssm state at bank[slot]."""
@@ -119,8 +145,12 @@ class FastModel:
     def mlp(self, x: Tensor, p: str) -> Tensor:
         """Gated SiLU (gate_proj present) or squared-ReLU MLP."""
         if p + "gate_up.weight" in self.w:                  # gate and up in one GEMM
-            gate, up = self._linear(x, p + "gate_up").chunk(2, dim=-1)
-            hidden = self._act(gate) * up
+            gu = self._linear(x, p + "gate_up")
+            if self._fusing():
+                hidden = _act_mul(gu, self.config.mlp_act)
+            else:
+                gate, up = gu.chunk(2, dim=-1)
+                hidden = self._act(gate) * up
         elif p + "gate_proj.weight" in self.w:
             hidden = self._act(self._linear(x, p + "gate_proj")) * self._linear(x, p + "up_proj")
         else:
@@ -162,17 +192,19 @@ class FastModel:
     def forward(self, b: StepBatch, bank: StateBank) -> Tensor:
         """Packed batch -> logits [S, V] of each sequence's last token; the bank is updated in place."""
         c, w = self.config, self.w
-        h = (w["embed.weight"][b.ids] * c.embedding_multiplier).to(self.stream_dtype)
+        h = F.embedding(b.ids, w["embed.weight"])
+        if c.embedding_multiplier != 1.0:
+            h = h * c.embedding_multiplier
+        h = h.to(self.stream_dtype)
+        out = None                                      # the pending sublayer output (added with the next norm)
         for i, spec in enumerate(c.layers):
             if spec.mixer is not None:
-                u = self._norm(h, f"layers.{i}.mixer_norm.weight")
+                h, u = self._add_norm(h, out, f"layers.{i}.mixer_norm.weight")
                 out = self.mamba(i, u, b, bank) if spec.mixer == "mamba" else self.attention(i, u, b, bank)
-                h = self._residual(h, out)
             if spec.ffn is not None:
-                u = self._norm(h, f"layers.{i}.ffn_norm.weight")
+                h, u = self._add_norm(h, out, f"layers.{i}.ffn_norm.weight")
                 p = f"layers.{i}."
                 out = self.mlp(u, p + "mlp.") if spec.ffn == "mlp" else self.moe(u, p + "moe.")
-                h = self._residual(h, out)
-        h = self._norm(h.index_select(0, b.last), "final_norm.weight")
-        logits = F.linear(h, w["lm_head.weight"])
+        _, h = self._add_norm(h, out, "final_norm.weight", rows=b.last)
+        logits = self._proj(h, w["lm_head.weight"])
         return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits

@@ -6,6 +6,10 @@
    tok/s for legacy and async, CUDA graphs on/off, beside the roofline (parameter bytes / copy bandwidth
    measured in this run) and the host time per step (step wall time minus time blocked on the device).
 2. Hidden syncs: torch.profiler over async+graphs decode steps, CUDA runtime synchronisations per step.
+   The async+graphs case runs twice: with the fused decode kernels (FastModel.fused, the default) and without
+   (the unfused torch ops), so before/after come from the same run.
+   --profile: the device kernel table of graph-replayed bs1 decode steps (torch.profiler), fused and unfused,
+   and the achieved bandwidth of each bs1 projection (M = 1 GEMM through F.linear, cold weights).
 3. Batch-64 decode at 32k context, anchor-3b vs anchor-3b-attn (the context is placed in the bank's
    bookkeeping without running the prefill: decode cost depends only on positions; attention reads them all).
 """
@@ -17,9 +21,11 @@ import json
 import time
 
 import torch
+import triton
 
 from fastpath.engine.configs import n_params, named_config, random_device_weights
 from fastpath.engine.engine import Engine
+from fastpath.kernels.gemv import gemv, gemv_launch_rule
 from fastpath.model import FastModel
 from oracle.schedule_log import StepRecord
 from oracle.trace import EngineConfig, Request
@@ -74,6 +80,86 @@ def bs1_run(model: FastModel, mode: str, graphs: bool, osl: int, n_req: int, pro
             host.append((dt - eng.wait_s) / max(steps, 1))
     return {"mode": mode, "graphs": graphs, "tok_s": sum(rates) / len(rates),
             "host_ms_per_step": 1e3 * sum(host) / len(host), "osl": osl, "requests_timed": len(rates)}
+
+
+def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool = True) -> dict:
+    """Device kernels of async bs1 decode steps (torch.profiler over graph replays; graphs=False: the same padded
+    shapes eagerly): per-step count and µs by kernel name, the per-step kernel sum and the step's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+    eng = Engine(model, EngineConfig(1, 256, 256, "async"), max_len=1024, graphs=graphs, pad_decode=not graphs)
+    eng.add_request(Request("p", 0, tuple(range(1, 33)), steps + 40))
+    for _ in range(12):
+        eng.step()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        sync()
+        wall = (time.perf_counter() - t0) / steps
+    agg: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"):
+            a = agg.setdefault(e.name, [0, 0.0])
+            a[0] += 1
+            a[1] += e.time_range.elapsed_us()
+    rows = sorted(((n, c / steps, us / steps) for n, (c, us) in agg.items()), key=lambda r: -r[2])
+    del eng
+    if not rows and graphs:                           # the profiler saw no kernels inside graphs: eager instead
+        return kernel_table(model, steps, top, graphs=False)
+    return {"graphs": graphs, "wall_ms_per_step": 1e3 * wall, "kernel_us_per_step": sum(r[2] for r in rows),
+            "launches_per_step": sum(r[1] for r in rows), "top": [list(r) for r in rows[:top]]}
+
+
+def gemv_bandwidth(model: FastModel, copies: int = 6, reps: int = 30) -> list[dict]:
+    """Median time of each bs1 projection F.linear(x[1, K], W[N, K]) over `copies` distinct weights (cold in L2),
+    and its achieved TB/s on the weight bytes."""
+    c = model.config
+    shapes = {"mamba.in_proj": (2 * c.d_inner + 2 * c.mamba_n_groups * c.mamba_d_state + c.mamba_n_heads,
+                                c.hidden_size), "mamba.out_proj": (c.hidden_size, c.d_inner),
+              "mlp.gate_up": (2 * c.mlp_intermediate_size, c.hidden_size),
+              "mlp.down_proj": (c.hidden_size, c.mlp_intermediate_size),
+              "attn.q_proj": (c.n_attn_heads * c.attn_head_dim, c.hidden_size),
+              "attn.k_proj": (c.n_kv_heads * c.attn_head_dim, c.hidden_size), "lm_head": (c.vocab_size, c.hidden_size)}
+    out = []
+    for name, (N, K) in shapes.items():
+        ws = [torch.randn(N, K, device=DEV, dtype=model.dtype) for _ in range(copies)]
+        x = torch.randn(1, K, device=DEV, dtype=model.dtype)
+        for w in ws:
+            torch.nn.functional.linear(x, w)
+        times = []
+        for r in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            torch.nn.functional.linear(x, ws[r % copies])
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 1e3)
+        t = sorted(times)[len(times) // 2]
+        row = {"proj": name, "N": N, "K": K, "us": 1e6 * t, "TBps": 2 * N * K / t / 1e12}
+        base = gemv_launch_rule(N, K)
+        variants = {"rule": {}, "bn*2": {"BLOCK_N": 2 * base["BLOCK_N"]}, "bn/2": {"BLOCK_N": max(1, base["BLOCK_N"] // 2)},
+                    "bk*2": {"BLOCK_K": min(triton.next_power_of_2(K), 2 * base["BLOCK_K"])},
+                    "bk/2": {"BLOCK_K": max(32, base["BLOCK_K"] // 2)}, "w8": {"num_warps": 8}, "w2": {"num_warps": 2}}
+        for vname, rule in variants.items():
+            try:
+                for w in ws:
+                    gemv(x, w, rule=rule)
+                times = []
+                for r in range(reps):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    gemv(x, ws[r % copies], rule=rule)
+                    e.record()
+                    e.synchronize()
+                    times.append(s.elapsed_time(e) / 1e3)
+                t = sorted(times)[len(times) // 2]
+                row["triton_" + vname] = round(2 * N * K / t / 1e12, 3)
+            except Exception as ex:
+                row["triton_" + vname] = f"{type(ex).__name__}"
+        out.append(row)
+        del ws
+    return out
 
 
 def _profiled_syncs(eng: Engine, steps: int) -> dict[str, int]:
@@ -162,6 +248,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="OSL 64, fewer steps (smoke run)")
     ap.add_argument("--skip-batch", action="store_true")
     ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="kernel tables + projection bandwidth, then bs1 only")
+    ap.add_argument("--bs1-only", action="store_true", help="only the async+graphs bs1 rows (fused and unfused)")
     args = ap.parse_args()
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -174,19 +262,54 @@ def main() -> None:
     report.update(copy_TBps=bw / 1e12, params=P, roofline_tok_s=roof)
     lines = [f"anchor-3b {P:,} params bf16 | copy {bw / 1e12:.2f} TB/s -> bs1 roofline {roof:.0f} tok/s"]
     report["bs1"] = []
-    for mode, graphs in (("legacy", False), ("async", False), ("legacy", True), ("async", True)):
+    if args.profile:
+        report["kernels"] = {}
+        for fused, gv in ((False, False), (True, False), (True, True)):
+            FastModel.fused, FastModel.gemv = fused, gv
+            try:
+                k = kernel_table(model)
+            except Exception as e:
+                lines.append(f"kernel table fused={fused} gemv={gv} FAILED {type(e).__name__}: {e}"[:300])
+                continue
+            report["kernels"][f"fused={fused} gemv={gv}"] = k
+            lines.append(f"kernels fused={fused} gemv={gv} graphs={k['graphs']}: step {k['wall_ms_per_step']:.3f} ms wall, kernel sum "
+                         f"{k['kernel_us_per_step']:.0f} us, {k['launches_per_step']:.0f} launches/step; top:")
+            lines += [f"  {us:8.1f} us {cnt:6.1f}x  {name[:90]}" for name, cnt, us in k["top"]]
+        FastModel.fused, FastModel.gemv = True, False
+        try:
+            g = gemv_bandwidth(model)
+            report["gemv"] = g
+            lines += [f"gemv {r['proj']:15s} {r['N']:6d}x{r['K']:5d}: cuBLAS {r['us']:6.1f} us {r['TBps']:.2f} TB/s | triton "
+                      + " ".join(f"{k[7:]} {v}" for k, v in r.items() if k.startswith("triton_")) for r in g]
+        except Exception as e:
+            lines.append(f"gemv FAILED {type(e).__name__}: {e}"[:300])
+        print("\n".join(lines), flush=True)
+    g0 = FastModel.gemv
+    cases = [("legacy", False, True, g0), ("async", False, True, g0), ("legacy", True, True, g0),
+             ("async", True, False, False), ("async", True, True, False), ("async", True, True, True)]
+    if args.bs1_only or args.profile:
+        cases = [c for c in cases if c[1]]
+    for mode, graphs, fused, gv in cases:
+        FastModel.fused, FastModel.gemv = fused, gv
         try:
             r = bs1_run(model, mode, graphs, osl, 4, 32)
         except Exception as e:   # keep going: one GPU visit must report every section it can
-            lines.append(f"bs1 {mode} graphs={graphs}: FAILED {type(e).__name__}: {e}"[:300])
+            lines.append(f"bs1 {mode} graphs={graphs} fused={fused}: FAILED {type(e).__name__}: {e}"[:300])
             print(lines[-1], flush=True)
             continue
+        finally:
+            FastModel.fused, FastModel.gemv = True, g0
+        r["fused"], r["gemv"] = fused, gv
         report["bs1"].append(r)
-        lines.append(f"bs1 {mode:6s} graphs={'on ' if graphs else 'off'}: {r['tok_s']:7.1f} tok/s "
-                     f"({100 * r['tok_s'] / roof:4.1f}% of roofline), host {r['host_ms_per_step']:.3f} ms/step")
+        lines.append(f"bs1 {mode:6s} graphs={'on ' if graphs else 'off'} {'fused  ' if fused else 'unfused'} "
+                     f"{'triton-gemv' if gv else 'cublas     '}: "
+                     f"{r['tok_s']:7.1f} tok/s ({100 * r['tok_s'] / roof:4.1f}% of roofline), "
+                     f"host {r['host_ms_per_step']:.3f} ms/step")
         print(lines[-1], flush=True)
+    if args.bs1_only or args.profile:
+        args.skip_long = args.skip_batch = True
     try:
-        s = count_syncs(model)
+        s = {"per_step": {"skipped (--bs1-only/--profile)": 0}} if (args.bs1_only or args.profile) else count_syncs(model)
         report["syncs"] = s
         lines.append("syncs/step (async+graphs decode): " +
                      ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))

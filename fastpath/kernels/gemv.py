@@ -1,0 +1,75 @@
+"""One-row projection y = x · Wᵀ (+ b) for bs1 decode: a weight-streaming GEMV, fp32 accumulation.
+
+x [1, K], W [N, K] (row-major, K contiguous), y [1, N] in x's dtype. Each program owns BLOCK_N output rows and
+walks K in BLOCK_K tiles, so W is read exactly once with long contiguous loads; the tile shape is keyed on
+(N, K) only (never on the call), so every call of a given projection has the same bits.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2
+
+OP = "gemv"
+
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w_n,
+                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N),)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
+    k0 = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    wrow = w_ptr + n.to(tl.int64)[:, None] * stride_w_n
+    for k in range(0, K, BLOCK_K):
+        kk = k + k0
+        if EVEN_K:
+            xv = tl.load(x_ptr + kk).to(tl.float32)
+            wv = tl.load(wrow + kk[None, :], mask=mn[:, None], other=0.0).to(tl.float32)
+        else:
+            mk = kk < K
+            xv = tl.load(x_ptr + kk, mask=mk, other=0.0).to(tl.float32)
+            wv = tl.load(wrow + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        acc += wv * xv[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=mn, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=mn)
+
+
+def gemv_launch_rule(N: int, K: int) -> dict:
+    """≥ ~4 programs per SM of an H100/H200 (132 SMs) where N allows; 8K-element tiles; keyed on (N, K)."""
+    q = max(1, N // 528)
+    bn = min(32, max(4, 1 << (q.bit_length() - 1)))      # largest power of two <= N / 528, in [4, 32]
+    bk = min(next_pow2(K), max(64, 8192 // bn))
+    return dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+
+
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
+         rule: dict | None = None) -> Tensor:
+    """x [1, K] · weight[N, K]ᵀ (+ bias [N]) -> [1, N] in x's dtype (rule: override the launch rule, benches)."""
+    check(OP, "x", x, (1, None), FLOAT_DTYPES)
+    K = x.shape[1]
+    dev = x.device
+    check(OP, "weight", weight, (None, K), FLOAT_DTYPES, dev)
+    N = weight.shape[0]
+    check(OP, "bias", bias, (N,), FLOAT_DTYPES, dev, optional=True)
+    if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
+        raise KernelInputError(f"{OP}: the last dims of `x`, `weight` and `bias` must be contiguous")
+    if out is None:
+        out = torch.empty(1, N, dtype=x.dtype, device=dev)
+    check(OP, "out", out, (1, N), (x.dtype,), dev)
+    if out.stride(1) != 1:
+        raise KernelInputError(f"{OP}: `out` must be contiguous")
+    if N == 0:
+        return out
+    rule = {**gemv_launch_rule(N, K), **(rule or {})}
+    gemv_kernel[(triton.cdiv(N, rule["BLOCK_N"]),)](
+        x, weight, bias if bias is not None else weight, out, N, K, weight.stride(0), HAS_BIAS=bias is not None,
+        BLOCK_N=rule["BLOCK_N"], BLOCK_K=rule["BLOCK_K"], EVEN_K=K % rule["BLOCK_K"] == 0,
+        num_warps=rule["num_warps"])
+    return out
