@@ -1,4 +1,5 @@
 """A user's own engine, wrapped in well under 50 lines, qualifies through the adapter protocol."""
+import pytest
 import torch
 
 import oracle
@@ -45,8 +46,19 @@ def test_user_adapter_qualifies_against_goldens():
 
 
 def test_resolve_names_bad_engine_specs():
-    import pytest
+
     for spec, words in [("nosuch", "expected one of"), ("os.path:nothing", "cannot load"),
                         ("tools.goldens:regen", "not a subclass")]:
         with pytest.raises(ValueError, match=words):
             adapters.resolve(spec)
+
+
+@pytest.mark.parametrize("engine", ["oracle", "hf"])
+def test_builtin_reference_adapters_qualify_on_the_trained_model(engine):
+    if engine == "hf":
+        pytest.importorskip("transformers")
+    model = goldens.MODELS / "tiny-sort"
+    checks = check_trace(adapters.resolve(engine), model, goldens.TRACES / "seed_compaction.json", ["legacy"],
+                         oracle.load(model), "cpu", TAU[torch.float32])
+    assert checks and [c.name for c in checks if not c.ok] == [], checks
+    assert any("schedule log" in c.name for c in checks) == (engine == "oracle")

@@ -105,7 +105,7 @@ class HFAdapter(Adapter):
     def run_trace(self) -> RunResult:
         torch, tokens, reasons = self.torch, {}, {}
         for req in self.trace.requests:
-            if req.sampling.get("kind", "greedy") != "greedy":
+            if req.sampling.kind != "greedy":
                 raise ValueError(f"request {req.id}: the HF adapter runs greedy sampling only")
             ids = torch.tensor([req.prompt], device=self.device)
             out = self.model.generate(ids, max_new_tokens=req.max_new_tokens, do_sample=False,
