@@ -1,0 +1,147 @@
+"""Batch-invariant mode: a request's logits are bitwise independent of the batch it is packed into and its row.
+
+What each piece of the forward needs, and where it comes from:
+
+    projections (in/out/q/k/v/o/MLP/lm_head)  fastpath.kernels.matmul: one fixed tile shape, no split-K
+    MoE experts and router                    the same matmul (torch matmuls inside `moe` are routed to it)
+    norms                                     the Triton RMSNorm kernels are row-wise (one program per token)
+    attention                                 fixed key-block split chosen from the head dim, not the batch
+    SSM state                                 fp32 in the bank (StateBank's default)
+    conv / SSD / ssm_step                     launch configs keyed on the model shape only (docs/kernels.md)
+    prefill pieces                            BatchInvariantEngine: a request's split into pieces is a function
+                                              of the request alone (see below)
+
+Prefill pieces.  The SSD kernels give chunk-aligned splits the same chunk boundaries, but not the same bits:
+a state carried across pieces through the bank is summed in a different order than the state passed between
+chunks inside one piece (measured: 1.5e-7 in the fp32 state, which reaches the logits).  The default rule
+(DESIGN §4) cuts a piece to the budget the decode rows leave, so the split depends on the batch.  In
+batch-invariant mode a piece's length is `piece_length` with the *whole* step budget; a piece that does not
+fit in what is left this step waits for a later step (later rows still get their turn).  The schedule log is
+therefore not the oracle's default-mode log; tokens and logits are bitwise those of the request run alone.
+
+cuBLAS (GPU) and MKL/oneDNN (CPU) choose kernels — and split-K — by M, so the default mode is not invariant:
+tests/test_batch_invariance.py shows both the invariance here and a failing default.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+from fastpath.kernels.matmul import matmul
+from fastpath.engine.engine import Engine, piece_length
+from fastpath.model import FastModel, StepBatch
+from oracle.schedule_log import BatchRow
+
+
+class _RouteMatmuls(TorchFunctionMode):
+    """Sends `F.linear` and `x @ W` (2-D W) to the fixed-tile matmul; everything else runs unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, w = args[0], args[1]
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            return matmul(x, w, b)
+        if func in (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.mm) and not kwargs:
+            x, w = args
+            if isinstance(w, Tensor) and w.dim() == 2 and x.dim() >= 1 and x.is_floating_point():
+                return matmul(x, w.t())
+        return func(*args, **kwargs)
+
+
+class BatchInvariantMixin:
+    """Overrides FastModel's GEMMs with the batch-invariant matmul (mix in before FastModel)."""
+
+    batch_invariant = True
+
+    def _linear(self, x: Tensor, name: str) -> Tensor:
+        return matmul(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+
+    def moe(self, x: Tensor, p: str) -> Tensor:
+        """FastModel.moe with its router and expert matmuls on the fixed-tile kernel."""
+        with _RouteMatmuls():
+            return super().moe(x, p)
+
+    def forward(self, b: StepBatch, bank) -> Tensor:
+        """FastModel.forward with the lm_head on the fixed-tile kernel."""
+        c, w = self.config, self.w
+        h = (w["embed.weight"][b.ids] * c.embedding_multiplier).to(self.stream_dtype)
+        for i, spec in enumerate(c.layers):
+            if spec.mixer is not None:
+                u = self._norm(h, f"layers.{i}.mixer_norm.weight")
+                out = self.mamba(i, u, b, bank) if spec.mixer == "mamba" else self.attention(i, u, b, bank)
+                h = self._residual(h, out)
+            if spec.ffn is not None:
+                u = self._norm(h, f"layers.{i}.ffn_norm.weight")
+                p = f"layers.{i}."
+                out = self.mlp(u, p + "mlp.") if spec.ffn == "mlp" else self.moe(u, p + "moe.")
+                h = self._residual(h, out)
+        h = self._norm(h.index_select(0, b.last), "final_norm.weight")
+        logits = self._linear(h, "lm_head")
+        return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits
+
+
+class BatchInvariantModel(BatchInvariantMixin, FastModel):
+    """FastModel in batch-invariant mode (same constructor)."""
+
+
+class BatchInvariantEngine(Engine):
+    """Engine whose prefill pieces depend only on the request (whole-budget pieces, deferred if they do not fit)."""
+
+    def build_batch(self) -> list[BatchRow]:
+        """Decode rows first (row order), then whole-budget prefill pieces that fit (row order)."""
+        rt, batch = self.rows, []
+        live = [(r, self.requests[rt.row_request[r]]) for r in range(rt.active)]
+        for r, st in live:
+            if not st.prefilling:
+                batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "decode",
+                                      len(st.req.prompt) + len(st.output) - 1, 1))
+        used, budget = len(batch), self.ec.max_tokens_per_step
+        for r, st in live:
+            if st.prefilling:
+                n = piece_length(st.done, len(st.req.prompt), budget, self.ec.prefill_chunk,
+                                 self.config.chunk_size)
+                if 0 < n <= budget - used:
+                    batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "prefill", st.done, n))
+                    used += n
+        return batch
+
+
+def make_model(config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
+               batch_invariant: bool = False) -> FastModel:
+    """FastModel, or its batch-invariant variant when `batch_invariant`."""
+    return (BatchInvariantModel if batch_invariant else FastModel)(config, tensors, device, dtype)
+
+
+def run_recording_logits(engine, trace, mode: str | None = None):
+    """Run `trace`; returns (TraceResult, {(request, pos): logits row}) for every batch entry that samples.
+
+    Logits rows follow the batch order of each launched step (decode rows, then prefill pieces), so the n-th
+    forward belongs to the n-th logged step with a batch.  Eager forwards only (not CUDA-graph replays).
+    """
+    calls: list[Tensor] = []
+    model = engine.model
+    original = model.forward
+
+    def forward(b, bank):
+        logits = original(b, bank)
+        calls.append(logits.detach().float().cpu().clone())
+        return logits
+    model.forward = forward
+    try:
+        result = engine.run_trace(trace, mode=mode)
+    finally:
+        del model.forward
+    steps = [s for s in result.schedule_log.steps if s.batch]
+    if len(steps) != len(calls):
+        raise RuntimeError(f"run_recording_logits: {len(calls)} forwards for {len(steps)} launched steps "
+                           "(graph replays are not recorded)")
+    rows: dict[tuple[str, int], Tensor] = {}
+    for s, logits in zip(steps, calls):
+        for j, b in enumerate(s.batch):
+            plen = len(engine.requests[b.request].req.prompt)
+            if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
+                rows[(b.request, b.pos + b.count)] = logits[j]
+    return result, rows
