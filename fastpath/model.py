@@ -57,6 +57,14 @@ class FastModel:
             p = k[: -len("gate_proj.weight")]
             if p + "up_proj.bias" not in self.w and p + "gate_proj.bias" not in self.w:
                 self.w[p + "gate_up.weight"] = torch.cat([self.w.pop(k), self.w.pop(p + "up_proj.weight")])
+        for k in [k for k in self.w if k.endswith("attn.q_proj.weight")]:       # q, k, v in one GEMM
+            p = k[: -len("q_proj.weight")]
+            names = [p + "q_proj", p + "k_proj", p + "v_proj"]
+            with_bias = {n + ".bias" in self.w for n in names}
+            if all(n + ".weight" in self.w for n in names) and len(with_bias) == 1:
+                self.w[p + "qkv.weight"] = torch.cat([self.w.pop(n + ".weight") for n in names])
+                if with_bias == {True}:
+                    self.w[p + "qkv.bias"] = torch.cat([self.w.pop(n + ".bias") for n in names])
         if "lm_head.weight" not in self.w:          # tied embeddings
             self.w["lm_head.weight"] = self.w["embed.weight"]
         self.A = {i: -torch.exp(self.w[f"layers.{i}.mamba.A_log"]) for i in config.mamba_layer_ids}
@@ -120,14 +128,22 @@ class FastModel:
     def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
         """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions)."""
         c, p, n, T = self.config, f"layers.{i}.attn.", b.n_dec, u.shape[0]
-        q = self._linear(u, p + "q_proj").view(T, c.n_attn_heads, c.attn_head_dim)
-        k = self._linear(u, p + "k_proj").view(T, c.n_kv_heads, c.attn_head_dim)
-        v = self._linear(u, p + "v_proj").view(T, c.n_kv_heads, c.attn_head_dim)
-        if c.rope_dim:
-            q = ops.rope(q, b.pos, c.rope_dim, c.rope_theta)
-            k = ops.rope(k, b.pos, c.rope_dim, c.rope_theta)
+        Hq, Hkv, d = c.n_attn_heads, c.n_kv_heads, c.attn_head_dim
+        if p + "qkv.weight" in self.w:                     # one GEMM; q, k, v are strided views of its output
+            qk, v = self._linear(u, p + "qkv").split([(Hq + Hkv) * d, Hkv * d], dim=-1)
+            qk, v = qk.view(T, Hq + Hkv, d), v.view(T, Hkv, d)
+            if c.rope_dim:                                 # q and k heads rotated in one launch
+                qk = ops.rope(qk, b.pos, c.rope_dim, c.rope_theta)
+            q, k = qk[:, :Hq], qk[:, Hq:]
+        else:
+            q = self._linear(u, p + "q_proj").view(T, Hq, d)
+            k = self._linear(u, p + "k_proj").view(T, Hkv, d)
+            v = self._linear(u, p + "v_proj").view(T, Hkv, d)
+            if c.rope_dim:
+                q = ops.rope(q, b.pos, c.rope_dim, c.rope_theta)
+                k = ops.rope(k, b.pos, c.rope_dim, c.rope_theta)
         kc, vc = bank.kv(i)
-        o = torch.empty_like(q)
+        o = torch.empty(T, Hq, d, dtype=q.dtype, device=q.device)
         if n:
             ops.attention_decode(q[:n], k[:n], v[:n], kc, vc, b.dec_slot, b.pos[:n], c.attn_scale, out=o[:n])
         if T > n:

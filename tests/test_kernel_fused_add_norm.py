@@ -37,7 +37,7 @@ def test_add_rms_norm_matches_fp64_math(device, dtype, with_delta, mult):
         if with_delta:
             assert hn is ho and rel(ho, s) < REL[dtype]
             # the add is really there: the norm of h alone is far off
-            assert rel(out, _oracle(h.to(dtype), None, w.to(dtype), 1e-5, mult)[1]) > 20 * REL[dtype]
+            assert rel(out, _oracle(h.to(dtype), None, w.to(dtype), 1e-5, mult)[1]) > 0.05
         else:
             assert hn is None and torch.isnan(ho).all()
 
