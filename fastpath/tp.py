@@ -1,0 +1,266 @@
+"""Tensor parallel (Megatron-style) over torch.distributed: gloo on CPU, NCCL on GPU.
+
+Every rank holds its shard of the weights and builds its own StateBank from the *per-rank* config
+(`shard_config`), so the ONE bank is split by heads across ranks with the same slots on every rank.  Each rank
+runs the same deterministic scheduler on the same trace (no rank sends tokens to another: greedy argmax and
+seeded sampling of replicated logits give the same token everywhere), so row/slot mappings and schedule logs
+are identical — `tests/test_tp.py` checks the logs and tokens across ranks.
+
+    Mamba2     heads split: in_proj rows [z | x | B | C | dt] -> each rank's z/x/dt heads; B/C groups split when
+               n_groups % tp == 0, else (tp % n_groups == 0) each rank keeps the one group its heads read, and
+               the gated RMSNorm over a group spanning ranks all-reduces the per-group sum of squares;
+               conv1d channels, A_log/D/dt_bias, norm.weight split the same way; out_proj row-parallel
+    attention  q heads and KV heads split (n_kv_heads % tp == 0 required); o_proj row-parallel
+    MLP        gate/up column-parallel, down row-parallel
+    MoE        every expert's FFN split (experts.* along the intermediate dim), router replicated; the shared
+               expert split like an MLP; one all-reduce of routed + shared
+    embed, lm_head, norms: replicated
+Row-parallel outputs are summed by `all_reduce`; a row-parallel bias is kept on rank 0 only.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from fastpath.engine import ops
+from fastpath.model import FastModel, StepBatch
+from oracle.config import ConfigError, HybridConfig
+
+
+def _check(ok: bool, field: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{field}: {msg}")
+
+
+def shard_config(config: HybridConfig, tp: int) -> HybridConfig:
+    """The per-rank config (head/group/intermediate counts divided by tp); clear errors for unsupported splits."""
+    c = config
+    _check(tp >= 1, "tp", f"must be >= 1, got {tp}")
+    if c.mamba_layer_ids:
+        _check(c.mamba_n_heads % tp == 0, "mamba_n_heads", f"{c.mamba_n_heads} heads do not split over tp={tp}")
+        G = c.mamba_n_groups
+        _check(G % tp == 0 or tp % G == 0, "mamba_n_groups",
+               f"{G} groups: need n_groups % tp == 0 or tp % n_groups == 0 (tp={tp})")
+    if c.attention_layer_ids:
+        _check(c.n_attn_heads % tp == 0, "n_attn_heads", f"{c.n_attn_heads} heads do not split over tp={tp}")
+        _check(c.n_kv_heads % tp == 0, "n_kv_heads",
+               f"{c.n_kv_heads} KV heads do not split over tp={tp} (KV-head replication is not supported)")
+    if any(s.ffn == "mlp" for s in c.layers):
+        _check(c.mlp_intermediate_size % tp == 0, "mlp_intermediate_size", f"does not split over tp={tp}")
+    if any(s.ffn == "moe" for s in c.layers):
+        _check(c.moe_intermediate_size % tp == 0, "moe_intermediate_size", f"does not split over tp={tp}")
+        _check(c.moe_shared_intermediate_size % tp == 0, "moe_shared_intermediate_size",
+               f"does not split over tp={tp}")
+    return dataclasses.replace(
+        c, mamba_n_heads=c.mamba_n_heads // tp, mamba_n_groups=max(c.mamba_n_groups // tp, 1),
+        n_attn_heads=c.n_attn_heads // tp, n_kv_heads=c.n_kv_heads // tp,
+        mlp_intermediate_size=c.mlp_intermediate_size // tp, moe_intermediate_size=c.moe_intermediate_size // tp,
+        moe_shared_intermediate_size=c.moe_shared_intermediate_size // tp)
+
+
+def _part(t: Tensor, dim: int, rank: int, tp: int) -> Tensor:
+    n = t.shape[dim] // tp
+    return t.narrow(dim, rank * n, n)
+
+
+def shard_tensors(config: HybridConfig, tensors: dict[str, Tensor], rank: int, tp: int) -> dict[str, Tensor]:
+    """Rank `rank`'s canonical tensors (same names, per-rank shapes) of the full canonical `tensors`."""
+    c = config
+    shard_config(c, tp)
+    H, P, G, N = c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
+    di = c.d_inner
+    Hl, dil = H // tp, di // tp
+    if G % tp == 0:
+        g0, Gl = rank * (G // tp), G // tp
+    else:
+        g0, Gl = rank // (tp // G), 1
+    col = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj",
+           "shared.gate_proj", "shared.up_proj")
+    row = ("mamba.out_proj", "attn.o_proj", "mlp.down_proj", "shared.down_proj")
+    out = {}
+    for k, t in tensors.items():
+        base, leaf = k.rsplit(".", 1)
+        mod = ".".join(base.split(".")[-2:])
+        if ".mamba." in k and leaf in ("weight", "bias") and mod == "mamba.in_proj":
+            z, xs, B, C, dt = torch.split(t, [di, di, G * N, G * N, H], dim=0)
+            t = torch.cat([_part(z, 0, rank, tp), _part(xs, 0, rank, tp), B[g0 * N:(g0 + Gl) * N],
+                           C[g0 * N:(g0 + Gl) * N], _part(dt, 0, rank, tp)])
+        elif mod == "mamba.conv1d":
+            xs, B, C = torch.split(t, [di, G * N, G * N], dim=0)
+            t = torch.cat([_part(xs, 0, rank, tp), B[g0 * N:(g0 + Gl) * N], C[g0 * N:(g0 + Gl) * N]])
+        elif k.endswith(("mamba.A_log", "mamba.D", "mamba.dt_bias")):
+            t = t[rank * Hl:(rank + 1) * Hl]
+        elif mod == "mamba.norm":
+            t = t[rank * dil:(rank + 1) * dil]
+        elif mod in col:
+            t = _part(t, 0, rank, tp)
+        elif mod in row:
+            if leaf == "bias":
+                if rank != 0:
+                    continue
+            else:
+                t = _part(t, 1, rank, tp)
+        elif k.endswith(("experts.gate_proj", "experts.up_proj")):
+            t = _part(t, 1, rank, tp)
+        elif k.endswith("experts.down_proj"):
+            t = _part(t, 2, rank, tp)
+        out[k] = t.contiguous()
+    return out
+
+
+class TPModel(FastModel):
+    """FastModel over this rank's shard; row-parallel outputs all-reduced over `group`."""
+
+    def __init__(self, config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
+                 rank: int | None = None, tp: int | None = None, group=None):
+        """config/tensors: the FULL model; rank/tp default to torch.distributed's rank and world size."""
+        self.rank = dist.get_rank(group) if rank is None else rank
+        self.tp = dist.get_world_size(group) if tp is None else tp
+        self.group, self.full_config = group, config
+        super().__init__(shard_config(config, self.tp), shard_tensors(config, tensors, self.rank, self.tp),
+                         device, dtype)
+        G = config.mamba_n_groups
+        self.span_group = None if G % self.tp == 0 else self.rank // (self.tp // G)   # group spanning ranks
+        self._reduce = {f"layers.{i}.mamba.out_proj" for i in config.mamba_layer_ids}
+        self._reduce |= {f"layers.{i}.attn.o_proj" for i in config.attention_layer_ids}
+        self._reduce |= {f"layers.{i}.mlp.down_proj" for i, s in enumerate(config.layers) if s.ffn == "mlp"}
+
+    def all_reduce(self, t: Tensor) -> Tensor:
+        """Sum over the TP group, in place."""
+        if self.tp > 1:
+            dist.all_reduce(t, group=self.group)
+        return t
+
+    def _linear(self, x: Tensor, name: str) -> Tensor:
+        y = super()._linear(x, name)
+        return self.all_reduce(y) if name in self._reduce else y
+
+    def moe(self, x: Tensor, p: str) -> Tensor:
+        """Routed (expert FFNs split) + shared expert partial sums, then one all-reduce."""
+        return self.all_reduce(super().moe(x, p).contiguous())
+
+    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
+        """Gated RMSNorm; a group spanning ranks reduces its sum of squares over the TP group."""
+        c = self.config
+        if self.span_group is None:
+            return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)
+        fc = self.full_config
+        g = y.float() * F.silu(z.float())
+        ss = torch.zeros(g.shape[0], fc.mamba_n_groups, dtype=torch.float32, device=g.device)
+        ss[:, self.span_group] = g.pow(2).sum(-1)
+        ss = self.all_reduce(ss)[:, self.span_group:self.span_group + 1]
+        inv = torch.rsqrt(ss / (fc.d_inner // fc.mamba_n_groups) + c.norm_eps)
+        return (weight.float() * (g * inv)).to(y.dtype)
+
+    def mamba(self, i: int, u: Tensor, b: StepBatch, bank) -> Tensor:
+        """FastModel.mamba on this rank's heads, with the TP-aware gated norm."""
+        c, p, n = self.config, f"layers.{i}.mamba.", b.n_dec
+        T, H, P, G, N = u.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
+        zxbcdt = self._linear(u, p + "in_proj")
+        z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)
+        conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
+        xbc = torch.empty(T, c.conv_dim, dtype=u.dtype, device=u.device)
+        if n:
+            ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
+        if T > n:
+            ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
+                                     out=xbc[n:])
+        x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
+        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
+        A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
+        y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
+        if n:
+            ops.ssm_step(bank.ssm(i), x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, b.dec_slot,
+                         dt_limit=c.dt_limit, out=y[:n])
+        if T > n:
+            ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
+                           b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
+                           table=b.table)
+        y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
+        return self._linear(y, p + "out_proj")
+
+
+def tp_model(config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
+             batch_invariant: bool = False) -> FastModel:
+    """This process's TPModel (rank/world from torch.distributed), batch-invariant GEMMs if asked."""
+    if batch_invariant:
+        from fastpath.batch_invariant import BatchInvariantMixin
+        cls = type("BatchInvariantTPModel", (TPModel, BatchInvariantMixin), {})   # TP reduce wraps fixed-tile GEMMs
+        return cls(config, tensors, device, dtype)
+    return TPModel(config, tensors, device, dtype)
+
+
+def init_from_env(device_type: str = "cpu") -> tuple[int, int]:
+    """init_process_group from torchrun's env (gloo on CPU, NCCL on CUDA); returns (rank, world size)."""
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    rank = dist.get_rank()
+    if device_type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    return rank, dist.get_world_size()
+
+
+def load_spec_model(spec: dict) -> tuple[HybridConfig, dict[str, Tensor]]:
+    """(config, full tensors) of a JSON model spec: {"path": hf_folder} or {"zoo": arch, "seed": s, **overrides}."""
+    if "path" in spec:
+        from oracle.checkpoint import load_checkpoint
+        return load_checkpoint(spec["path"])
+    from oracle import zoo
+    kw = {k: v for k, v in spec.items() if k not in ("zoo", "seed")}
+    cfg = zoo.tiny_config(spec["zoo"], **kw)
+    return cfg, zoo.random_weights(cfg, seed=spec.get("seed", 0))
+
+
+def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir: str) -> None:
+    """One TP rank (torch.multiprocessing.spawn target): run job's traces, write rank<r>.json (tokens, logs).
+
+    job: {"model": spec, "traces": [paths], "modes": [...], "backend": "triton"|"torch", "batch_invariant": bool}.
+    """
+    import json
+    import os
+
+    from fastpath.engine.engine import Engine
+    from oracle.trace import load_trace
+    torch.set_num_threads(1)
+    import datetime
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        cfg, tensors = load_spec_model(job["model"])
+        model = tp_model(cfg, tensors, "cpu", torch.float32, job.get("batch_invariant", False))
+        out = {}
+        with ops.use_backend(job.get("backend", "triton")):
+            for path in job["traces"]:
+                trace = load_trace(path)
+                engine = Engine(model, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens
+                                                                  for r in trace.requests))
+                out[path] = {}
+                for mode in job["modes"]:
+                    r = engine.run_trace(trace, mode=mode)
+                    out[path][mode] = {"tokens": r.tokens, "log": r.schedule_log.to_json(), "digest": r.digest}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_tp_cpu(job: dict, world: int, work_dir: str) -> list[dict]:
+    """Run `job` on `world` gloo processes (spawned); returns each rank's results."""
+    import json
+    import os
+
+    import torch.multiprocessing as mp
+    os.makedirs(work_dir, exist_ok=True)
+    init = os.path.join(work_dir, "tp_init")
+    if os.path.exists(init):
+        os.remove(init)
+    mp.spawn(run_traces_worker, args=(world, init, job, work_dir), nprocs=world, join=True)
+    out = []
+    for r in range(world):
+        with open(os.path.join(work_dir, f"rank{r}.json")) as f:
+            out.append(json.load(f))
+    return out
