@@ -251,6 +251,7 @@ def main() -> None:
     ap.add_argument("--skip-long", action="store_true")
     ap.add_argument("--profile", action="store_true", help="kernel tables + projection bandwidth, then bs1 only")
     ap.add_argument("--bs1-only", action="store_true", help="only the async+graphs bs1 rows (fused and unfused)")
+    ap.add_argument("--long-only", action="store_true", help="only the 131k-token long prefill + memory prediction")
     args = ap.parse_args()
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -290,6 +291,8 @@ def main() -> None:
              ("async", True, False, False), ("async", True, True, False), ("async", True, True, True)]
     if args.bs1_only or args.profile:
         cases = [c for c in cases if c[1]]
+    if args.long_only:
+        cases, args.skip_batch = [], True
     for mode, graphs, fused, gv in cases:
         FastModel.fused, FastModel.gemv = fused, gv
         try:
@@ -310,7 +313,8 @@ def main() -> None:
     if args.bs1_only or args.profile:
         args.skip_long = args.skip_batch = True
     try:
-        s = {"per_step": {"skipped (--bs1-only/--profile)": 0}} if (args.bs1_only or args.profile) else count_syncs(model)
+        s = {"per_step": {"skipped (--bs1-only/--profile/--long-only)": 0}} \
+            if (args.bs1_only or args.profile or args.long_only) else count_syncs(model)
         report["syncs"] = s
         lines.append("syncs/step (async+graphs decode): " +
                      ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))
