@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from fastpath.kernels.matmul import matmul
 from fastpath.engine.engine import Engine, piece_length
-from fastpath.model import FastModel, StepBatch
+from fastpath.model import FastModel
 from oracle.schedule_log import BatchRow
 
 
@@ -56,31 +56,14 @@ class BatchInvariantMixin:
 
     batch_invariant = True
 
-    def _linear(self, x: Tensor, name: str) -> Tensor:
-        return matmul(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        """Every projection of FastModel (q/k/v/o, in/out, MLP, lm_head) on the fixed-tile matmul."""
+        return matmul(x, w, b)
 
     def moe(self, x: Tensor, p: str) -> Tensor:
         """FastModel.moe with its router and expert matmuls on the fixed-tile kernel."""
         with _RouteMatmuls():
             return super().moe(x, p)
-
-    def forward(self, b: StepBatch, bank) -> Tensor:
-        """FastModel.forward with the lm_head on the fixed-tile kernel."""
-        c, w = self.config, self.w
-        h = (w["embed.weight"][b.ids] * c.embedding_multiplier).to(self.stream_dtype)
-        for i, spec in enumerate(c.layers):
-            if spec.mixer is not None:
-                u = self._norm(h, f"layers.{i}.mixer_norm.weight")
-                out = self.mamba(i, u, b, bank) if spec.mixer == "mamba" else self.attention(i, u, b, bank)
-                h = self._residual(h, out)
-            if spec.ffn is not None:
-                u = self._norm(h, f"layers.{i}.ffn_norm.weight")
-                p = f"layers.{i}."
-                out = self.mlp(u, p + "mlp.") if spec.ffn == "mlp" else self.moe(u, p + "moe.")
-                h = self._residual(h, out)
-        h = self._norm(h.index_select(0, b.last), "final_norm.weight")
-        logits = self._linear(h, "lm_head")
-        return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits
 
 
 class BatchInvariantModel(BatchInvariantMixin, FastModel):

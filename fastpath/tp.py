@@ -71,7 +71,7 @@ def shard_tensors(config: HybridConfig, tensors: dict[str, Tensor], rank: int, t
     """Rank `rank`'s canonical tensors (same names, per-rank shapes) of the full canonical `tensors`."""
     c = config
     shard_config(c, tp)
-    H, P, G, N = c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
+    H, G, N = c.mamba_n_heads, c.mamba_n_groups, c.mamba_d_state
     di = c.d_inner
     Hl, dil = H // tp, di // tp
     if G % tp == 0:
