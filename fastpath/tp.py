@@ -194,6 +194,32 @@ def tp_model(config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dty
     return TPModel(config, tensors, device, dtype)
 
 
+def engine_from_pretrained(path, engine_config, device=None, dtype=None, max_len: int = 2048, tp: int = 1,
+                           batch_invariant: bool = False, graphs: bool = False):
+    """Engine.from_pretrained with `--tp N` / `--batch-invariant`: under torchrun each rank gets its shard.
+
+    tp > 1 needs torch.distributed's env (torchrun --nproc_per_node N); every rank must run the same traces,
+    and only rank 0 should write reports (`torch.distributed.get_rank() == 0`).
+    """
+    from fastpath.batch_invariant import BatchInvariantEngine, make_model
+    from fastpath.engine.engine import Engine
+    from oracle.checkpoint import load_checkpoint
+    cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    cfg, tensors = load_checkpoint(path)
+    if tp > 1:
+        rank, world = init_from_env("cuda" if cuda else "cpu")
+        if world != tp:
+            raise ConfigError(f"tp: --tp {tp} but torch.distributed has {world} processes (use torchrun "
+                              f"--nproc_per_node {tp})")
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    device = torch.device(device or ("cuda" if cuda else "cpu"))
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model = (tp_model(cfg, tensors, device, dtype, batch_invariant) if tp > 1
+             else make_model(cfg, tensors, device, dtype, batch_invariant))
+    return (BatchInvariantEngine if batch_invariant else Engine)(model, engine_config, max_len=max_len,
+                                                                 graphs=graphs)
+
+
 def init_from_env(device_type: str = "cpu") -> tuple[int, int]:
     """init_process_group from torchrun's env (gloo on CPU, NCCL on CUDA); returns (rank, world size)."""
     if not dist.is_initialized():

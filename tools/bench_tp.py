@@ -4,7 +4,8 @@
 
 1. Trained tiny model (goldens/models/tiny-sort), corpus traces it can read, legacy+async: TP=2 tokens vs TP=1,
    schedule digests equal across ranks and to TP=1.
-2. anchor-3b random weights: a 4-request trace, TP=2 tokens vs TP=1, and the first logits' max |diff|.
+2. anchor-3b random weights: a 4-request trace, TP=2 tokens vs TP=1, and the first logits' max |diff|; the
+   same in fp32 beside bf16's own rounding (bf16 vs fp32), which tells TP error from bf16 noise.
 3. anchor-3b bs1 decode tok/s, TP=2 vs TP=1 (async; CUDA graphs, eager if capture fails).
 4. anchor-3b batch-64 decode (rank 0 alone, TP=1): BatchInvariantModel vs FastModel, same run; and the
    fixed-tile Triton matmul vs cuBLAS (F.linear) on the anchor's projection shapes.
@@ -139,6 +140,32 @@ def time_it(fn, reps: int = 50) -> float:
     return ts[len(ts) // 2]
 
 
+def anchor_fp32_check(dev) -> dict:
+    """anchor-3b in fp32 and bf16, TP=2 vs TP=1: first-token logits max|diff| beside bf16's own rounding noise."""
+    from fastpath.batch_invariant import run_recording_logits
+    cfg = named_config("anchor-3b")
+    reqs = tuple(Request(f"a{i}", i, tuple((31 * i + 7 * j) % 32000 for j in range(64)), 8) for i in range(2))
+    tr = Trace(EngineConfig(2, 512, 256, "legacy"), reqs)
+    res = {}
+    for dt in (torch.float32, torch.bfloat16):
+        full = random_device_weights(cfg, dev, dt, seed=0)
+        for name, cls in (("tp2", TPModel), ("tp1", FastModel)):
+            r, rows = run_recording_logits(Engine(cls(cfg, full, dev, dt), tr.engine, max_len=128), tr, "legacy")
+            res[(name, dt)] = (r.tokens, rows[("a0", 64)])
+        del full
+        torch.cuda.empty_cache()
+    F32, BF = torch.float32, torch.bfloat16
+
+    def d(a, b):
+        return float((res[a][1] - res[b][1]).abs().max())
+    out = {"tp2_vs_tp1_fp32": d(("tp2", F32), ("tp1", F32)), "tp1_bf16_vs_fp32": d(("tp1", BF), ("tp1", F32)),
+           "tp2_vs_tp1_bf16": d(("tp2", BF), ("tp1", BF)), "tokens_fp32_equal": res[("tp2", F32)][0] == res[("tp1", F32)][0]}
+    say(f"anchor-3b first logits max|diff|: TP=2 vs TP=1 fp32 {out['tp2_vs_tp1_fp32']:.2e}, bf16 "
+        f"{out['tp2_vs_tp1_bf16']:.3f}; bf16 vs fp32 (TP=1) {out['tp1_bf16_vs_fp32']:.3f}; fp32 tokens equal "
+        f"{out['tokens_fp32_equal']}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_tp.json")
@@ -173,6 +200,8 @@ def main() -> None:
     say(f"anchor-3b first-token logits TP=2 vs TP=1: max|diff| {d:.4f} (logit range "
         f"{float(l1[first].abs().max()):.2f})")
     out["anchor_first_logits_maxdiff"] = d
+
+    out["anchor_fp32"] = anchor_fp32_check(dev)
 
     # 3. bs1 decode tok/s
     tok2, how2 = bs1_both(tp)
