@@ -80,12 +80,23 @@ class OracleAdapter(Adapter):
 
 
 class FastpathAdapter(Adapter):
-    """hybridqual's own fast path (Triton kernels; on CPU through the interpreter, fp32)."""
+    """hybridqual's own fast path (Triton kernels; on CPU through the interpreter, fp32).
+
+    `tp` > 1 (under torchrun) shards the model over ranks; `batch_invariant` selects the batch-invariant mode
+    (docs/tp.md). Both are class attributes so `qualify --tp/--batch-invariant` can set them.
+    """
+    tp = 1
+    batch_invariant = False
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
         super().__init__(model_path, trace, mode, device)
-        import fastpath
-        self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype)
+        if self.tp > 1 or self.batch_invariant:
+            from fastpath.tp import engine_from_pretrained
+            self.engine = engine_from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
+                                                 tp=self.tp, batch_invariant=self.batch_invariant)
+        else:
+            import fastpath
+            self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype)
 
     def run_trace(self) -> RunResult:
         r = self.engine.run_trace(self.trace, mode=self.mode)
