@@ -109,7 +109,11 @@ def run_one(m: Mutant, timeout: int = 900) -> Outcome:
         shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
         if not apply(m, tree):
             return Outcome(m, "STALE", "; ".join(stale_hunks(m, tree)), time.time() - t0)
-        env = dict(os.environ, PYTHONPATH=str(tree), TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+        if m.gpu_only:            # compiled kernels on the device: the interpreter cannot reach 2^31 elements
+            env.pop("TRITON_INTERPRET", None)
+        else:
+            env["TRITON_INTERPRET"] = "1"
         where = subprocess.run([sys.executable, "-c", "import oracle, fastpath; print(oracle.__file__, fastpath.__file__)"],
                                cwd=tree, env=env, capture_output=True, text=True)
         if where.returncode != 0 or where.stdout.count(str(tree)) != 2:
