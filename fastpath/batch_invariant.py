@@ -32,7 +32,6 @@ from torch.overrides import TorchFunctionMode
 from fastpath.kernels.matmul import matmul
 from fastpath.engine.engine import Engine, piece_length
 from fastpath.model import FastModel
-from oracle.schedule_log import BatchRow
 
 
 class _RouteMatmuls(TorchFunctionMode):
@@ -73,23 +72,11 @@ class BatchInvariantModel(BatchInvariantMixin, FastModel):
 class BatchInvariantEngine(Engine):
     """Engine whose prefill pieces depend only on the request (whole-budget pieces, deferred if they do not fit)."""
 
-    def build_batch(self) -> list[BatchRow]:
-        """Decode rows first (row order), then whole-budget prefill pieces that fit (row order)."""
-        rt, batch = self.rows, []
-        live = [(r, self.requests[rt.row_request[r]]) for r in range(rt.active)]
-        for r, st in live:
-            if not st.prefilling:
-                batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "decode",
-                                      len(st.req.prompt) + len(st.output) - 1, 1))
-        used, budget = len(batch), self.ec.max_tokens_per_step
-        for r, st in live:
-            if st.prefilling:
-                n = piece_length(st.done, len(st.req.prompt), budget, self.ec.prefill_chunk,
-                                 self.config.chunk_size)
-                if 0 < n <= budget - used:
-                    batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "prefill", st.done, n))
-                    used += n
-        return batch
+    def piece_for(self, st, left: int) -> int:
+        """The whole-budget piece (a function of the request alone), or none this step if it does not fit `left`."""
+        n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step, self.ec.prefill_chunk,
+                         self.config.chunk_size)
+        return n if n <= left else 0
 
 
 def make_model(config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,

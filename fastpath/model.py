@@ -122,8 +122,13 @@ class FastModel:
             ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
                            b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
                            table=b.table)
-        y = ops.rms_norm_gated(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"], G, c.norm_eps)
+        y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
         return self._linear(y, p + "out_proj")
+
+    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
+        """Gated RMSNorm over groups of d_inner / n_groups (the hook TP overrides for groups spanning ranks)."""
+        c = self.config
+        return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)
 
     def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
         """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions)."""

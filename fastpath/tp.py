@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fastpath.engine import ops
-from fastpath.model import FastModel, StepBatch
+from fastpath.model import FastModel
 from oracle.config import ConfigError, HybridConfig
 
 
@@ -155,33 +155,6 @@ class TPModel(FastModel):
         ss = self.all_reduce(ss)[:, self.span_group:self.span_group + 1]
         inv = torch.rsqrt(ss / (fc.d_inner // fc.mamba_n_groups) + c.norm_eps)
         return (weight.float() * (g * inv)).to(y.dtype)
-
-    def mamba(self, i: int, u: Tensor, b: StepBatch, bank) -> Tensor:
-        """FastModel.mamba on this rank's heads, with the TP-aware gated norm."""
-        c, p, n = self.config, f"layers.{i}.mamba.", b.n_dec
-        T, H, P, G, N = u.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
-        zxbcdt = self._linear(u, p + "in_proj")
-        z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)
-        conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
-        xbc = torch.empty(T, c.conv_dim, dtype=u.dtype, device=u.device)
-        if n:
-            ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
-        if T > n:
-            ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
-                                     out=xbc[n:])
-        x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
-        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
-        A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
-        y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
-        if n:
-            ops.ssm_step(bank.ssm(i), x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, b.dec_slot,
-                         dt_limit=c.dt_limit, out=y[:n])
-        if T > n:
-            ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
-                           b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
-                           table=b.table)
-        y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
-        return self._linear(y, p + "out_proj")
 
 
 def tp_model(config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,

@@ -209,12 +209,15 @@ class Engine:
         used = len(batch)
         for r, st in live:
             if st.prefilling:
-                n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step - used,
-                                 self.ec.prefill_chunk, self.config.chunk_size)
+                n = self.piece_for(st, self.ec.max_tokens_per_step - used)
                 if n > 0:
                     batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "prefill", st.done, n))
                     used += n
         return batch
+
+    def piece_for(self, st: RequestState, left: int) -> int:
+        """Length of the request's next prefill piece given `left` budget tokens (docs/scheduler.md §3.3)."""
+        return piece_length(st.done, len(st.req.prompt), left, self.ec.prefill_chunk, self.config.chunk_size)
 
     # ------------------------------------------------------------------------------------------- launch
     def launch(self, batch: list[BatchRow], rec: StepRecord, tokens_on_device: bool) -> Launched:

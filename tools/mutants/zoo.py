@@ -157,7 +157,7 @@ MUTANTS: list[Mutant] = [
            (T_SSD_MIXED,)),
     Mutant("gated_norm_ungrouped", "gated norm",
            "the Mamba gated RMSNorm is normalised over all of d_inner although the architecture groups it",
-           MODEL, "z, self.w[p + \"norm.weight\"], G, c.norm_eps)", "z, self.w[p + \"norm.weight\"], 1, c.norm_eps)",
+           MODEL, "return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)", "return ops.rms_norm_gated(y, z, weight, 1, c.norm_eps)",
            (T_ARCH,)),
     Mutant("ssm_state_bf16_between_steps", "state precision",
            "the decode state is rounded to bf16 when written back to the bank",
