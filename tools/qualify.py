@@ -176,5 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if (checks and not failed) else 1
 
 
+def finish_distributed() -> None:
+    """Under torchrun: wait for every rank, then tear the process group down (a rank exiting while gloo's threads
+    still run aborts the process)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+    finally:
+        finish_distributed()
+    sys.exit(rc)
