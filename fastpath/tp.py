@@ -243,6 +243,7 @@ def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir:
                     out[path][mode] = {"tokens": r.tokens, "log": r.schedule_log.to_json(), "digest": r.digest}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
+        dist.barrier()            # no rank tears gloo down while another is still in a collective
     finally:
         dist.destroy_process_group()
 
