@@ -76,14 +76,25 @@ def compare_bitwise(a: dict[str, list[int]], b: dict[str, list[int]]) -> list[st
     return problems
 
 
+def decision_row(row: torch.Tensor, sampling, position: int) -> torch.Tensor:
+    """The values the sampler takes the first argmax of: the logits (greedy), or logits/T + Gumbel noise of
+    (seed, position) for seeded sampling (docs/scheduler.md §6) — so near ties are judged where the choice is made."""
+    row = row.double()
+    if sampling is None or sampling.kind == "greedy":
+        return row
+    from oracle.sampling import gumbel_noise
+    return row / sampling.temperature + gumbel_noise(sampling.seed, position, row.numel())
+
+
 def compare_tie_aware(model, request_id: str, prompt: Sequence[int], candidate: Sequence[int],
                       stop_token_ids: Sequence[int], max_new_tokens: int, tau: float,
                       continue_from: Callable[[list[int]], list[int]] | None = None,
-                      oracle_logits: torch.Tensor | None = None) -> Verdict:
+                      oracle_logits: torch.Tensor | None = None, sampling=None) -> Verdict:
     """Walk the candidate's tokens under the oracle, teacher-forced; see module docstring.
 
-    `continue_from(prefix)` returns the candidate's greedy continuation after prompt+prefix (tokens after the
-    prefix); without it, the check stops at the first near tie and says so in `note`.
+    `continue_from(prefix)` returns the candidate's continuation after prompt+prefix (tokens after the
+    prefix); without it, the check stops at the first near tie and says so in `note`. `sampling` (a trace
+    request's) makes seeded requests compare in the sampler's decision space (`decision_row`).
     """
     cand = list(candidate)
     verdict = Verdict(request_id, ok=True, compared=0)
@@ -93,7 +104,7 @@ def compare_tie_aware(model, request_id: str, prompt: Sequence[int], candidate: 
             if (oracle_logits is None or start > 0) else oracle_logits
         for i, tok in enumerate(cand[start:]):
             pos = start + i
-            row = logits[i].double()
+            row = decision_row(logits[i], sampling, len(prompt) + pos)
             o_tok = int(torch.argmax(row))
             verdict.compared = pos + 1
             if o_tok == tok:

@@ -49,6 +49,23 @@ def truth_for(model_dir: Path, trace_path: Path, oracle_model) -> dict:
     return g
 
 
+def continuation(adapter_cls, model_dir: Path, trace, req, device: str):
+    """Teacher forcing for the tie-aware check: the engine's own continuation after prompt + the oracle's prefix,
+    from a one-request trace through the same engine (its prefix becomes part of the prompt)."""
+    from oracle.trace import parse_trace
+
+    def run(prefix: list[int]) -> list[int]:
+        left = req.max_new_tokens - len(prefix)
+        if left <= 0 or (prefix and prefix[-1] in req.stop_token_ids):
+            return []
+        one = parse_trace({"schema": "hybridqual.trace/1", "engine": trace.engine.to_json(),
+                           "requests": [{"id": req.id, "arrival_step": 0, "prompt": list(req.prompt) + list(prefix),
+                                         "max_new_tokens": left, "stop_token_ids": list(req.stop_token_ids),
+                                         "sampling": req.sampling.to_json()}]})
+        return adapter_cls(model_dir, one, "legacy", device).run_trace().tokens[req.id]
+    return run
+
+
 def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str], oracle_model,
                 device: str, tau: float) -> list[Check]:
     """Every check for one trace."""
@@ -73,7 +90,8 @@ def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str]
             if got == want:
                 continue
             v = compare_tie_aware(oracle_model, req.id, req.prompt, got, req.stop_token_ids,
-                                  req.max_new_tokens, tau)
+                                  req.max_new_tokens, tau, sampling=req.sampling,
+                                  continue_from=continuation(adapter_cls, model_dir, trace, req, device))
             ties += [f"{m.request}@{m.position}: oracle {m.oracle_token} vs {m.candidate_token}, "
                      f"gap {m.oracle_gap:.2e}, margin {m.oracle_margin:.2e}" for m in v.near_ties]
             if not v.ok:

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print("== tokens vs oracle (tie-aware) ==")
     for req in trace.requests:
         v = compare_tie_aware(omodel, req.id, req.prompt, run.tokens.get(req.id, []), req.stop_token_ids,
-                              req.max_new_tokens, TAU[torch.float32])
+                              req.max_new_tokens, TAU[torch.float32], sampling=req.sampling)
         if v.ok and not v.near_ties:
             print(f"  {req.id}: {len(run.tokens.get(req.id, []))} tokens exact")
             continue

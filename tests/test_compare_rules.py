@@ -1,0 +1,98 @@
+"""The tie-aware comparison rules of DESIGN §5 (tools/compare.py) on a model whose ties are placed by design."""
+import torch
+
+from tools.compare import compare_bitwise, compare_tie_aware
+
+V, NEAR = 8, 1e-4
+
+
+class DesignedModel:
+    """Top-1 = sum(context) % V; the runner-up (top-1 + 1) trails by NEAR when len(context) % 5 == 0, else by 2."""
+
+    @staticmethod
+    def row(ctx):
+        top = sum(ctx) % V
+        r = torch.zeros(V, dtype=torch.float64)
+        r[top] = 3.0
+        r[(top + 1) % V] = 3.0 - (NEAR if len(ctx) % 5 == 0 else 2.0)
+        return r
+
+    def prefill(self, tokens, state=None):
+        ctx = list(state or []) + list(tokens)
+        return torch.stack([self.row(ctx[:i + 1]) for i in range(len(state or []), len(ctx))]), ctx
+
+    def decode(self, token, state):
+        ctx = state + [token]
+        return self.row(ctx), ctx
+
+
+def greedy(model, prompt, n):
+    ctx, out = list(prompt), []
+    for _ in range(n):
+        t = int(torch.argmax(model.row(ctx)))
+        out.append(t)
+        ctx.append(t)
+    return out
+
+
+M, PROMPT, N = DesignedModel(), [1, 2, 3, 4], 10          # len(ctx) % 5 == 0 first at generated position 1
+
+
+def test_identical_tokens_pass_with_every_position_compared():
+    v = compare_tie_aware(M, "r", PROMPT, greedy(M, PROMPT, N), [], N, tau=1e-3)
+    assert v.ok and v.compared == N and not v.near_ties
+
+
+def test_near_tie_is_reported_then_checked_teacher_forced():
+    truth = greedy(M, PROMPT, N)
+    swapped = (truth[1] + 1) % V                         # the runner-up at the near tie
+    cand = truth[:1] + [swapped] + greedy(M, PROMPT + truth[:1] + [swapped], N - 2)
+
+    def continue_from(prefix):                           # the candidate continues greedily after the oracle's prefix
+        return greedy(M, PROMPT + prefix, N - len(prefix))
+
+    v = compare_tie_aware(M, "r", PROMPT, cand, [], N, tau=1e-3, continue_from=continue_from)
+    assert v.ok and [m.position for m in v.near_ties] == [1] and v.compared == N
+    assert v.near_ties[0].oracle_gap <= 1e-3 and v.near_ties[0].candidate_token == swapped
+    # without a continuation the check stops at the tie and says so
+    v = compare_tie_aware(M, "r", PROMPT, cand, [], N, tau=1e-3)
+    assert v.ok and "stopped at near tie" in v.note
+
+
+def test_a_difference_above_tau_fails_with_position_tokens_and_gap():
+    truth = greedy(M, PROMPT, N)
+    cand = truth[:3] + [(truth[3] + 1) % V] + truth[4:]   # position 3: margin 2.0, not a tie
+    v = compare_tie_aware(M, "r", PROMPT, cand, [], N, tau=1e-3)
+    assert not v.ok and v.failure.position == 3 and v.failure.oracle_token == truth[3]
+    assert abs(v.failure.oracle_gap - 2.0) < 1e-12
+    # the same swap at the near tie fails too when tau is below the tie's gap
+    cand = truth[:1] + [(truth[1] + 1) % V] + truth[2:]
+    assert not compare_tie_aware(M, "r", PROMPT, cand, [], N, tau=1e-6).ok
+
+
+def test_finish_rule_is_checked():
+    truth = greedy(M, PROMPT, N)
+    assert not compare_tie_aware(M, "r", PROMPT, truth[:5], [], N, tau=1e-3).ok       # stopped early, no stop token
+    stop = truth[4]
+    early = truth.index(stop)
+    assert compare_tie_aware(M, "r", PROMPT, truth[:early + 1], [stop], N, tau=1e-3).ok
+
+
+def test_bitwise_comparison_names_the_first_difference():
+    assert compare_bitwise({"a": [1, 2, 3]}, {"a": [1, 2, 3]}) == []
+    [msg] = compare_bitwise({"a": [1, 2, 3]}, {"a": [1, 5, 3]})
+    assert "position 1" in msg and "(2 vs 5)" in msg
+
+
+def test_seeded_requests_are_judged_in_the_samplers_decision_space():
+    from oracle.sampling import seeded
+    from oracle.trace import Sampling
+    s = Sampling("seeded", 4.0, 1234)            # hot enough to leave the top-1 where the margin is 2
+    ctx, truth = list(PROMPT), []
+    for _ in range(N):
+        t = seeded(M.row(ctx), s.temperature, s.seed, len(ctx))
+        truth.append(t)
+        ctx.append(t)
+    assert truth != greedy(M, PROMPT, N), "the draws must differ from greedy, or this test proves nothing"
+    assert compare_tie_aware(M, "r", PROMPT, truth, [], N, tau=1e-3, sampling=s).ok
+    assert not compare_tie_aware(M, "r", PROMPT, truth, [], N, tau=1e-3).ok       # judged as greedy: fails
