@@ -14,9 +14,12 @@ from typing import Callable, Sequence
 
 import torch
 
-# τ: the largest oracle logit gap we accept as a near tie, per candidate compute dtype.  Set from the measured
-# distribution of |candidate logit - oracle logit| (docs/qualification.md): the largest error seen on the
-# corpus, times a safety factor of 10.  A gap above τ cannot be explained by rounding of that dtype.
+# τ: the largest oracle logit gap we accept as a near tie, per candidate compute dtype. A gap above τ cannot be
+# explained by that dtype's rounding. fp32: measured by `python -m tools.measure_tau` (2026-11-30, CPU, Triton
+# interpreter): the fast path's largest |Δlogit| against the fp64 oracle over every shipped model × corpus trace is
+# 1.17e-5, so τ = 1e-3 is ~86× that. bf16 (0.25) and fp16 are provisional — not yet measured on the corpus on a GPU
+# (`python -m tools.measure_tau --dtype bfloat16` does it); on anchor-3b random weights bf16 vs fp32 first-token
+# logits differed by up to 0.49 (docs/tp.md), so large models may need a larger bf16 τ.
 TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
 TOP_K = 5
 
