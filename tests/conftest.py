@@ -11,6 +11,15 @@ import torch
 if not torch.cuda.is_available():
     torch.set_num_threads(1)
 
+# DESIGN §7: property tests run under a fixed profile (derandomised, bounded) unless HYPOTHESIS_PROFILE says
+# otherwise (e.g. HYPOTHESIS_PROFILE=explore for a long randomised search); tests may still bound themselves further.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=50,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", derandomize=False, deadline=None, max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 def pytest_report_header(config):
     """Record the external oracle's version (DESIGN §2/§11: HF's own semantics move between versions)."""
