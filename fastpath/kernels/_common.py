@@ -72,6 +72,14 @@ def host_ints(op: str, name: str, t: Tensor | Sequence[int]) -> list[int]:
     return [int(v) for v in t]
 
 
+def token_sequence_index(cu_seqlens: Tensor, n_tokens: int) -> Tensor:
+    """int32 [T]: which packed sequence each token belongs to (no host sync: the output size is given)."""
+    n_seq = cu_seqlens.shape[0] - 1
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    return torch.repeat_interleave(torch.arange(n_seq, device=cu_seqlens.device, dtype=torch.int32), lengths,
+                                   output_size=n_tokens)
+
+
 def check_slots(op: str, slots: list[int], n_slots: int) -> None:
     """Slots must be -1 (padding) or distinct indices into the bank."""
     seen: set[int] = set()

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
-                      host_ints, next_pow2)
+                      host_ints, next_pow2, token_sequence_index)
 
 OP_PREFILL = "attention_prefill_varlen"
 OP_DECODE = "attention_decode"
@@ -161,8 +161,7 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
         for q0 in range(0, cu[s + 1] - cu[s], bm):
             blk_seq.append(s)
             blk_q0.append(q0)
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    tok_seq = torch.repeat_interleave(torch.arange(n_seq, device=dev, dtype=torch.int32), lengths, output_size=T)
+    tok_seq = token_sequence_index(cu_seqlens, T)
     _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos,
             torch.tensor(blk_seq, dtype=torch.int32, device=dev), torch.tensor(blk_q0, dtype=torch.int32, device=dev),
             scale, rule)

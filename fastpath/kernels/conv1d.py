@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, host_ints, next_pow2
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, host_ints, next_pow2,
+                      token_sequence_index)
 
 OP_PREFILL = "causal_conv1d_varlen"
 OP_STEP = "conv1d_step"
@@ -161,8 +162,7 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_ba
         return out
     rule = conv1d_launch_rule(Dc)
     has_init = has_initial_state.to(torch.int32)
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    tok_seq = torch.repeat_interleave(torch.arange(n_seq, device=dev, dtype=torch.int32), lengths, output_size=T)
+    tok_seq = token_sequence_index(cu_seqlens, T)
     b = bias if bias is not None else weight
     if T > 0:
         conv1d_varlen_kernel[(triton.cdiv(T, rule["BLOCK_T"]), triton.cdiv(Dc, rule["BLOCK_D"]))](
