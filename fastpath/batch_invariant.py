@@ -88,29 +88,18 @@ def make_model(config, tensors: dict[str, Tensor], device="cpu", dtype=torch.flo
 def run_recording_logits(engine, trace, mode: str | None = None):
     """Run `trace`; returns (TraceResult, {(request, pos): logits row}) for every batch entry that samples.
 
-    Logits rows follow the batch order of each launched step (decode rows, then prefill pieces), so the n-th
-    forward belongs to the n-th logged step with a batch.  Eager forwards only (not CUDA-graph replays).
+    Rows come from the engine's `on_logits` hook, so CUDA-graph replays are recorded as well as eager forwards
+    (logits rows follow the batch order: decode rows, then prefill pieces).
     """
-    calls: list[Tensor] = []
-    model = engine.model
-    original = model.forward
-
-    def forward(b, bank):
-        logits = original(b, bank)
-        calls.append(logits.detach().float().cpu().clone())
-        return logits
-    model.forward = forward
+    calls: list[tuple[list, Tensor]] = []
+    engine.on_logits = lambda batch, logits: calls.append((list(batch), logits.detach().float().cpu().clone()))
     try:
         result = engine.run_trace(trace, mode=mode)
     finally:
-        del model.forward
-    steps = [s for s in result.schedule_log.steps if s.batch]
-    if len(steps) != len(calls):
-        raise RuntimeError(f"run_recording_logits: {len(calls)} forwards for {len(steps)} launched steps "
-                           "(graph replays are not recorded)")
+        engine.on_logits = None
     rows: dict[tuple[str, int], Tensor] = {}
-    for s, logits in zip(steps, calls):
-        for j, b in enumerate(s.batch):
+    for batch, logits in calls:
+        for j, b in enumerate(batch):
             plen = len(engine.requests[b.request].req.prompt)
             if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
                 rows[(b.request, b.pos + b.count)] = logits[j]

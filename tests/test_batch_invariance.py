@@ -49,10 +49,11 @@ def _solo(trace: Trace, req) -> Trace:
                                           req.sampling),))
 
 
-def _alone_vs_batched(model, trace: Trace, modes=("legacy", "async")) -> tuple[int, int, list[str]]:
+def _alone_vs_batched(model, trace: Trace, modes=("legacy", "async"),
+                      graphs: bool = False) -> tuple[int, int, list[str]]:
     """Run the trace in each mode, and each request alone (legacy, arrival 0); count logits rows that differ."""
     max_len = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
-    engine = BatchInvariantEngine(model, trace.engine, max_len=max_len)
+    engine = BatchInvariantEngine(model, trace.engine, max_len=max_len, graphs=graphs)
     batched = [run_recording_logits(engine, trace, mode) for mode in modes]
     compared, differ, token_diffs = 0, 0, []
     for req in trace.requests:
@@ -78,6 +79,21 @@ def test_batch_invariant_logits_alone_equal_batched_bitwise_legacy_and_async(che
     assert token_diffs == []
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("name", [n for n in TRACES if n not in SLOW])
+def test_batch_invariant_bf16_alone_equals_batched_bitwise_graphs_and_eager(checkpoint, name, graphs):
+    """The GPU tier of the property: bf16 weights, CUDA-graph decode (bucket-padded rows) or eager."""
+    trace = load_trace(ROOT / "goldens" / "traces" / f"{name}.json")
+    cfg, tensors = checkpoint(trace)
+    model = BatchInvariantModel(cfg, tensors, "cuda", torch.bfloat16)
+    compared, differ, token_diffs = _alone_vs_batched(model, trace, graphs=graphs)
+    assert compared >= sum(r.max_new_tokens for r in trace.requests) // 2, "too few logits rows compared"
+    assert differ == 0, f"{differ}/{compared} logits rows differ between bs1 and the batch"
+    assert token_diffs == []
+
+
 def test_default_mode_is_not_batch_invariant(checkpoint):
     """Negative control: the same comparison fails for FastModel's torch GEMMs (so the test above can fail)."""
     trace = load_trace(ROOT / "goldens" / "traces" / f"{CONTROL}.json")
@@ -98,3 +114,16 @@ def test_fixed_tile_matmul_rows_do_not_depend_on_m_but_torch_rows_do():
             assert torch.equal(matmul(x[i:i + 1], w)[0], full[i]), f"row {i} of M={M} depends on M"
             torch_differs += not torch.equal((x[i:i + 1] @ w.T)[0], (x @ w.T)[i])
     assert torch_differs > 0, "torch's GEMM happened to be invariant here (control void on this machine)"
+
+
+def test_fixed_split_matmul_rows_do_not_depend_on_m_and_match_the_product():
+    """The K-split path (SPLIT > 1, partials summed in order) is invariant too, bias included."""
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(70, 520, generator=g).to(DEVICE), torch.randn(70, generator=g).to(DEVICE)
+    rule = dict(SPLIT=3, BK=64)
+    for M in (1, 5, 64, 66):
+        x = torch.randn(M, 520, generator=g).to(DEVICE)
+        full = matmul(x, w, b, rule=rule)
+        torch.testing.assert_close(full.double(), x.double() @ w.double().T + b.double(), rtol=1e-5, atol=1e-4)
+        for i in (0, M - 1):
+            assert torch.equal(matmul(x[i:i + 1], w, b, rule=rule)[0], full[i]), f"row {i} of M={M} depends on M"

@@ -83,6 +83,7 @@ class Engine:
         self.sampled = torch.zeros(self.R, dtype=torch.int64, device=self.device)   # the one token buffer
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(self.R, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self.on_logits = None      # optional hook(batch, logits [S, V]) after every forward (tests, debugging)
         self.graphs = None
         if graphs or pad_decode:
             from .graphs import DecodeGraphs
@@ -273,9 +274,13 @@ class Engine:
         out = self.sampled[:S]
         if self.graphs is not None and not pre and not seeded and self.graphs.covers(S):
             self.graphs.run(sb, out)
+            if self.on_logits is not None:
+                self.on_logits(batch, self.graphs.logits(S))
         else:
             logits = self.model.forward(sb, self.bank)
             sample_rows(logits, out, seeded)
+            if self.on_logits is not None:
+                self.on_logits(batch, logits)
         hostbuf = self._host[self._flip]
         self._flip ^= 1
         hostbuf[:S].copy_(out, non_blocking=True)

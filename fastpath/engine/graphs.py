@@ -43,6 +43,7 @@ class DecodeGraphs:
                                       torch.zeros(0, dtype=torch.int64, device=dev), empty, self.last[:nb],
                                       [0], []) for nb in self.buckets}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, Tensor] = {}       # each bucket's logits (graph memory: rewritten by every replay)
         self.pool = None
         self.replays = 0
 
@@ -57,6 +58,7 @@ class DecodeGraphs:
     def _body(self, nb: int) -> None:
         logits = self.model.forward(self.batches[nb], self.bank)
         ops.greedy_sample(logits, self.out[:nb])
+        self._logits[nb] = logits
 
     def _capture(self, nb: int) -> None:
         """Warm up on a side stream (pads only: slot -1 everywhere, so the bank is untouched), then capture."""
@@ -79,6 +81,10 @@ class DecodeGraphs:
             for nb in reversed(self.buckets):
                 if nb not in self.graphs:
                     self._capture(nb)
+
+    def logits(self, rows: int) -> Tensor:
+        """The logits of the last run's first `rows` rows (valid until the next run)."""
+        return self._logits[self.bucket(rows)][:rows]
 
     def run(self, sb, out: Tensor) -> None:
         """Decode-only batch `sb` of S rows -> greedy tokens in out[:S], through bucket nb (graph or eager)."""

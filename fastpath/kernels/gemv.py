@@ -12,20 +12,24 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2
+from .matmul import split_sum_kernel
 
 OP = "gemv"
 
 
 @triton.jit
-def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w_n,
-                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Grid (cdiv(N, BLOCK_N),)."""
+def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
+                HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT) (PARTIAL: fp32 at y[s])."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ps = tl.program_id(1)
     mn = n < N
     k0 = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     wrow = w_ptr + n.to(tl.int64)[:, None] * stride_w_n
-    for k in range(0, K, BLOCK_K):
+    k_lo = ps * K_SPLIT
+    for k in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         kk = k + k0
         if EVEN_K:
             xv = tl.load(x_ptr + kk).to(tl.float32)
@@ -36,9 +40,12 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w_n,
             wv = tl.load(wrow + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
         acc += wv * xv[None, :]
     y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + n, mask=mn, other=0.0).to(tl.float32)
-    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=mn)
+    if PARTIAL:
+        tl.store(y_ptr + ps * N + n, y, mask=mn)
+    else:
+        if HAS_BIAS:
+            y += tl.load(b_ptr + n, mask=mn, other=0.0).to(tl.float32)
+        tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=mn)
 
 
 def gemv_launch_rule(N: int, K: int) -> dict:
@@ -46,7 +53,7 @@ def gemv_launch_rule(N: int, K: int) -> dict:
     q = max(1, N // 528)
     bn = min(32, max(4, 1 << (q.bit_length() - 1)))      # largest power of two <= N / 528, in [4, 32]
     bk = min(next_pow2(K), max(64, 8192 // bn))
-    return dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=1, num_warps=4, num_stages=3)
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
@@ -67,9 +74,21 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
         raise KernelInputError(f"{OP}: `out` must be contiguous")
     if N == 0:
         return out
-    rule = {**gemv_launch_rule(N, K), **(rule or {})}
-    gemv_kernel[(triton.cdiv(N, rule["BLOCK_N"]),)](
-        x, weight, bias if bias is not None else weight, out, N, K, weight.stride(0), HAS_BIAS=bias is not None,
-        BLOCK_N=rule["BLOCK_N"], BLOCK_K=rule["BLOCK_K"], EVEN_K=K % rule["BLOCK_K"] == 0,
-        num_warps=rule["num_warps"])
+    r = {**gemv_launch_rule(N, K), **(rule or {})}
+    bk = r["BLOCK_K"]
+    k_split = triton.cdiv(triton.cdiv(K, r["SPLIT"]), bk) * bk
+    split = triton.cdiv(K, k_split)
+    b_arg = bias if bias is not None else weight
+    even = K % bk == 0
+    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=even, num_warps=r["num_warps"], num_stages=r["num_stages"])
+    grid = (triton.cdiv(N, r["BLOCK_N"]), split)
+    if split == 1:
+        gemv_kernel[grid](x, weight, b_arg, out, N, K, k_split, weight.stride(0), HAS_BIAS=bias is not None,
+                          PARTIAL=False, **meta)
+    else:                                   # fixed split of K, partials summed in order (deterministic)
+        part = torch.empty(split, N, dtype=torch.float32, device=dev)
+        gemv_kernel[grid](x, weight, b_arg, part, N, K, k_split, weight.stride(0), HAS_BIAS=False, PARTIAL=True,
+                          **meta)
+        split_sum_kernel[(triton.cdiv(N, 1024),)](part, b_arg, out, N, N, SPLIT=split, HAS_BIAS=bias is not None,
+                                                  BLOCK=1024)
     return out

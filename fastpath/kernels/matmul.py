@@ -1,9 +1,10 @@
-"""Batch-invariant matmul: y = x @ w.T (+ bias) with ONE fixed tile shape and no split-K.
+"""Batch-invariant matmul: y = x @ w.T (+ bias) with tile shapes and a K split fixed by the weight's shape.
 
-Every output element is reduced over K in the same order (BLOCK_K steps, fp32 accumulator, one program
-owns the whole K range) whatever M is and whichever row the token sits in, so a token's projection is
-bitwise independent of the batch it is packed into.  The launch configuration depends only on the weight's
-shape and dtype (never on M) — the property cuBLAS/MKL do not promise (they pick kernels and split-K by M).
+Every output element is reduced over K in the same order whatever M is and whichever row the token sits in:
+BLOCK_K steps with an fp32 accumulator inside each of SPLIT fixed K ranges, then the SPLIT partials summed
+in index order by a second kernel (SPLIT > 1). The launch rule depends only on (N, K) — never on M — the
+property cuBLAS/MKL do not promise (they pick kernels and split-K by M). A fixed split keeps skinny
+decode GEMMs (M <= 64, N = 2560) from running on a third of the SMs without making the sum depend on M.
 """
 from __future__ import annotations
 
@@ -15,38 +16,66 @@ from torch import Tensor
 from ._common import FLOAT_DTYPES, INTERPRET, KernelInputError, check
 
 OP = "matmul"
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 64
-NUM_WARPS, NUM_STAGES = 4, 4
+BLOCK_M = 64
 
 
 @triton.jit
-def matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
-                  stride_xm, stride_wn, stride_ym,
-                  HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Grid (cdiv(M, BM), cdiv(N, BN)); x [M, K], w [N, K], y [M, N], all with unit last stride."""
-    pm, pn = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+def matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT,
+                  stride_xm, stride_wn, stride_ym, stride_ys,
+                  HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, PARTIAL: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Grid (cdiv(M, BM), cdiv(N, BN), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT).
+    PARTIAL: store the fp32 partial at y[s] (no bias); else add the bias and store in y's dtype."""
+    pm, pn, ps = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
+    k_lo = ps * K_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_SPLIT)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, k_hi, BK):
         kk = k0 + rk
         a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :],
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+                    mask=(rm[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
         b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None],
-                    mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
+                    mask=(rn[None, :] < N) & (kk[:, None] < k_hi), other=0.0)
         if USE_DOT:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:   # interpreter: numpy's BLAS sums a row differently by its place in the block; this does not
             acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if PARTIAL:
+        tl.store(y_ptr + ps * stride_ys + rm[:, None] * stride_ym + rn[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def split_sum_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """y = Σ_s p[s] (s = 0, 1, … in order) + bias; p [SPLIT, M, N] fp32 contiguous, y [M, N] contiguous."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < MN
+    acc = tl.load(p_ptr + i, mask=m, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + s * MN + i, mask=m, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+        acc += tl.load(b_ptr + i % N, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
-    """x [..., K] @ weight[N, K].T (+ bias[N]) -> [..., N] in x's dtype, batch-invariant (fixed tiles)."""
+def matmul_launch_rule(N: int, K: int) -> dict:
+    """Tiles and K split from the weight's shape only (H200 sweep, tools/bench_gemm.py): enough programs
+    for 132 SMs at M <= 64 without a batch-dependent split."""
+    if N <= 4096 and K >= 2048:
+        return dict(BN=64, BK=128, SPLIT=4, num_warps=4, num_stages=4)
+    return dict(BN=64, BK=128, SPLIT=1, num_warps=4, num_stages=4)
+
+
+def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
+           rule: dict | None = None) -> Tensor:
+    """x [..., K] @ weight[N, K].T (+ bias[N]) -> [..., N] in x's dtype, batch-invariant (rule: benches only)."""
     check(OP, "x", x, None, FLOAT_DTYPES)
     check(OP, "weight", weight, None, FLOAT_DTYPES, device=x.device)
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
@@ -63,10 +92,26 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | 
         w = w.to(x2.dtype)
     M = x2.shape[0]
     y = out.view(M, N) if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if M and N:
-        grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
-        matmul_kernel[grid](x2, w, bias if bias is not None else w, y, M, N, K,
-                            x2.stride(0), w.stride(0), y.stride(0),
-                            HAS_BIAS=bias is not None, USE_DOT=not INTERPRET, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
-                            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if not (M and N):
+        return y.view(*lead, N)
+    r = {**matmul_launch_rule(N, K), **(rule or {})}
+    bk, split = r["BK"], r["SPLIT"]
+    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk          # a multiple of BK: same k0 steps for every M
+    split = triton.cdiv(K, k_split)
+    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, r["BN"]), split)
+    bias_arg = bias if bias is not None else w
+    if split == 1:
+        matmul_kernel[grid](x2, w, bias_arg, y, M, N, K, k_split, x2.stride(0), w.stride(0), y.stride(0), 0,
+                            HAS_BIAS=bias is not None, USE_DOT=not INTERPRET, PARTIAL=False,
+                            BM=BLOCK_M, BN=r["BN"], BK=bk, num_warps=r["num_warps"], num_stages=r["num_stages"])
+    else:
+        if not y.is_contiguous():
+            raise KernelInputError(f"{OP}: `out` must be contiguous")
+        part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
+        matmul_kernel[grid](x2, w, bias_arg, part, M, N, K, k_split, x2.stride(0), w.stride(0), N, M * N,
+                            HAS_BIAS=False, USE_DOT=not INTERPRET, PARTIAL=True,
+                            BM=BLOCK_M, BN=r["BN"], BK=bk, num_warps=r["num_warps"], num_stages=r["num_stages"])
+        blk = 1024
+        split_sum_kernel[(triton.cdiv(M * N, blk),)](part, bias_arg, y, M * N, N, SPLIT=split,
+                                                     HAS_BIAS=bias is not None, BLOCK=blk)
     return y.view(*lead, N)
