@@ -43,7 +43,7 @@ class FastModel:
     """Weights on the device in the compute dtype, and `forward(batch, bank) -> logits [S, V]`."""
 
     fused: bool = True   # Triton backend: residual add + norm and act·mul as one kernel each (False: torch ops)
-    gemv: bool = False   # CUDA + Triton backend: one-row projections through the Triton GEMV (False: cuBLAS)
+    gemv: bool = True    # CUDA + Triton backend: one-row projections through the Triton GEMV (False: cuBLAS)
 
     def __init__(self, config, tensors: dict[str, Tensor], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):

@@ -252,6 +252,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="kernel tables + projection bandwidth, then bs1 only")
     ap.add_argument("--bs1-only", action="store_true", help="only the async+graphs bs1 rows (fused and unfused)")
     ap.add_argument("--long-only", action="store_true", help="only the 131k-token long prefill + memory prediction")
+    ap.add_argument("--batch-only", action="store_true", help="only the 32k-context batch decode, hybrid vs attention")
     args = ap.parse_args()
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -293,6 +294,8 @@ def main() -> None:
         cases = [c for c in cases if c[1]]
     if args.long_only:
         cases, args.skip_batch = [], True
+    if args.batch_only:
+        cases, args.skip_long = [], True
     for mode, graphs, fused, gv in cases:
         FastModel.fused, FastModel.gemv = fused, gv
         try:
@@ -314,7 +317,7 @@ def main() -> None:
         args.skip_long = args.skip_batch = True
     try:
         s = {"per_step": {"skipped (--bs1-only/--profile/--long-only)": 0}} \
-            if (args.bs1_only or args.profile or args.long_only) else count_syncs(model)
+            if (args.bs1_only or args.profile or args.long_only or args.batch_only) else count_syncs(model)
         report["syncs"] = s
         lines.append("syncs/step (async+graphs decode): " +
                      ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))
@@ -337,7 +340,7 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         out = {}
-        for name in ("anchor-3b", "anchor-3b-attn"):
+        for name in ("anchor-3b-attn", "anchor-3b"):     # attention first: its row count is the same-batch point
             c = named_config(name)
             m = FastModel(c, random_device_weights(c, DEV, torch.bfloat16), DEV, torch.bfloat16)
             per_slot = 2 * len(c.attention_layer_ids) * (32768 + steps + 8) * c.n_kv_heads * c.attn_head_dim * 2
@@ -353,6 +356,12 @@ def main() -> None:
                 out[name] = {"rows": rows, "error": f"{type(e).__name__}: {e}"[:200]}
                 torch.cuda.empty_cache()
             out[name]["rows_requested"] = 64
+            same = out.get("anchor-3b-attn", {}).get("rows")
+            if name == "anchor-3b" and same and same != out[name].get("rows"):
+                try:                                       # the hybrid at the attention variant's batch size
+                    out["anchor-3b@same_rows"] = batch_decode(m, same, 32768, steps)
+                except Exception as e:
+                    out["anchor-3b@same_rows"] = {"rows": same, "error": f"{type(e).__name__}: {e}"[:200]}
             del m
             torch.cuda.empty_cache()
             lines.append(f"{name}: decode at 32k ctx, {out[name].get('rows')} rows: "
@@ -364,6 +373,10 @@ def main() -> None:
         if a and b:
             lines.append(f"hybrid / attention tok/s ratio at 32k: {a / b:.2f}x "
                          f"(rows {out['anchor-3b']['rows']} vs {out['anchor-3b-attn']['rows']})")
+        s_ = out.get("anchor-3b@same_rows", {})
+        if s_.get("tok_s") and b:
+            lines.append(f"same batch ({s_['rows']} rows each) at 32k: anchor-3b {s_['tok_s']:.0f} tok/s "
+                         f"({s_['ms_per_step']:.1f} ms/step) vs anchor-3b-attn {b:.0f}: {s_['tok_s'] / b:.2f}x")
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

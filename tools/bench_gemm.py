@@ -1,7 +1,7 @@
 """Projection GEMMs of anchor-3b on one GPU, timed inside CUDA graphs (as the engine replays them):
 the launch rules of the bs1 GEMV and of the batch-invariant matmul, swept, beside cuBLAS in the same run.
 
-    PYTHONPATH=. python3 tools/bench_gemm.py [--out bench_gemm.json] [--quick] [--step]
+    PYTHONPATH=. python3 tools/bench_gemm.py [--out bench_gemm.json] [--quick] [--sections gemv,matmul,invariance,step]
 
 1. M = 1: cuBLAS (F.linear) vs fastpath.kernels.gemv over a grid of launch rules (BLOCK_N, BLOCK_K, warps,
    stages, fixed K split); GB/s = weight bytes / time, beside the device copy bandwidth of this run.
@@ -9,8 +9,8 @@ the launch rules of the bs1 GEMV and of the batch-invariant matmul, swept, besid
 3. cuBLAS with split-K denied (CUBLAS_WORKSPACE_CONFIG=:0:0, CUBLASLT_WORKSPACE_SIZE=0, in a subprocess: the
    variables must be set before CUDA starts): time at M = 64, and whether a row's bits depend on M (rows of
    x[:m] vs x[:64], m in 1..64) — the same invariance check for default cuBLAS and for our matmul.
-4. --step: whole decode steps with the winners patched into the rules (bench-only): batch-64 default vs
-   batch-invariant ms/step, and bs1 async+graphs tok/s with cuBLAS vs the Triton GEMV.
+4. step: whole decode steps with the code's launch rules: batch-64 default vs batch-invariant ms/step (same run),
+   and bs1 async+graphs tok/s with cuBLAS vs the Triton GEMV.
 Timing: one CUDA graph of `reps` calls cycling over enough weight copies (>= 256 MB) that L2 cannot serve
 them; per-call time = replay time / reps, median of 5 replays.
 """
@@ -93,7 +93,7 @@ def graph_us(fn, ws: list[torch.Tensor], reps: int = 24) -> float:
 def sweep_gemv(shp: dict, bw: float, quick: bool) -> dict:
     from fastpath.kernels.gemv import gemv, gemv_launch_rule
     out = {}
-    bns, bks = ((8, 16, 32), (256, 512)) if quick else ((4, 8, 16, 32), (256, 512, 1024))
+    bns, bks = ((4, 8, 16), (512, 1024)) if quick else ((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048, 4096))
     for name, (N, K) in shp.items():
         ws = weights(N, K)
         x = torch.randn(1, K, device=DEV, dtype=torch.bfloat16)
@@ -103,7 +103,7 @@ def sweep_gemv(shp: dict, bw: float, quick: bool) -> dict:
         rows.append({"rule": "gemv default " + str(gemv_launch_rule(N, K)),
                      "us": graph_us(lambda w: gemv(x, w, out=y), ws)})
         for bn, bk, nw, st, sp in itertools.product(bns, bks, (4, 8), (1, 3), (1, 2, 4)):
-            if not 2048 <= bn * bk <= 16384 or (sp > 1 and N > 4096) or bk * sp > K:
+            if not 2048 <= bn * bk <= 8192 or (sp > 1 and N > 4096) or bk * sp > K:
                 continue
             rule = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=st, SPLIT=sp)
             try:
@@ -196,17 +196,6 @@ def run_nows() -> dict:
     return {"error": (p.stderr or p.stdout)[-800:]}
 
 
-def patched_rules(gemv_best: dict, mm_best: dict):
-    """Bench-only: make the sweep winners the launch rules for whole-step runs."""
-    import fastpath.kernels.gemv as gv
-    import fastpath.kernels.matmul as mm
-    by_nk_g = {(v["N"], v["K"]): v["best"]["rule"] for v in gemv_best.values() if isinstance(v["best"]["rule"], dict)}
-    by_nk_m = {(v["N"], v["K"]): v["best"]["rule"] for v in mm_best.values() if isinstance(v["best"]["rule"], dict)}
-    og, om = gv.gemv_launch_rule, mm.matmul_launch_rule
-    gv.gemv_launch_rule = lambda N, K: {**og(N, K), **by_nk_g.get((N, K), {})}
-    mm.matmul_launch_rule = lambda N, K: {**om(N, K), **by_nk_m.get((N, K), {})}
-
-
 def step_figures() -> dict:
     from fastpath.batch_invariant import BatchInvariantModel
     from fastpath.engine.configs import random_device_weights
@@ -225,12 +214,13 @@ def step_figures() -> dict:
     print(f"batch-64 decode ctx 512: default {a:.3f}/{a2:.3f} ms/step, batch-invariant {b:.3f} "
           f"({out['batch64_ms']['overhead_pct']:+.1f}%)", flush=True)
     del m_bi
-    for gvf in (False, True, False):
+    g0 = FastModel.gemv
+    for gvf in (False, True, False, True):
         FastModel.gemv = gvf
         r = bs1_run(m_def, "async", True, 256, 3, 32)
         out.setdefault("bs1_tok_s", []).append({"gemv": gvf, **r})
         print(f"bs1 async+graphs OSL256 gemv={gvf}: {r.get('tok_s', r)}", flush=True)
-    FastModel.gemv = False
+    FastModel.gemv = g0
     return out
 
 
@@ -238,8 +228,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_gemm.json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--step", action="store_true")
-    ap.add_argument("--only", choices=["gemv", "matmul"], default=None)
+    ap.add_argument("--sections", default="gemv,matmul,invariance,step",
+                    help="comma list of gemv, matmul, invariance, step")
     ap.add_argument("--nows-child", action="store_true")
     args = ap.parse_args()
     if args.nows_child:
@@ -250,16 +240,19 @@ def main() -> None:
     shp = shapes()
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "copy_TBps": bw / 1e12}
+
     def save():
         res["wall_s"] = time.time() - t0
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1, default=str)
-    if args.only in (None, "gemv"):
+    sections = set(args.sections.split(","))
+    if "gemv" in sections:
         res["gemv"] = sweep_gemv(shp, bw, args.quick)
         save()
-    if args.only in (None, "matmul"):
+    if "matmul" in sections:
         res["matmul_m64"] = sweep_matmul(shp, bw, args.quick, 64)
         save()
+    if "invariance" in sections:
         res["invariance_triton"] = invariance(shp, "triton")
         res["invariance_cublas_default"] = invariance(shp, "cublas")
         res["invariance_cublas_no_workspace"] = run_nows()
@@ -271,8 +264,7 @@ def main() -> None:
             print(k, "(M values of 130 whose rows differ, row position matters, us at M=64):",
                   {n: (len(r["m_differing"]), r["row_position_matters"], round(r["us_m64"], 1))
                    for n, r in v.items()}, flush=True)
-    if args.step and "gemv" in res and "matmul_m64" in res:
-        patched_rules(res["gemv"], res["matmul_m64"])
+    if "step" in sections:
         res["step"] = step_figures()
     save()
     print(f"done in {res['wall_s']:.0f} s")
