@@ -39,3 +39,52 @@ def test_gemv_rejects_bad_inputs_naming_the_field():
         gemv(torch.randn(1, 8), torch.randn(4, 9))
     with pytest.raises(KernelInputError, match="bias"):
         gemv(torch.randn(1, 8), torch.randn(4, 8), torch.randn(5))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gemv_launched_early_waits_for_its_producer(monkeypatch):
+    """Under programmatic dependent launch the GEMV starts while the norm that writes x drains: its result must
+    still be bitwise that of a plain launch, eager and inside a CUDA graph, over many producer/consumer pairs."""
+    from fastpath.kernels._common import pdl
+    from fastpath.kernels.fused_add_norm import add_rms_norm
+    dev = torch.device("cuda")
+    if not pdl(dev):
+        pytest.skip("no programmatic dependent launch on this device / Triton")
+    g = torch.Generator(device=dev).manual_seed(0)
+    K, N, reps = 2560, 5120, 16
+    w = torch.randn(N, K, generator=g, device=dev, dtype=torch.bfloat16) * K ** -0.5
+    nw = torch.rand(K, generator=g, device=dev, dtype=torch.bfloat16) + 0.5
+    hs = [torch.randn(1, K, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(reps)]
+    ds = [torch.randn(1, K, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(reps)]
+
+    xs = [torch.empty(1, K, device=dev, dtype=torch.bfloat16) for _ in range(reps)]
+
+    def chain() -> list[torch.Tensor]:      # x is NaN until its norm writes it: a read too early poisons y
+        return [gemv(add_rms_norm(h, d, nw, 1e-5, out=x)[1], w) for h, d, x in zip(hs, ds, xs)]
+
+    def poison() -> None:
+        for x in xs:
+            x.fill_(float("nan"))
+    poison()
+    monkeypatch.setenv("HQ_PDL", "0")
+    want = chain()
+    monkeypatch.setenv("HQ_PDL", "1")
+    poison()
+    eager = chain()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain()
+    for _ in range(3):
+        for y in captured:
+            y.zero_()
+        poison()
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b, c in zip(want, eager, captured):
+            assert torch.equal(a, b) and torch.equal(a, c)

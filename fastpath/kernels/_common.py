@@ -16,6 +16,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+try:    # programmatic dependent launch (grid dependency control), Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401  (re-exported)
+except ImportError:   # pragma: no cover - older Triton: kernels launch without PDL
+    gdc_launch_dependents = gdc_wait = None
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -48,6 +53,21 @@ def check(op: str, name: str, t: Tensor | None, shape: Sequence[int | None] | No
         raise KernelInputError(f"{op}: `{name}` has dtype {t.dtype}, expected one of {list(dtypes)}")
     if device is not None and t.device != device:
         raise KernelInputError(f"{op}: `{name}` is on {t.device}, expected {device}")
+
+
+_PDL: dict[int, bool] = {}
+
+
+def pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch for this device: CUDA, compute capability >= 9 (Hopper), compiled kernels,
+    and not turned off by HQ_PDL=0. A kernel launched with it may start while its predecessor drains and must
+    `gdc_wait()` before touching anything that predecessor produced; predecessors `gdc_launch_dependents()`."""
+    if INTERPRET or gdc_wait is None or device.type != "cuda" or os.environ.get("HQ_PDL", "1") == "0":
+        return False
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _PDL:
+        _PDL[i] = torch.cuda.get_device_capability(i)[0] >= 9
+    return _PDL[i]
 
 
 def dot_precision(dtype: torch.dtype) -> str:

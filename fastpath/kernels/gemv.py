@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2
+from ._common import FLOAT_DTYPES, KernelInputError, check, gdc_wait, next_pow2, pdl
 from .matmul import split_sum_kernel
 
 OP = "gemv"
@@ -20,8 +20,11 @@ OP = "gemv"
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                EVEN_K: tl.constexpr):
-    """Grid (cdiv(N, BLOCK_N), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT) (PARTIAL: fp32 at y[s])."""
+                EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT) (PARTIAL: fp32 at y[s]).
+    The weight tile of the next step is loaded before x: under PDL the first one is in flight while the kernel
+    that produces x drains (the weights never depend on it), and nothing is read from x or written before
+    gdc_wait()."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ps = tl.program_id(1)
     mn = n < N
@@ -29,16 +32,27 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     wrow = w_ptr + n.to(tl.int64)[:, None] * stride_w_n
     k_lo = ps * K_SPLIT
-    for k in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+    k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    if EVEN_K:
+        wv = tl.load(wrow + (k_lo + k0)[None, :], mask=mn[:, None], other=0.0)
+    else:
+        wv = tl.load(wrow + (k_lo + k0)[None, :], mask=mn[:, None] & ((k_lo + k0) < k_hi)[None, :], other=0.0)
+    if PDL:
+        gdc_wait()
+    for k in range(k_lo, k_hi - BLOCK_K, BLOCK_K):          # every tile but the last: a next tile exists
         kk = k + k0
+        nk = kk + BLOCK_K
         if EVEN_K:
             xv = tl.load(x_ptr + kk).to(tl.float32)
-            wv = tl.load(wrow + kk[None, :], mask=mn[:, None], other=0.0).to(tl.float32)
+            wn = tl.load(wrow + nk[None, :], mask=mn[:, None], other=0.0)
         else:
-            mk = kk < K
-            xv = tl.load(x_ptr + kk, mask=mk, other=0.0).to(tl.float32)
-            wv = tl.load(wrow + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
-        acc += wv * xv[None, :]
+            xv = tl.load(x_ptr + kk).to(tl.float32)
+            wn = tl.load(wrow + nk[None, :], mask=mn[:, None] & (nk < k_hi)[None, :], other=0.0)
+        acc += wv.to(tl.float32) * xv[None, :]
+        wv = wn
+    kk = k_lo + ((k_hi - k_lo - 1) // BLOCK_K) * BLOCK_K + k0   # the last tile (wv holds it)
+    xv = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0).to(tl.float32)
+    acc += wv.to(tl.float32) * xv[None, :]
     y = tl.sum(acc, axis=1)
     if PARTIAL:
         tl.store(y_ptr + ps * N + n, y, mask=mn)
@@ -81,7 +95,11 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
     split = triton.cdiv(K, k_split)
     b_arg = bias if bias is not None else weight
     even = K % bk == 0
-    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=even, num_warps=r["num_warps"], num_stages=r["num_stages"])
+    use_pdl = pdl(dev) and r.get("PDL", True)
+    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=even, PDL=use_pdl, num_warps=r["num_warps"],
+                num_stages=r["num_stages"])
+    if use_pdl:
+        meta["launch_pdl"] = True
     grid = (triton.cdiv(N, r["BLOCK_N"]), split)
     if split == 1:
         gemv_kernel[grid](x, weight, b_arg, out, N, K, k_split, weight.stride(0), HAS_BIAS=bias is not None,
