@@ -70,6 +70,20 @@ def pdl(device: torch.device) -> bool:
     return _PDL[i]
 
 
+def pdl_meta(device: torch.device) -> dict:
+    """Launch keywords for a kernel that starts with `pdl_enter(PDL)`: PDL on (and launch_pdl) when `pdl(device)`."""
+    return {"PDL": True, "launch_pdl": True} if pdl(device) else {"PDL": False}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """First statement of a kernel launched with PDL: wait until the previous grid is complete and its writes are
+    visible, then let the next PDL-launched grid start (it will wait for this one in turn)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 operands use exact fp32 products on the GPU (not tf32); 16-bit operands use the tensor cores."""
     return "ieee" if dtype == torch.float32 else "tf32"

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, gdc_launch_dependents, KernelInputError, pdl, sigmoid
+from ._common import check, FLOAT_DTYPES, KernelInputError, pdl_enter, pdl_meta, sigmoid
 
 OP = "act_mul"
 ACTS = ("silu", "relu2")
@@ -19,10 +19,9 @@ BLOCK = 1024
 
 @triton.jit
 def act_mul_kernel(gu_ptr, out_ptr, F, stride_gu, stride_o, RELU2: tl.constexpr, BLOCK: tl.constexpr,
-                   TRIGGER: tl.constexpr):
-    """Grid (T, cdiv(F, BLOCK)); the last dims are contiguous. TRIGGER: let a PDL-launched successor start."""
-    if TRIGGER:
-        gdc_launch_dependents()
+                   PDL: tl.constexpr):
+    """Grid (T, cdiv(F, BLOCK)); the last dims are contiguous. PDL: programmatic dependent launch."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < F
@@ -56,6 +55,6 @@ def act_mul(gate_up: Tensor, act: str = "silu", out: Tensor | None = None) -> Te
     if T == 0 or F == 0:
         return out
     act_mul_kernel[(T, triton.cdiv(F, BLOCK))](gate_up, out, F, gate_up.stride(0), out.stride(0),
-                                                 RELU2=act == "relu2", BLOCK=BLOCK, TRIGGER=pdl(out.device),
+                                                 RELU2=act == "relu2", BLOCK=BLOCK, **pdl_meta(out.device),
                                                  num_warps=4)
     return out

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
-                      host_ints, next_pow2, token_sequence_index)
+                      host_ints, next_pow2, pdl_enter, pdl_meta, token_sequence_index)
 
 OP_PREFILL = "attention_prefill_varlen"
 OP_DECODE = "attention_decode"
@@ -25,13 +25,19 @@ def kv_cache_write_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, tok_seq_ptr, cu_ptr, slot_ptr, start_ptr, max_len, D,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (T, Hkv): token t's K/V go to cache[slot, start_pos + index in sequence]."""
+    """Grid (T, Hkv): token t's K/V go to cache[slot, start_pos + index in sequence].
+    DECODE: one token per sequence (t is its sequence; tok_seq and cu are not read)."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    s = tl.load(tok_seq_ptr + t)
-    pos = tl.load(start_ptr + s).to(tl.int64) + t - tl.load(cu_ptr + s).to(tl.int64)
+    if DECODE:
+        s = t
+        pos = tl.load(start_ptr + s).to(tl.int64)
+    else:
+        s = tl.load(tok_seq_ptr + t)
+        pos = tl.load(start_ptr + s).to(tl.int64) + t - tl.load(cu_ptr + s).to(tl.int64)
     slot = tl.load(slot_ptr + s).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     m = tl.where((slot >= 0) & (pos < max_len), d < D, False)
@@ -48,15 +54,24 @@ def attention_kernel(
     stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
     stride_o_t, stride_o_h,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    DECODE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (n_query_blocks, Hq): flash-style online softmax over the slot's cached keys."""
+    """Grid (n_query_blocks, Hq): flash-style online softmax over the slot's cached keys.
+    DECODE: block b is sequence b's single query (blk_seq, blk_q0 and cu are not read)."""
+    pdl_enter(PDL)
     b = tl.program_id(0)
     hq = tl.program_id(1).to(tl.int64)
     kvh = hq // q_per_kv
-    s = tl.load(blk_seq_ptr + b)
-    q0 = tl.load(blk_q0_ptr + b).to(tl.int64)
-    first = tl.load(cu_ptr + s).to(tl.int64)
-    L = tl.load(cu_ptr + s + 1).to(tl.int64) - first
+    if DECODE:
+        s = b
+        q0 = tl.zeros([], dtype=tl.int64)
+        first = b.to(tl.int64)
+        L = tl.full([], 1, dtype=tl.int64)
+    else:
+        s = tl.load(blk_seq_ptr + b)
+        q0 = tl.load(blk_q0_ptr + b).to(tl.int64)
+        first = tl.load(cu_ptr + s).to(tl.int64)
+        L = tl.load(cu_ptr + s + 1).to(tl.int64) - first
     slot = tl.load(slot_ptr + s).to(tl.int64)
     sp = tl.load(start_ptr + s).to(tl.int64)
     live = slot >= 0
@@ -115,18 +130,21 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: T
     return T, Hq, Hkv
 
 
-def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, blk_seq, blk_q0, scale, rule) -> None:
+def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, blk_seq, blk_q0, scale, rule,
+            decode: bool = False) -> None:
+    """Write K/V, then attend. decode: one token per sequence; tok_seq, cu, blk_seq, blk_q0 may be any tensor."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
+    pm = pdl_meta(q.device)
     kv_cache_write_kernel[(T, Hkv)](
         k, v, k_cache, v_cache, tok_seq, cu, slot, start, k_cache.shape[1], D,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        BLOCK_D=rule["BLOCK_D"], num_warps=1)
-    attention_kernel[(blk_seq.shape[0], Hq)](
+        BLOCK_D=rule["BLOCK_D"], DECODE=decode, num_warps=1, **pm)
+    attention_kernel[(T if decode else blk_seq.shape[0], Hq)](
         q, k_cache, v_cache, out, blk_seq, blk_q0, cu, slot, start, float(scale), Hq // Hkv, D,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
-        DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"])
+        DOT_PREC=dot_precision(q.dtype), DECODE=decode, num_warps=rule["num_warps"], **pm)
 
 
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -182,7 +200,5 @@ def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
     if R == 0:
         return out
     rule = attention_launch_rule(q.shape[2], decode=True)
-    rows = torch.arange(R, device=dev, dtype=torch.int32)
-    cu = torch.arange(R + 1, device=dev, dtype=torch.int32)
-    _launch(q, k, v, k_cache, v_cache, out, rows, cu, slot, pos, rows, torch.zeros_like(rows), scale, rule)
+    _launch(q, k, v, k_cache, v_cache, out, slot, slot, slot, pos, slot, slot, scale, rule, decode=True)
     return out

@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, host_ints, next_pow2,
-                      token_sequence_index)
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, check, check_slots, host_ints, KernelInputError, next_pow2,
+                      pdl_enter, pdl_meta, token_sequence_index)
 
 OP_PREFILL = "causal_conv1d_varlen"
 OP_STEP = "conv1d_step"
@@ -91,9 +91,10 @@ def conv1d_step_kernel(
     x_ptr, w_ptr, bias_ptr, bank_ptr, y_ptr, slot_ptr, Dc,
     stride_x_r, stride_x_d, stride_w_d, stride_w_k, stride_bank_s, stride_bank_d, stride_bank_k,
     stride_y_r, stride_y_d,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Decode: one token per row. Grid (R, cdiv(Dc, BLOCK_D))."""
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     md = offs_d < Dc
@@ -193,5 +194,6 @@ def conv1d_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tenso
     conv1d_step_kernel[(R, triton.cdiv(Dc, rule["BLOCK_D"]))](
         x, weight, bias if bias is not None else weight, conv_bank, out, slot, Dc,
         *x.stride(), *weight.stride(), *conv_bank.stride(), *out.stride(),
-        K=K, HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule["BLOCK_D"], num_warps=rule["num_warps"])
+        K=K, HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule["BLOCK_D"], num_warps=rule["num_warps"],
+        **pdl_meta(dev))
     return out

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, gdc_launch_dependents, INDEX_DTYPES, KernelInputError, next_pow2, pdl
+from ._common import check, FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, next_pow2, pdl_enter, pdl_meta
 
 OP = "add_rms_norm"
 MAX_D = 65536
@@ -25,11 +25,10 @@ def add_rms_norm_kernel(
     h_ptr, d_ptr, w_ptr, rows_ptr, hout_ptr, out_ptr, D, eps, mult,
     stride_h, stride_d, stride_ho, stride_o,
     HAS_DELTA: tl.constexpr, HAS_MULT: tl.constexpr, HAS_ROWS: tl.constexpr, STORE_H: tl.constexpr,
-    BLOCK: tl.constexpr, TRIGGER: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (S,): one program per output row; the last dims are contiguous. TRIGGER: let a PDL successor start."""
-    if TRIGGER:
-        gdc_launch_dependents()
+    """Grid (S,): one program per output row; the last dims are contiguous. PDL: programmatic dependent launch."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     src = t
     if HAS_ROWS:
@@ -88,5 +87,5 @@ def add_rms_norm(h: Tensor, delta: Tensor | None, weight: Tensor, eps: float, mu
         h, delta if delta is not None else h, weight, rows if rows is not None else out, hdst, out, D, float(eps),
         float(multiplier), h.stride(0), (delta if delta is not None else h).stride(0), hdst.stride(0), out.stride(0),
         HAS_DELTA=delta is not None, HAS_MULT=multiplier != 1.0, HAS_ROWS=rows is not None, STORE_H=store_h,
-        BLOCK=block, TRIGGER=pdl(out.device), num_warps=min(16, max(1, block // 256)))
+        BLOCK=block, **pdl_meta(out.device), num_warps=min(16, max(1, block // 256)))
     return (h_out if store_h else None), out

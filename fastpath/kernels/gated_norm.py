@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, gdc_launch_dependents, KernelInputError, next_pow2, pdl, sigmoid
+from ._common import check, FLOAT_DTYPES, KernelInputError, next_pow2, pdl_enter, pdl_meta, sigmoid
 
 OP = "rms_norm_gated"
 MAX_GROUP = 65536
@@ -17,11 +17,10 @@ MAX_GROUP = 65536
 def rms_norm_gated_kernel(
     y_ptr, z_ptr, w_ptr, out_ptr, group_size, eps,
     stride_y_t, stride_z_t, stride_o_t,
-    HAS_Z: tl.constexpr, BLOCK: tl.constexpr, TRIGGER: tl.constexpr,
+    HAS_Z: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (T, n_groups); the last dim of y, z, out is contiguous. TRIGGER: let a PDL successor start."""
-    if TRIGGER:
-        gdc_launch_dependents()
+    """Grid (T, n_groups); the last dim of y, z, out is contiguous. PDL: programmatic dependent launch."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * group_size + tl.arange(0, BLOCK)
     m = tl.arange(0, BLOCK) < group_size
@@ -65,5 +64,5 @@ def rms_norm_gated(y: Tensor, z: Tensor | None, weight: Tensor, n_groups: int, e
     block = next_pow2(gs)
     rms_norm_gated_kernel[(y2.shape[0], n_groups)](
         y2, z2, weight, o2, gs, float(eps), y2.stride(0), z2.stride(0), o2.stride(0),
-        HAS_Z=z is not None, BLOCK=block, TRIGGER=pdl(out.device), num_warps=min(16, max(1, block // 256)))
+        HAS_Z=z is not None, BLOCK=block, **pdl_meta(out.device), num_warps=min(16, max(1, block // 256)))
     return out

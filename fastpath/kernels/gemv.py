@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, KernelInputError, check, gdc_wait, next_pow2, pdl
+from ._common import check, FLOAT_DTYPES, gdc_launch_dependents, gdc_wait, KernelInputError, next_pow2, pdl
 from .matmul import split_sum_kernel
 
 OP = "gemv"
@@ -39,6 +39,7 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
         wv = tl.load(wrow + (k_lo + k0)[None, :], mask=mn[:, None] & ((k_lo + k0) < k_hi)[None, :], other=0.0)
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()
     for k in range(k_lo, k_hi - BLOCK_K, BLOCK_K):          # every tile but the last: a next tile exists
         kk = k + k0
         nk = kk + BLOCK_K

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, next_pow2
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, check, KernelInputError, next_pow2, pdl_enter, pdl_meta)
 
 OP = "rope"
 
@@ -16,9 +16,10 @@ OP = "rope"
 def rope_kernel(
     x_ptr, pos_ptr, inv_freq_ptr, o_ptr, H, D, half,
     stride_x_t, stride_x_h, stride_o_t, stride_o_h,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (T, cdiv(H, BLOCK_H)); the last dim of x and out is contiguous."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mh = offs_h < H
@@ -72,5 +73,5 @@ def rope(x: Tensor, positions: Tensor, rot_dim: int, theta: float, out: Tensor |
     bh = min(next_pow2(H), 16)
     rope_kernel[(T, triton.cdiv(H, bh))](
         x, positions, freqs, out, H, D, half, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        BLOCK_H=bh, BLOCK_HALF=next_pow2(max(half, 1)), BLOCK_D=next_pow2(D), num_warps=4)
+        BLOCK_H=bh, BLOCK_HALF=next_pow2(max(half, 1)), BLOCK_D=next_pow2(D), num_warps=4, **pdl_meta(out.device))
     return out

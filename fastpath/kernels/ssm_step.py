@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, next_pow2, sigmoid, softplus
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, check, dt_limits, KernelInputError, next_pow2, pdl_enter, pdl_meta,
+                      sigmoid, softplus)
 
 OP = "ssm_step"
 
@@ -27,9 +28,10 @@ def ssm_step_kernel(
     stride_b_r, stride_b_g, stride_b_n, stride_c_r, stride_c_g, stride_c_n,
     stride_z_r, stride_z_h, stride_z_p, stride_y_r, stride_y_h, stride_y_p,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (R, H, cdiv(P, BLOCK_P))."""
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     pb = tl.program_id(2)
@@ -107,5 +109,5 @@ def ssm_step(ssm_bank: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         P, N, H // G, lo, hi, *ssm_bank.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
         *zz.stride(), *out.stride(),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_Z=z is not None,
-        BLOCK_P=rule["BLOCK_P"], BLOCK_N=rule["BLOCK_N"], num_warps=rule["num_warps"])
+        BLOCK_P=rule["BLOCK_P"], BLOCK_N=rule["BLOCK_N"], num_warps=rule["num_warps"], **pdl_meta(out.device))
     return out
