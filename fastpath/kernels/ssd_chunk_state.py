@@ -14,6 +14,36 @@ import triton.language as tl
 
 
 @triton.jit
+def _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, tok, mk, cs_last, offs_p, offs_n, mp, mn,
+             stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
+             DOT_PREC: tl.constexpr):
+    """Tokens `tok` (mask mk) of one sub-block: Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j, a [P, N]-tile fp32 dot."""
+    cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+    dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+    w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+    xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
+                 mask=mk[:, None] & mp[None, :], other=0.0)
+    bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                 mask=mk[:, None] & mn[None, :], other=0.0)
+    xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+    return tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _chunk_local_state(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start, length, cs_last, offs_p, offs_n, mp, mn,
+                       stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
+                       BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The chunk's own state from zero, summed BLOCK_K tokens at a time in fp32 (the one order every kernel uses)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, length, BLOCK_K):
+        acc += _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start + k0 + offs_k, (k0 + offs_k) < length, cs_last,
+                        offs_p, offs_n, mp, mn, stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g,
+                        stride_b_n, stride_dt_h, DOT_PREC)
+    return acc
+
+
+@triton.jit
 def ssd_chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dacs_ptr, bank_ptr, prev_ptr,
     seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr,
@@ -34,7 +64,6 @@ def ssd_chunk_state_kernel(
     g = h // heads_per_group
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mp = offs_p < P
     mn = offs_n < N
     mpn = mp[:, None] & mn[None, :]
@@ -54,19 +83,9 @@ def ssd_chunk_state_kernel(
         start = tl.load(chunk_start_ptr + c).to(tl.int64)
         length = tl.load(chunk_len_ptr + c)
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-        acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, length, BLOCK_K):
-            mk = (k0 + offs_k) < length
-            tok = start + k0 + offs_k
-            cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-            dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-            w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
-            xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                         mask=mk[:, None] & mp[None, :], other=0.0)
-            bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                         mask=mk[:, None] & mn[None, :], other=0.0)
-            xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
-            acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        acc = _chunk_local_state(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start, length, cs_last, offs_p, offs_n, mp, mn,
+                                 stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
+                                 BLOCK_K, BLOCK_P, BLOCK_N, DOT_PREC)
         state = tl.exp(cs_last) * state + acc
     tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
 
@@ -119,17 +138,9 @@ def ssd_chunk_state_flat_kernel(
         start = tl.load(chunk_start_ptr + c).to(tl.int64)
         length = tl.load(chunk_len_ptr + c)
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-        mk = (k0 + offs_k) < length
-        tok = start + k0 + offs_k
-        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-        w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
-        xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                     mask=mk[:, None] & mp[None, :], other=0.0)
-        bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                     mask=mk[:, None] & mn[None, :], other=0.0)
-        xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
-        acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        acc += _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start + k0 + offs_k, (k0 + offs_k) < length, cs_last,
+                        offs_p, offs_n, mp, mn, stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g,
+                        stride_b_n, stride_dt_h, DOT_PREC)
         is_end = (i % SUBS) == SUBS - 1
         state = tl.where(is_end, tl.exp(cs_last) * state + acc, state)
         acc = tl.where(is_end, 0.0, acc)
@@ -163,25 +174,14 @@ def ssd_chunk_local_state_kernel(
     g = h // heads_per_group
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mp = offs_p < P
     mn = offs_n < N
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     length = tl.load(chunk_len_ptr + c)
     cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, length, BLOCK_K):
-        mk = (k0 + offs_k) < length
-        tok = start + k0 + offs_k
-        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-        w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
-        xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                     mask=mk[:, None] & mp[None, :], other=0.0)
-        bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                     mask=mk[:, None] & mn[None, :], other=0.0)
-        xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
-        acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+    acc = _chunk_local_state(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start, length, cs_last, offs_p, offs_n, mp, mn,
+                             stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
+                             BLOCK_K, BLOCK_P, BLOCK_N, DOT_PREC)
     tl.store(local_ptr + c * stride_loc_c + h * stride_loc_h + offs_p[:, None] * stride_loc_p + offs_n[None, :],
              acc, mask=mp[:, None] & mn[None, :])
 
