@@ -15,12 +15,16 @@ from typing import Callable, Sequence
 import torch
 
 # τ: the largest oracle logit gap we accept as a near tie, per candidate compute dtype. A gap above τ cannot be
-# explained by that dtype's rounding. fp32: measured by `python -m tools.measure_tau` (2026-11-30, CPU, Triton
-# interpreter): the fast path's largest |Δlogit| against the fp64 oracle over every shipped model × corpus trace is
-# 1.17e-5, so τ = 1e-3 is ~86× that. bf16 (0.25) and fp16 are provisional — not yet measured on the corpus on a GPU
-# (`python -m tools.measure_tau --dtype bfloat16` does it); on anchor-3b random weights bf16 vs fp32 first-token
-# logits differed by up to 0.49 (docs/tp.md), so large models may need a larger bf16 τ.
-TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
+# explained by that dtype's rounding: if every logit is off by at most e, a flip needs a gap <= 2e, so τ must be
+# >= 2× the largest |Δlogit| (TAU_MIN_RATIO keeps headroom above that). Both measured by `python -m tools.measure_tau`
+# on every shipped model × corpus trace against the fp64 oracle, 2026-11-30:
+#   fp32 (CPU, Triton interpreter): largest |Δlogit| 1.17e-5 -> τ = 1e-3 (~86×);
+#   bf16 (H200, compiled kernels): largest |Δlogit| 0.353 (zoo-mamba2; tiny-sort 0.126) -> τ = 1.0 (~2.8×).
+# bf16 qualification is therefore a much weaker check than fp32 (a flip across a gap of up to one logit is
+# accepted, and reported); run strict qualifications in fp32. fp16 is provisional (not measured). Large models may
+# need more: on anchor-3b random weights bf16 vs fp32 first-token logits differed by up to 0.49 (docs/tp.md).
+TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.05}
+TAU_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}     # τ / largest measured |Δlogit|, at least
 TOP_K = 5
 
 
