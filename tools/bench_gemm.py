@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fastpath.engine.configs import named_config
+from tools.bench_engine import copy_bandwidth
 
 DEV = torch.device("cuda")
 
@@ -41,21 +42,6 @@ def shapes(config_name: str = "anchor-3b") -> dict[str, tuple[int, int]]:
             "qkv": (qkv, c.hidden_size), "o_proj": (c.hidden_size, c.n_attn_heads * c.attn_head_dim),
             "gate_up": (2 * c.mlp_intermediate_size, c.hidden_size), "down": (c.hidden_size, c.mlp_intermediate_size),
             "lm_head": (c.vocab_size, c.hidden_size)}
-
-
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Device copy bandwidth, bytes/s (read + write), median of 20."""
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEV)
-    b = torch.empty_like(a)
-    ts = []
-    for _ in range(25):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
-    return 2 * nbytes / sorted(ts[5:])[10]
 
 
 def weights(N: int, K: int, dtype=torch.bfloat16) -> list[torch.Tensor]:
