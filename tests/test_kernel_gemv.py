@@ -26,9 +26,12 @@ def test_gemv_matches_fp64_product(device, dtype, bias):
         ref = x.double() @ w.double().T + (b.double() if bias else 0.0)
         assert rel(out, ref) < REL[dtype]
         assert rel(out, x.double() @ w.double()[torch.arange(N).roll(1)].T) > 0.1   # rows not permuted
-        split = torch.full((1, N), float("nan"), dtype=dtype, device=device)   # fixed K split, partials summed
-        gemv(x.to(device), w.to(device), b.to(device) if bias else None, out=split, rule=dict(SPLIT=3, BLOCK_K=64))
-        assert rel(split, ref) < REL[dtype]
+        for rule in (dict(SPLIT=3, BLOCK_K=64),                          # fixed K split, partials summed
+                     dict(BLOCK_N=2, BLOCK_K=4096, num_warps=8),          # one tile covers K (whole row up front)
+                     dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8, num_stages=3)):
+            other = torch.full((1, N), float("nan"), dtype=dtype, device=device)
+            gemv(x.to(device), w.to(device), b.to(device) if bias else None, out=other, rule=rule)
+            assert rel(other, ref) < REL[dtype], rule
 
 
 def test_gemv_rejects_bad_inputs_naming_the_field():

@@ -242,6 +242,41 @@ def long_prefill(model: FastModel, prompt_len: int = 131072, osl: int = 64, chun
     return res
 
 
+GEMV_VARIANTS = {      # name -> rule(N, K); None = the code's rule
+    "rule now": None,
+    "whole K, 2 rows, 8 warps": lambda N, K: dict(BLOCK_N=2, BLOCK_K=triton.next_power_of_2(K), SPLIT=1,
+                                                  num_warps=8, num_stages=1),
+    "whole K, 4 rows, 8 warps": lambda N, K: dict(BLOCK_N=4, BLOCK_K=triton.next_power_of_2(K), SPLIT=1,
+                                                  num_warps=8, num_stages=1),
+    "1024-wide K, 4 rows, 8 warps": lambda N, K: dict(BLOCK_N=4, BLOCK_K=1024, SPLIT=1, num_warps=8, num_stages=3),
+    "2048-wide K, 2 rows, 8 warps": lambda N, K: dict(BLOCK_N=2, BLOCK_K=2048, SPLIT=1, num_warps=8, num_stages=1),
+}
+
+
+def gemv_variants(model: FastModel, osl: int, roof: float, lines: list[str]) -> list[dict]:
+    """async + graphs bs1 tok/s with each GEMV_VARIANTS rule patched into fastpath.kernels.gemv (bench only)."""
+    import fastpath.kernels.gemv as gv
+    original = gv.gemv_launch_rule
+    out = []
+    FastModel.fused, FastModel.gemv = True, True
+    try:
+        for name, rule in GEMV_VARIANTS.items():
+            gv.gemv_launch_rule = original if rule is None else rule
+            try:
+                r = bs1_run(model, "async", True, osl, 4, 32)
+            except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
+                lines.append(f"gemv variant {name!r}: FAILED {type(e).__name__}: {e}"[:300])
+                print(lines[-1], flush=True)
+                continue
+            out.append({"variant": name, **r})
+            lines.append(f"bs1 async graphs gemv variant {name!r}: {r['tok_s']:.1f} tok/s "
+                         f"({100 * r['tok_s'] / roof:.1f}% of roofline)")
+            print(lines[-1], flush=True)
+    finally:
+        gv.gemv_launch_rule = original
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
@@ -253,6 +288,8 @@ def main() -> None:
     ap.add_argument("--bs1-only", action="store_true", help="only the async+graphs bs1 rows (fused and unfused)")
     ap.add_argument("--long-only", action="store_true", help="only the 131k-token long prefill + memory prediction")
     ap.add_argument("--batch-only", action="store_true", help="only the 32k-context batch decode, hybrid vs attention")
+    ap.add_argument("--gemv-variants", action="store_true",
+                    help="also: async+graphs bs1 with other GEMV launch rules patched in (bench-only comparison)")
     args = ap.parse_args()
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -313,6 +350,8 @@ def main() -> None:
                      f"{r['tok_s']:7.1f} tok/s ({100 * r['tok_s'] / roof:4.1f}% of roofline), "
                      f"host {r['host_ms_per_step']:.3f} ms/step")
         print(lines[-1], flush=True)
+    if args.gemv_variants:
+        report["gemv_variants"] = gemv_variants(model, osl, roof, lines)
     if args.bs1_only or args.profile:
         args.skip_long = args.skip_batch = True
     try:
