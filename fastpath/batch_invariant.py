@@ -2,7 +2,7 @@
 
 What each piece of the forward needs, and where it comes from:
 
-    projections (in/out/q/k/v/o/MLP/lm_head)  fastpath.kernels.matmul: one fixed tile shape, no split-K
+    projections (in/out/q/k/v/o/MLP/lm_head)  fastpath.kernels.matmul: tiles and K split fixed by (N, K), never M
     MoE experts and router                    the same matmul (torch matmuls inside `moe` are routed to it)
     norms                                     the Triton RMSNorm kernels are row-wise (one program per token)
     attention                                 fixed key-block split chosen from the head dim, not the batch

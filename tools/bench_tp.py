@@ -8,7 +8,8 @@
    same in fp32 beside bf16's own rounding (bf16 vs fp32), which tells TP error from bf16 noise.
 3. anchor-3b bs1 decode tok/s, TP=2 vs TP=1 (async; CUDA graphs, eager if capture fails).
 4. anchor-3b batch-64 decode (rank 0 alone, TP=1): BatchInvariantModel vs FastModel, same run; and the
-   fixed-tile Triton matmul vs cuBLAS (F.linear) on the anchor's projection shapes.
+   batch-invariant Triton matmul vs cuBLAS (F.linear) on the anchor's projection shapes (single eager calls:
+   host-launch bound; tools/bench_gemm.py times them inside CUDA graphs).
 """
 from __future__ import annotations
 
