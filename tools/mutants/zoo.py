@@ -229,6 +229,17 @@ MUTANTS: list[Mutant] = [
            K + "ssd_chunk_scan.py", "        tok = start + s0 + offs_s\n        e = tl.minimum",
            "        tok = (start + s0 + offs_s).to(tl.int32)\n        e = tl.minimum",
            ("tests/test_kernel_ssd.py::test_ssd_int64_offsets_beyond_2_31_elements",), gpu_only=True),
+    # ---------------------------------------------------------------- batch invariance / launch order
+    Mutant("matmul_split_by_m", "batch invariance",
+           "the batch-invariant matmul drops its K split for small M (as cuBLAS picks split-K by M): a token's "
+           "projection then depends on how many rows share its step",
+           K + "matmul.py", '    bk, split = r["BK"], r["SPLIT"]\n', '    bk, split = r["BK"], (r["SPLIT"] if M >= 4 else 1)\n',
+           ("tests/test_batch_invariance.py::test_fixed_split_matmul_rows_do_not_depend_on_m_and_match_the_product",)),
+    Mutant("gemv_pdl_no_wait", "launch order",
+           "the PDL-launched GEMV never waits for the kernel that writes its input (reads x while the norm runs)",
+           K + "gemv.py", "    if PDL:\n        gdc_wait()\n        gdc_launch_dependents()\n",
+           "    if PDL:\n        gdc_launch_dependents()\n",
+           ("tests/test_kernel_gemv.py::test_gemv_launched_early_waits_for_its_producer",), gpu_only=True),
     # ---------------------------------------------------------------- async bookkeeping / finishing
     Mutant("async_extra_token_appended", "async",
            "the token computed for a request in the step after it finished is appended to its output",
