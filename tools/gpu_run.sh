@@ -23,6 +23,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 PY=${PYTHON:-python3}
 DEFAULT_STEPS="gpu_tests bench_kernels"
 DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BENCH_ENGINE_TIMEOUT:-300}" $PY tools/bench_engine.py ${BENCH_ENGINE_ARGS:-} --out "$OUT/bench_engine.json" --summary "$OUT/bench_engine.summary"; }
+# Optional (name it in STEPS): the projection launch-rule sweep in CUDA graphs + batch-invariance cost.
+step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY tools/bench_gemm.py ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
