@@ -79,6 +79,18 @@ def test_batch_invariant_logits_alone_equal_batched_bitwise_legacy_and_async(che
     assert token_diffs == []
 
 
+def test_batch_invariant_with_bucket_padded_decode_rows(checkpoint):
+    """The decode-graph path (bucket-padded rows; eager on CPU) keeps the property, and its logits are recorded
+    through `Engine.on_logits` (graphs.logits) like eager forwards."""
+    trace = load_trace(ROOT / "goldens" / "traces" / f"{CONTROL}.json")
+    cfg, tensors = checkpoint(trace)
+    model = BatchInvariantModel(cfg, tensors, DEVICE, torch.float32)
+    compared, differ, token_diffs = _alone_vs_batched(model, trace, graphs=True)
+    assert compared >= sum(r.max_new_tokens for r in trace.requests) // 2, "too few logits rows compared"
+    assert differ == 0, f"{differ}/{compared} logits rows differ between bs1 and the batch"
+    assert token_diffs == []
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
