@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, KernelInputError, pdl_enter, pdl_meta, sigmoid
+from ._common import FLOAT_DTYPES, KernelInputError, check, pdl_enter, pdl_meta, sigmoid
 
 OP = "act_mul"
 ACTS = ("silu", "relu2")

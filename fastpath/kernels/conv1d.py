@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, check, check_slots, host_ints, KernelInputError, next_pow2,
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, host_ints, next_pow2,
                       pdl_enter, pdl_meta, token_sequence_index)
 
 OP_PREFILL = "causal_conv1d_varlen"

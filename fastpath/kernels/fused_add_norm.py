@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, next_pow2, pdl_enter, pdl_meta
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, next_pow2, pdl_enter, pdl_meta
 
 OP = "add_rms_norm"
 MAX_D = 65536

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, KernelInputError, next_pow2, pdl_enter, pdl_meta, sigmoid
+from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2, pdl_enter, pdl_meta, sigmoid
 
 OP = "rms_norm_gated"
 MAX_GROUP = 65536

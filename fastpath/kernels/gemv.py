@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check, FLOAT_DTYPES, gdc_launch_dependents, gdc_wait, KernelInputError, next_pow2, pdl
+from ._common import FLOAT_DTYPES, KernelInputError, check, gdc_launch_dependents, gdc_wait, next_pow2, pdl
 from .matmul import split_sum_kernel
 
 OP = "gemv"

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, check, KernelInputError, next_pow2, pdl_enter, pdl_meta)
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, next_pow2, pdl_enter, pdl_meta
 
 OP = "rope"
 

@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, check, dt_limits, KernelInputError, next_pow2, pdl_enter, pdl_meta,
-                      sigmoid, softplus)
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, next_pow2, pdl_enter,
+                      pdl_meta, sigmoid, softplus)
 
 OP = "ssm_step"
 
