@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, KernelInputError, check, gdc_launch_dependents, gdc_wait, next_pow2, pdl
+from ._common import FLOAT_DTYPES, KernelInputError, check, gdc_launch_dependents, gdc_wait, next_pow2, pdl_meta
 from .matmul import split_sum_kernel
 
 OP = "gemv"
@@ -96,11 +96,8 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
     split = triton.cdiv(K, k_split)
     b_arg = bias if bias is not None else weight
     even = K % bk == 0
-    use_pdl = pdl(dev) and r.get("PDL", True)
-    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=even, PDL=use_pdl, num_warps=r["num_warps"],
-                num_stages=r["num_stages"])
-    if use_pdl:
-        meta["launch_pdl"] = True
+    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=even, num_warps=r["num_warps"], num_stages=r["num_stages"],
+                **pdl_meta(dev))
     grid = (triton.cdiv(N, r["BLOCK_N"]), split)
     if split == 1:
         gemv_kernel[grid](x, weight, b_arg, out, N, K, k_split, weight.stride(0), HAS_BIAS=bias is not None,
