@@ -55,8 +55,14 @@ class BatchInvariantMixin:
 
     batch_invariant = True
 
-    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    def _gemv_ok(self, x: Tensor) -> bool:
+        """Never: a one-row GEMV would give a request alone other bits than the same request in a batch."""
+        return False
+
+    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None, act: str | None = None, conv=None) -> Tensor:
         """Every projection of FastModel (q/k/v/o, in/out, MLP, lm_head) on the fixed-tile matmul."""
+        if act is not None or conv is not None:
+            raise ValueError("BatchInvariantModel._proj: act and conv are only folded into the one-row GEMV")
         return matmul(x, w, b)
 
     def moe(self, x: Tensor, p: str) -> Tensor:

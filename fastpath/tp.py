@@ -135,19 +135,19 @@ class TPModel(FastModel):
             dist.all_reduce(t, group=self.group)
         return t
 
-    def _linear(self, x: Tensor, name: str) -> Tensor:
-        y = super()._linear(x, name)
+    def _linear(self, x, name: str, act: str | None = None, conv=None) -> Tensor:
+        y = super()._linear(x, name, act, conv)
         return self.all_reduce(y) if name in self._reduce else y
 
     def moe(self, x: Tensor, p: str) -> Tensor:
         """Routed (expert FFNs split) + shared expert partial sums, then one all-reduce."""
         return self.all_reduce(super().moe(x, p).contiguous())
 
-    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
+    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor):
         """Gated RMSNorm; a group spanning ranks reduces its sum of squares over the TP group."""
         c = self.config
         if self.span_group is None:
-            return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)
+            return super()._gated_norm(y, z, weight)
         fc = self.full_config
         g = y.float() * F.silu(z.float())
         ss = torch.zeros(g.shape[0], fc.mamba_n_groups, dtype=torch.float32, device=g.device)

@@ -28,10 +28,83 @@ def test_gemv_matches_fp64_product(device, dtype, bias):
         assert rel(out, x.double() @ w.double()[torch.arange(N).roll(1)].T) > 0.1   # rows not permuted
         for rule in (dict(SPLIT=3, BLOCK_K=64),                          # fixed K split, partials summed
                      dict(BLOCK_N=2, BLOCK_K=4096, num_warps=8),          # one tile covers K (whole row up front)
-                     dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8, num_stages=3)):
+                     dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8, num_stages=3),
+                     dict(BLOCK_K=64, PRE2=True),                         # two weight tiles in flight
+                     dict(BLOCK_K=64, PRE2=True, SPLIT=2)):
             other = torch.full((1, N), float("nan"), dtype=dtype, device=device)
             gemv(x.to(device), w.to(device), b.to(device) if bias else None, out=other, rule=rule)
             assert rel(other, ref) < REL[dtype], rule
+
+
+@pytest.mark.parametrize("act", ["silu", "relu2"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_act_fold_equals_act_mul_then_gemv_bitwise(device, dtype, act):
+    """act(gate)·up folded into the x load gives the bits of act_mul followed by the GEMV (same rounding points),
+    for even and ragged K, one and two tiles in flight, and a fixed K split."""
+    skip_cpu_without_interpreter(device)
+    from fastpath.kernels.act_mul import act_mul
+    for N, F in ((37, 64), (40, 1000)):
+        gen = torch.Generator().manual_seed(N + F)
+        gu = (2 * torch.randn(1, 2 * F, generator=gen)).to(dtype).to(device)
+        w = torch.randn(N, F, generator=gen).to(dtype).to(device)
+        for rule in (None, dict(BLOCK_K=64, PRE2=True), dict(BLOCK_K=128, SPLIT=2)):
+            want = gemv(act_mul(gu, act), w, rule=rule)
+            got = gemv(gu, w, rule=rule, act=act)
+            assert torch.equal(got, want), (N, F, rule)
+        ref = act_mul(gu, act).double() @ w.double().T
+        assert rel(gemv(gu, w, act=act), ref) < REL[dtype]
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_norm_folds_match_norm_then_gemv(device, dtype):
+    """RMSNorm of h + delta (and of h alone, and the gated y·silu(z)) computed in the x load: the product of the
+    separately normalised row within rounding, and h + delta written to h_out bitwise as add_rms_norm writes it."""
+    skip_cpu_without_interpreter(device)
+    from fastpath.kernels.fused_add_norm import add_rms_norm
+    from fastpath.kernels.gated_norm import rms_norm_gated
+    from fastpath.kernels.gemv import RowNorm
+    for N, K in ((37, 64), (40, 1000)):
+        gen = torch.Generator().manual_seed(N * K)
+        h, d, z = (torch.randn(1, K, generator=gen).to(dtype).to(device) for _ in range(3))
+        nw = (torch.rand(K, generator=gen) + 0.5).to(dtype).to(device)
+        w = torch.randn(N, K, generator=gen).to(dtype).to(device)
+        h_new, u = add_rms_norm(h, d, nw, 1e-5, multiplier=0.5)
+        h_out = torch.full_like(h, float("nan"))
+        got = gemv(h, w, norm=RowNorm(nw, 1e-5, delta=d, multiplier=0.5, h_out=h_out))
+        assert torch.equal(h_out, h_new)
+        assert rel(got, u.double() @ w.double().T) < REL[dtype]
+        got = gemv(h, w, norm=RowNorm(nw, 1e-5))
+        assert rel(got, add_rms_norm(h, None, nw, 1e-5)[1].double() @ w.double().T) < REL[dtype]
+        got = gemv(h, w, norm=RowNorm(nw, 1e-5, gate=z))
+        assert rel(got, rms_norm_gated(h, z, nw, 1, 1e-5).double() @ w.double().T) < REL[dtype]
+        assert rel(got, h.double() @ w.double().T) > 0.1          # the norm was applied
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_conv_epilogue_equals_conv1d_step_bitwise(device, dtype):
+    """The decode conv step of a column range, done in the GEMV's epilogue: output, conv output and rolled window
+    bitwise those of the GEMV followed by conv1d_step; a padding slot (-1) leaves the bank untouched."""
+    skip_cpu_without_interpreter(device)
+    from fastpath.kernels.conv1d import conv1d_step
+    from fastpath.kernels.gemv import ConvStep
+    for N, K, c0, Dc in ((37, 100, 5, 20), (300, 128, 100, 190)):
+        gen = torch.Generator().manual_seed(N + Dc)
+        x = torch.randn(1, K, generator=gen).to(dtype).to(device)
+        w = torch.randn(N, K, generator=gen).to(dtype).to(device)
+        cw, cb = torch.randn(Dc, 4, generator=gen).to(dtype).to(device), torch.randn(Dc, generator=gen).to(device)
+        bank = torch.randn(3, Dc, 3, generator=gen).to(device)
+        slot = torch.tensor([1], dtype=torch.int32, device=device)
+        y_want = gemv(x, w)
+        bank_want = bank.clone()
+        conv_want = conv1d_step(y_want[:, c0:c0 + Dc].contiguous(), cw, cb, bank_want, slot)
+        conv_got = torch.full((1, Dc), float("nan"), dtype=dtype, device=device)
+        bank_got = bank.clone()
+        y_got = gemv(x, w, conv=ConvStep(cw, cb, bank_got, slot, conv_got, c0))
+        assert torch.equal(y_got, y_want) and torch.equal(conv_got, conv_want) and torch.equal(bank_got, bank_want)
+        assert not torch.equal(bank_got, bank)
+        pad = bank.clone()
+        gemv(x, w, conv=ConvStep(cw, cb, pad, torch.tensor([-1], device=device), conv_got, c0))
+        assert torch.equal(pad, bank) and not conv_got.any()
 
 
 def test_gemv_rejects_bad_inputs_naming_the_field():
@@ -42,13 +115,27 @@ def test_gemv_rejects_bad_inputs_naming_the_field():
         gemv(torch.randn(1, 8), torch.randn(4, 9))
     with pytest.raises(KernelInputError, match="bias"):
         gemv(torch.randn(1, 8), torch.randn(4, 8), torch.randn(5))
+    with pytest.raises(KernelInputError, match="act"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), act="gelu")
+    with pytest.raises(KernelInputError, match="even"):
+        gemv(torch.randn(1, 9), torch.randn(4, 4), act="silu")
+    from fastpath.kernels.gemv import ConvStep, RowNorm
+    with pytest.raises(KernelInputError, match="norm.weight"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), norm=RowNorm(torch.ones(7), 1e-5))
+    with pytest.raises(KernelInputError, match="norm.h_out"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), norm=RowNorm(torch.ones(8), 1e-5, delta=torch.randn(1, 8)))
+    with pytest.raises(KernelInputError, match="conv channels"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), conv=ConvStep(torch.randn(3, 4), None, torch.zeros(1, 3, 3),
+                                                               torch.zeros(1, dtype=torch.int32), torch.zeros(1, 3), 2))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gemv_launched_early_waits_for_its_producer(monkeypatch):
+@pytest.mark.parametrize("mode", ["1", "2"], ids=["wait-then-trigger", "trigger-then-wait"])
+def test_gemv_launched_early_waits_for_its_producer(monkeypatch, mode):
     """Under programmatic dependent launch the GEMV starts while the norm that writes x drains: its result must
-    still be bitwise that of a plain launch, eager and inside a CUDA graph, over many producer/consumer pairs."""
+    still be bitwise that of a plain launch, eager and inside a CUDA graph, over many producer/consumer pairs —
+    in both PDL orders (mode 2: the norm lets the GEMV launch before the norm itself has waited)."""
     from fastpath.kernels._common import pdl
     from fastpath.kernels.fused_add_norm import add_rms_norm
     dev = torch.device("cuda")
@@ -72,7 +159,7 @@ def test_gemv_launched_early_waits_for_its_producer(monkeypatch):
     poison()
     monkeypatch.setenv("HQ_PDL", "0")
     want = chain()
-    monkeypatch.setenv("HQ_PDL", "1")
+    monkeypatch.setenv("HQ_PDL", mode)
     poison()
     eager = chain()
     side = torch.cuda.Stream()

@@ -62,7 +62,7 @@ def pdl(device: torch.device) -> bool:
     """Programmatic dependent launch for this device: CUDA, compute capability >= 9 (Hopper), compiled kernels,
     and not turned off by HQ_PDL=0. A kernel launched with it may start while its predecessor drains and must
     `gdc_wait()` before touching anything that predecessor produced; predecessors `gdc_launch_dependents()`."""
-    if INTERPRET or gdc_wait is None or device.type != "cuda" or os.environ.get("HQ_PDL", "1") == "0":
+    if INTERPRET or gdc_wait is None or device.type != "cuda" or pdl_mode() == 0:
         return False
     i = device.index if device.index is not None else torch.cuda.current_device()
     if i not in _PDL:
@@ -70,16 +70,31 @@ def pdl(device: torch.device) -> bool:
     return _PDL[i]
 
 
+def pdl_mode() -> int:
+    """HQ_PDL: 0 off, 1 wait then trigger, 2 trigger then wait (the successor's grid may launch, and prefetch its
+    weights, while this one still waits for its own predecessor; completion stays transitive, see `pdl_enter`)."""
+    v = os.environ.get("HQ_PDL", "1")
+    if v not in ("0", "1", "2"):
+        raise ValueError(f"HQ_PDL: {v!r} is not 0, 1 or 2")
+    return int(v)
+
+
 def pdl_meta(device: torch.device) -> dict:
-    """Launch keywords for a kernel that starts with `pdl_enter(PDL)`: PDL on (and launch_pdl) when `pdl(device)`."""
-    return {"PDL": True, "launch_pdl": True} if pdl(device) else {"PDL": False}
+    """Launch keywords for a kernel that starts with `pdl_enter(PDL)`: PDL = pdl_mode() (and launch_pdl) when
+    `pdl(device)`, else PDL = 0."""
+    return {"PDL": pdl_mode(), "launch_pdl": True} if pdl(device) else {"PDL": 0}
 
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
     """First statement of a kernel launched with PDL: wait until the previous grid is complete and its writes are
-    visible, then let the next PDL-launched grid start (it will wait for this one in turn)."""
-    if PDL:
+    visible (gdc_wait), and let the next PDL-launched grid start (gdc_launch_dependents) — after the wait (PDL 1)
+    or before it (PDL 2). Either order is safe: every kernel waits before it reads or writes anything a
+    predecessor touches, so a grid completes only after its predecessor did."""
+    if PDL == 2:
+        gdc_launch_dependents()
+        gdc_wait()
+    elif PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
 

@@ -93,22 +93,24 @@ def conv1d_step_kernel(
     stride_y_r, stride_y_d,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Decode: one token per row. Grid (R, cdiv(Dc, BLOCK_D))."""
-    pdl_enter(PDL)
+    """Decode: one token per row. Grid (R, cdiv(Dc, BLOCK_D)). The window part (bias, taps · state) is computed
+    before the PDL wait: only this kernel writes the bank, so it overlaps the kernel that produces x."""
     r = tl.program_id(0).to(tl.int64)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     md = offs_d < Dc
     slot = tl.load(slot_ptr + r).to(tl.int64)
     ml = tl.where(slot >= 0, md, False)
     base = bank_ptr + slot * stride_bank_s + offs_d * stride_bank_d
-    x = tl.load(x_ptr + r * stride_x_r + offs_d * stride_x_d, mask=ml, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
     for k in tl.static_range(K - 1):
         wk = tl.load(w_ptr + offs_d * stride_w_d + k * stride_w_k, mask=md, other=0.0).to(tl.float32)
         acc += wk * tl.load(base + k * stride_bank_k, mask=ml, other=0.0).to(tl.float32)
-    acc += tl.load(w_ptr + offs_d * stride_w_d + (K - 1) * stride_w_k, mask=md, other=0.0).to(tl.float32) * x
+    w_last = tl.load(w_ptr + offs_d * stride_w_d + (K - 1) * stride_w_k, mask=md, other=0.0).to(tl.float32)
+    pdl_enter(PDL)
+    x = tl.load(x_ptr + r * stride_x_r + offs_d * stride_x_d, mask=ml, other=0.0).to(tl.float32)
+    acc += w_last * x
     if SILU:
         acc = acc * (1.0 / (1.0 + tl.exp(-acc)))
     acc = tl.where(ml, acc, 0.0)

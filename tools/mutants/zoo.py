@@ -27,6 +27,9 @@ T_CHUNKED_KV = "tests/test_engine_chunked_kv.py"
 T_CONV_STEP = "tests/test_kernel_conv1d.py::test_conv1d_step_rows_match_oracle_and_pad_rows_touch_nothing"
 T_CONV = "tests/test_kernel_conv1d.py"
 T_SSM_STEP = "tests/test_kernel_ssm_step.py"
+T_GEMV_CONV = "tests/test_kernel_gemv.py::test_gemv_conv_epilogue_equals_conv1d_step_bitwise"
+T_GEMV_NORM = "tests/test_kernel_gemv.py::test_gemv_norm_folds_match_norm_then_gemv"
+T_ROW_GEMV = "tests/test_engine_row_gemv.py"
 T_SSD_TABLE = "tests/test_kernel_ssd.py::test_ssd_chunk_table_cuts_at_absolute_multiples"
 T_SSD_MIXED = "tests/test_kernel_ssd.py::test_ssd_varlen_mixed_batch_matches_recurrence"
 T_SAMPLING = "tests/test_kernel_sampling.py"
@@ -131,8 +134,7 @@ MUTANTS: list[Mutant] = [
            (T_CONV,)),
     Mutant("dt_bias_twice_decode", "dt processing",
            "the decode kernel adds dt_bias although the caller already folded it into dt",
-           K + "ssm_step.py", "        dt += tl.load(dt_bias_ptr + h).to(tl.float32)",
-           "        dt += 2.0 * tl.load(dt_bias_ptr + h).to(tl.float32)",
+           K + "ssm_step.py", "        dt += bias\n", "        dt += 2.0 * bias\n",
            (T_SSM_STEP,)),
     Mutant("dt_bias_twice_prefill", "dt processing",
            "the model adds dt_bias before the SSD prefill kernel, which adds it again",
@@ -149,7 +151,7 @@ MUTANTS: list[Mutant] = [
            (T_SSD_MIXED,)),
     Mutant("d_skip_dropped_decode", "D skip",
            "decode forgets the D * x skip connection",
-           K + "ssm_step.py", "        y += tl.load(D_ptr + h).to(tl.float32) * x", "        y += 0.0 * x",
+           K + "ssm_step.py", "        y += Dh * x", "        y += 0.0 * x",
            (T_SSM_STEP,)),
     Mutant("d_skip_dropped_prefill", "D skip",
            "the sub-chunk scan forgets the D * x skip connection",
@@ -237,9 +239,23 @@ MUTANTS: list[Mutant] = [
            ("tests/test_batch_invariance.py::test_fixed_split_matmul_rows_do_not_depend_on_m_and_match_the_product",)),
     Mutant("gemv_pdl_no_wait", "launch order",
            "the PDL-launched GEMV never waits for the kernel that writes its input (reads x while the norm runs)",
-           K + "gemv.py", "    if PDL:\n        gdc_wait()\n        gdc_launch_dependents()\n",
-           "    if PDL:\n        gdc_launch_dependents()\n",
+           K + "gemv.py", "    if PDL == 2:\n        gdc_launch_dependents()\n        gdc_wait()\n    elif PDL == 1:\n"
+           "        gdc_wait()\n        gdc_launch_dependents()\n", "    if PDL:\n        gdc_launch_dependents()\n",
            ("tests/test_kernel_gemv.py::test_gemv_launched_early_waits_for_its_producer",), gpu_only=True),
+    # ---------------------------------------------------------------- folds into the one-row GEMV
+    Mutant("gemv_conv_window_not_rolled", "conv window",
+           "the conv step folded into in_proj's epilogue writes the newest tap but never shifts the older ones",
+           K + "gemv.py", "                nxt = tl.load(cbase + (j + 1) * s_bank_k, mask=ml, other=0.0)",
+           "                nxt = tl.load(cbase + j * s_bank_k, mask=ml, other=0.0)",
+           (T_GEMV_CONV, T_ROW_GEMV)),
+    Mutant("gemv_norm_scale_dropped", "norm fold",
+           "the RMSNorm folded into the GEMV's x load multiplies by the norm weight but never by 1/rms",
+           K + "gemv.py", "        y = y * (1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps))", "        y = y * 1.0",
+           (T_GEMV_NORM, T_ROW_GEMV)),
+    Mutant("gemv_residual_not_stored", "norm fold",
+           "the residual add folded into the GEMV normalises h + delta but never writes it back to the stream",
+           K + "gemv.py", "        tl.store(hout_ptr + kk, hs, mask=tl.where(store_h, mask, False))", "        pass",
+           (T_GEMV_NORM, T_ROW_GEMV)),
     # ---------------------------------------------------------------- async bookkeeping / finishing
     Mutant("async_extra_token_appended", "async",
            "the token computed for a request in the step after it finished is appended to its output",
