@@ -19,8 +19,7 @@ from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
-from fastpath.kernels.gated_norm import rms_norm_gated as _rms_norm_gated
-from fastpath.kernels.gemv import ConvStep, RowNorm, gemv as _gemv
+from fastpath.kernels.gemv import ConvStep, gemv as _gemv
 
 
 @dataclass
@@ -40,26 +39,6 @@ class StepBatch:
     table: object = None   # the SSD chunk table of the prefill pieces (built once per step)
 
 
-class NormedRow:
-    """The normalised input row of a one-row step — rmsnorm(h + delta)·w, or rmsnorm(y · silu(gate))·w — not yet
-    computed: the projection that consumes it computes it in its GEMV's x load (no norm kernel; gemv.RowNorm).
-    Any other consumer calls `tensor()`, which runs the norm kernels (and writes h + delta to h_out as well)."""
-
-    def __init__(self, x: Tensor, norm: RowNorm, out_dtype: torch.dtype):
-        self.x, self.norm, self.out_dtype, self._t = x, norm, out_dtype, None
-
-    def tensor(self) -> Tensor:
-        """The normalised row as a tensor [1, K] (computed once)."""
-        if self._t is None:
-            n = self.norm
-            if n.gate is not None:
-                self._t = _rms_norm_gated(self.x, n.gate, n.weight, 1, n.eps)
-            else:
-                self._t = _add_rms_norm(self.x, n.delta, n.weight, n.eps, n.multiplier, out_dtype=self.out_dtype,
-                                        h_out=n.h_out)[1]
-        return self._t
-
-
 class FastModel:
     """Weights on the device in the compute dtype, and `forward(batch, bank) -> logits [S, V]`."""
 
@@ -67,7 +46,6 @@ class FastModel:
     gemv: bool = True    # CUDA + Triton backend: one-row projections through the Triton GEMV (False: cuBLAS)
     gemv_on_cpu: bool = False   # tests: take the one-row GEMV path (and its folds) on CPU as well
     fold_act: bool = True   # with the GEMV: the MLP's act·mul is done in the down GEMV's x load (no act_mul kernel)
-    fold_norm: bool = False  # with the GEMV: each RMSNorm of a one-token step in the next GEMV's x load (slower)
     fold_conv: bool = True  # with the GEMV: a one-row decode step's conv step is in_proj's epilogue
 
     def __init__(self, config, tensors: dict[str, Tensor], device: torch.device | str = "cpu",
@@ -107,11 +85,6 @@ class FastModel:
                   rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(h + out, norm(h + out)) — the residual add of the previous sublayer (out None: none) fused with
         the next norm; `rows` selects the rows to normalise (then the returned stream is not updated)."""
-        if self._fusing() and self.fold_norm and h.shape[0] == 1 and self._gemv_ok(h):   # bs1: into the GEMV
-            hn = None if out is None else torch.empty_like(h)
-            c = self.config
-            return (h if hn is None else hn), NormedRow(h, RowNorm(self.w[name], c.norm_eps, out,
-                                                                   c.residual_multiplier, hn), self.dtype)
         if self._fusing():
             hn, u = _add_rms_norm(h, out, self.w[name], self.config.norm_eps, self.config.residual_multiplier,
                                   rows=rows, out_dtype=self.dtype)
@@ -126,25 +99,17 @@ class FastModel:
         return (self.gemv and x.shape[0] == 1 and (x.is_cuda or self.gemv_on_cpu) and ops.BACKEND == "triton"
                 and x.stride(-1) == 1)
 
-    def _row_gemv(self, x: Tensor | NormedRow) -> bool:
-        """True if a projection of x runs on the one-row GEMV (so act, norm and conv can fold into it)."""
-        return self._gemv_ok(x.x if isinstance(x, NormedRow) else x)
-
-    def _proj(self, x: Tensor | NormedRow, w: Tensor, b: Tensor | None = None, act: str | None = None,
+    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None, act: str | None = None,
               conv: ConvStep | None = None) -> Tensor:
-        """x · wᵀ (+ b); act: x is [gate | up] and the product is act(gate)·up · wᵀ; a NormedRow is normalised in
-        the GEMV's x load; conv: the decode conv step in the GEMV's epilogue (act/conv: one-row GEMV only)."""
-        if isinstance(x, NormedRow):
-            if self._gemv_ok(x.x) and act is None:
-                return _gemv(x.x, w, b, norm=x.norm, conv=conv)
-            x = x.tensor()
+        """x · wᵀ (+ b); act: x is [gate | up] and the product is act(gate)·up · wᵀ; conv: the decode conv step
+        in the GEMV's epilogue (act and conv: one-row GEMV only)."""
         if self._gemv_ok(x):
             return _gemv(x, w, b, act=act, conv=conv)
         if act is not None or conv is not None:
             raise ValueError("FastModel._proj: act and conv are only folded into the one-row Triton GEMV")
         return F.linear(x, w, b)
 
-    def _linear(self, x: Tensor | NormedRow, name: str, act: str | None = None,
+    def _linear(self, x: Tensor, name: str, act: str | None = None,
                 conv: ConvStep | None = None) -> Tensor:
         return self._proj(x, self.w[name + ".weight"], self.w.get(name + ".bias"), act, conv)
 
@@ -153,7 +118,7 @@ class FastModel:
         c, p, n = self.config, f"layers.{i}.mamba.", b.n_dec
         conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
         conv = None
-        if self._fusing() and self.fold_conv and n == 1 and b.ids.shape[0] == 1 and self._row_gemv(u):
+        if self._fusing() and self.fold_conv and n == 1 and b.ids.shape[0] == 1 and self._gemv_ok(u):
             xbc = torch.empty(1, c.conv_dim, dtype=self.dtype, device=self.device)
             conv = ConvStep(conv_w, conv_b, bank.conv(i), b.dec_slot, xbc, c.d_inner)   # in in_proj's epilogue
         zxbcdt = self._linear(u, p + "in_proj", conv=conv)
@@ -180,30 +145,23 @@ class FastModel:
         y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
         return self._linear(y, p + "out_proj")
 
-    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor | NormedRow:
-        """Gated RMSNorm over groups of d_inner / n_groups (the hook TP overrides for groups spanning ranks);
-        one row and one group on the GEMV path: left to out_proj's x load."""
+    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
+        """Gated RMSNorm over groups of d_inner / n_groups (the hook TP overrides for groups spanning ranks)."""
         c = self.config
-        if (self._fusing() and self.fold_norm and c.mamba_n_groups == 1 and y.shape[0] == 1 and self._gemv_ok(y)
-                and z.stride(-1) == 1):
-            return NormedRow(y, RowNorm(weight, c.norm_eps, gate=z), self.dtype)
         return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)
 
     def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
         """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions)."""
         c, p, n = self.config, f"layers.{i}.attn.", b.n_dec
         Hq, Hkv, d = c.n_attn_heads, c.n_kv_heads, c.attn_head_dim
+        T = u.shape[0]
         if p + "qkv.weight" in self.w:                     # one GEMM; q, k, v are strided views of its output
-            qkv = self._linear(u, p + "qkv")
-            T = qkv.shape[0]
-            qk, v = qkv.split([(Hq + Hkv) * d, Hkv * d], dim=-1)
+            qk, v = self._linear(u, p + "qkv").split([(Hq + Hkv) * d, Hkv * d], dim=-1)
             qk, v = qk.view(T, Hq + Hkv, d), v.view(T, Hkv, d)
             if c.rope_dim:                                 # q and k heads rotated in one launch
                 qk = ops.rope(qk, b.pos, c.rope_dim, c.rope_theta)
             q, k = qk[:, :Hq], qk[:, Hq:]
         else:
-            u = u.tensor() if isinstance(u, NormedRow) else u
-            T = u.shape[0]
             q = self._linear(u, p + "q_proj").view(T, Hq, d)
             k = self._linear(u, p + "k_proj").view(T, Hkv, d)
             v = self._linear(u, p + "v_proj").view(T, Hkv, d)
@@ -226,10 +184,8 @@ class FastModel:
     def _act(self, x: Tensor) -> Tensor:
         return F.silu(x) if self.config.mlp_act == "silu" else torch.square(F.relu(x))
 
-    def mlp(self, x: Tensor | NormedRow, p: str) -> Tensor:
+    def mlp(self, x: Tensor, p: str) -> Tensor:
         """Gated SiLU (gate_proj present) or squared-ReLU MLP."""
-        if isinstance(x, NormedRow) and p + "gate_up.weight" not in self.w and p + "gate_proj.weight" in self.w:
-            x = x.tensor()                                   # two consumers
         if p + "gate_up.weight" in self.w:                  # gate and up in one GEMM
             gu = self._linear(x, p + "gate_up")
             if self._fusing() and self.fold_act and self._gemv_ok(gu):   # act·mul folded into the down GEMV's x load
@@ -245,10 +201,9 @@ class FastModel:
             hidden = self._act(self._linear(x, p + "up_proj"))
         return self._linear(hidden, p + "down_proj")
 
-    def moe(self, x: Tensor | NormedRow, p: str) -> Tensor:
+    def moe(self, x: Tensor, p: str) -> Tensor:
         """Routed experts (dense over experts, gate weight 0 where not chosen) plus the shared expert."""
         c, w = self.config, self.w
-        x = x.tensor() if isinstance(x, NormedRow) else x
         logits = F.linear(x.float(), w[p + "router.weight"])                              # [T, E]
         if c.moe_router == "softmax_topk":
             top_logits, idx = logits.topk(c.moe_top_k, dim=-1)

@@ -143,7 +143,7 @@ class TPModel(FastModel):
         """Routed (expert FFNs split) + shared expert partial sums, then one all-reduce."""
         return self.all_reduce(super().moe(x, p).contiguous())
 
-    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor):
+    def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
         """Gated RMSNorm; a group spanning ranks reduces its sum of squares over the TP group."""
         c = self.config
         if self.span_group is None:
