@@ -87,11 +87,39 @@ def conv1d_window_update_kernel(
 
 
 @triton.jit
+def conv_window(w_ptr, bias_ptr, base, d, md, ml, stride_w_d, stride_w_k, stride_bank_k,
+                K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The decode conv of channels d without the new input: (bias + Σ_k<K-1 weight[d, k] · window[k], weight[d, K-1]),
+    in fp32, taps added in order (so every caller rounds alike); window at base (+ k · stride_bank_k), read where ml."""
+    acc = tl.zeros(d.shape, dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + d, mask=md, other=0.0).to(tl.float32)
+    for k in tl.static_range(K - 1):
+        wk = tl.load(w_ptr + d * stride_w_d + k * stride_w_k, mask=md, other=0.0).to(tl.float32)
+        acc += wk * tl.load(base + k * stride_bank_k, mask=ml, other=0.0).to(tl.float32)
+    return acc, tl.load(w_ptr + d * stride_w_d + (K - 1) * stride_w_k, mask=md, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def conv_roll(base, x_new, ml, stride_bank_k, K: tl.constexpr, KW: tl.constexpr):
+    """Shift each window (where ml) left by one and append x_new. Every tap is loaded before a CTA barrier and
+    stored after it, so lanes holding the same channel (replicated layouts) cannot read a tap already shifted."""
+    if K > 1:
+        j = tl.arange(0, KW)
+        m = ml[:, None] & (j < K - 1)[None, :]
+        win = tl.load(base[:, None] + j[None, :] * stride_bank_k, mask=m, other=0.0)
+        tl.debug_barrier()
+        tl.store(base[:, None] + (j - 1)[None, :] * stride_bank_k, win, mask=m & (j >= 1)[None, :])
+        tl.store(base + (K - 2) * stride_bank_k, x_new.to(base.dtype.element_ty), mask=ml)
+
+
+@triton.jit
 def conv1d_step_kernel(
     x_ptr, w_ptr, bias_ptr, bank_ptr, y_ptr, slot_ptr, Dc,
     stride_x_r, stride_x_d, stride_w_d, stride_w_k, stride_bank_s, stride_bank_d, stride_bank_k,
     stride_y_r, stride_y_d,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    K: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Decode: one token per row. Grid (R, cdiv(Dc, BLOCK_D)). The window part (bias, taps · state) is computed
     before the PDL wait: only this kernel writes the bank, so it overlaps the kernel that produces x."""
@@ -101,13 +129,8 @@ def conv1d_step_kernel(
     slot = tl.load(slot_ptr + r).to(tl.int64)
     ml = tl.where(slot >= 0, md, False)
     base = bank_ptr + slot * stride_bank_s + offs_d * stride_bank_d
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
-    for k in tl.static_range(K - 1):
-        wk = tl.load(w_ptr + offs_d * stride_w_d + k * stride_w_k, mask=md, other=0.0).to(tl.float32)
-        acc += wk * tl.load(base + k * stride_bank_k, mask=ml, other=0.0).to(tl.float32)
-    w_last = tl.load(w_ptr + offs_d * stride_w_d + (K - 1) * stride_w_k, mask=md, other=0.0).to(tl.float32)
+    acc, w_last = conv_window(w_ptr, bias_ptr, base, offs_d, md, ml, stride_w_d, stride_w_k, stride_bank_k,
+                              K, HAS_BIAS)
     pdl_enter(PDL)
     x = tl.load(x_ptr + r * stride_x_r + offs_d * stride_x_d, mask=ml, other=0.0).to(tl.float32)
     acc += w_last * x
@@ -115,12 +138,7 @@ def conv1d_step_kernel(
         acc = acc * (1.0 / (1.0 + tl.exp(-acc)))
     acc = tl.where(ml, acc, 0.0)
     tl.store(y_ptr + r * stride_y_r + offs_d * stride_y_d, acc.to(y_ptr.dtype.element_ty), mask=md)
-    tl.debug_barrier()
-    for k in tl.static_range(K - 2):                                      # shift left by one (same thread per d)
-        nxt = tl.load(base + (k + 1) * stride_bank_k, mask=ml, other=0.0)
-        tl.store(base + k * stride_bank_k, nxt, mask=ml)
-    if K > 1:
-        tl.store(base + (K - 2) * stride_bank_k, x.to(bank_ptr.dtype.element_ty), mask=ml)
+    conv_roll(base, x, ml, stride_bank_k, K, KW)
 
 
 def conv1d_launch_rule(Dc: int) -> dict:
@@ -196,6 +214,6 @@ def conv1d_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tenso
     conv1d_step_kernel[(R, triton.cdiv(Dc, rule["BLOCK_D"]))](
         x, weight, bias if bias is not None else weight, conv_bank, out, slot, Dc,
         *x.stride(), *weight.stride(), *conv_bank.stride(), *out.stride(),
-        K=K, HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule["BLOCK_D"], num_warps=rule["num_warps"],
-        **pdl_meta(dev))
+        K=K, KW=next_pow2(K - 1), HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule["BLOCK_D"],
+        num_warps=rule["num_warps"], **pdl_meta(dev))
     return out

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, KernelInputError, check, gdc_launch_dependents, gdc_wait, next_pow2, pdl_meta,
-                      sigmoid)
+from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2, pdl_enter, pdl_meta, sigmoid
+from .conv1d import conv_roll, conv_window
 from .matmul import split_sum_kernel
 
 OP = "gemv"
@@ -47,7 +47,7 @@ class ConvStep:
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
                 cw_ptr, cb_ptr, cbank_ptr, cslot_ptr, cout_ptr, c0, Dc, s_cw_d, s_cw_k, s_bank_s, s_bank_d, s_bank_k,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                EVEN_K: tl.constexpr, ACT: tl.constexpr, CONV: tl.constexpr, KC: tl.constexpr,
+                EVEN_K: tl.constexpr, ACT: tl.constexpr, CONV: tl.constexpr, KC: tl.constexpr, KW: tl.constexpr,
                 HAS_CBIAS: tl.constexpr, PDL: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT) (PARTIAL: fp32 at y[s]).
     Before the PDL wait (nothing read from x or written yet): the first weight tile and the conv window part."""
@@ -66,19 +66,8 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
         slot = tl.load(cslot_ptr).to(tl.int64)
         ml = tl.where(slot >= 0, mc, False)
         cbase = cbank_ptr + slot * s_bank_s + c.to(tl.int64) * s_bank_d
-        cacc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if HAS_CBIAS:
-            cacc += tl.load(cb_ptr + c, mask=mc, other=0.0).to(tl.float32)
-        for j in tl.static_range(KC - 1):
-            wj = tl.load(cw_ptr + c * s_cw_d + j * s_cw_k, mask=mc, other=0.0).to(tl.float32)
-            cacc += wj * tl.load(cbase + j * s_bank_k, mask=ml, other=0.0).to(tl.float32)
-        c_last = tl.load(cw_ptr + c * s_cw_d + (KC - 1) * s_cw_k, mask=mc, other=0.0).to(tl.float32)
-    if PDL == 2:
-        gdc_launch_dependents()
-        gdc_wait()
-    elif PDL == 1:
-        gdc_wait()
-        gdc_launch_dependents()
+        cacc, c_last = conv_window(cw_ptr, cb_ptr, cbase, c, mc, ml, s_cw_d, s_cw_k, s_bank_k, KC, HAS_CBIAS)
+    pdl_enter(PDL)
     for k in range(k_lo, k_hi - BLOCK_K, BLOCK_K):          # every tile but the last: a next tile exists
         kk = k + k0
         xv = _x_tile(x_ptr, kk, K, kk < k_hi, ACT)
@@ -100,11 +89,7 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
             cacc += c_last * xq
             cacc = cacc * (1.0 / (1.0 + tl.exp(-cacc)))
             tl.store(cout_ptr + c, tl.where(ml, cacc, 0.0).to(cout_ptr.dtype.element_ty), mask=mc)
-            for j in tl.static_range(KC - 2):                    # roll the window (this program's columns only)
-                nxt = tl.load(cbase + (j + 1) * s_bank_k, mask=ml, other=0.0)
-                tl.store(cbase + j * s_bank_k, nxt, mask=ml)
-            if KC > 1:
-                tl.store(cbase + (KC - 2) * s_bank_k, xq.to(cbank_ptr.dtype.element_ty), mask=ml)
+            conv_roll(cbase, xq, ml, s_bank_k, KC, KW)        # this program's columns only
 
 
 @triton.jit
@@ -145,7 +130,7 @@ def _conv_args(conv: ConvStep | None, N: int, weight: Tensor) -> tuple[tuple, di
     """Validate the conv epilogue; (its kernel arguments, its constexprs; unused pointers get `weight`)."""
     dev = weight.device
     if conv is None:
-        return (weight,) * 5 + (0,) * 7, dict(CONV=False, KC=1, HAS_CBIAS=False)
+        return (weight,) * 5 + (0,) * 7, dict(CONV=False, KC=1, KW=1, HAS_CBIAS=False)
     check(OP, "conv.weight", conv.weight, (None, None), FLOAT_DTYPES, dev)
     Dc, KC = conv.weight.shape
     if KC < 1 or not 0 <= conv.first <= N - Dc:
@@ -159,7 +144,7 @@ def _conv_args(conv: ConvStep | None, N: int, weight: Tensor) -> tuple[tuple, di
         raise KernelInputError(f"{OP}: `conv.out` must be contiguous")
     b = conv.bias if conv.bias is not None else conv.weight
     return ((conv.weight, b, conv.bank, conv.slot, conv.out, conv.first, Dc, *conv.weight.stride(),
-             *conv.bank.stride()), dict(CONV=True, KC=KC, HAS_CBIAS=conv.bias is not None))
+             *conv.bank.stride()), dict(CONV=True, KC=KC, KW=next_pow2(KC - 1), HAS_CBIAS=conv.bias is not None))
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,

@@ -124,9 +124,9 @@ MUTANTS: list[Mutant] = [
            (T_CONV_STEP,)),
     Mutant("conv_decode_window_not_rolled", "conv window",
            "decode overwrites the newest window entry but never shifts the older ones left",
-           K + "conv1d.py", "        nxt = tl.load(base + (k + 1) * stride_bank_k, mask=ml, other=0.0)",
-           "        nxt = tl.load(base + k * stride_bank_k, mask=ml, other=0.0)",
-           (T_CONV_STEP,)),
+           K + "conv1d.py", "        tl.store(base[:, None] + (j - 1)[None, :] * stride_bank_k, win,",
+           "        tl.store(base[:, None] + j[None, :] * stride_bank_k, win,",
+           (T_CONV_STEP, T_GEMV_CONV)),
     Mutant("conv_prefill_stale_window", "stale state",
            "a piece without initial state still reads the slot's old window when it is shorter than K-1",
            K + "conv1d.py", "    old_m = tl.where(init, ", "    old_m = tl.where(live, ",
@@ -238,14 +238,13 @@ MUTANTS: list[Mutant] = [
            ("tests/test_batch_invariance.py::test_fixed_split_matmul_rows_do_not_depend_on_m_and_match_the_product",)),
     Mutant("gemv_pdl_no_wait", "launch order",
            "the PDL-launched GEMV never waits for the kernel that writes its input (reads x while the norm runs)",
-           K + "gemv.py", "    if PDL == 2:\n        gdc_launch_dependents()\n        gdc_wait()\n    elif PDL == 1:\n"
-           "        gdc_wait()\n        gdc_launch_dependents()\n", "    if PDL:\n        gdc_launch_dependents()\n",
+           K + "gemv.py", "    pdl_enter(PDL)\n", "    pass                # no gdc_wait: x is read whenever\n",
            ("tests/test_kernel_gemv.py::test_gemv_launched_early_waits_for_its_producer",), gpu_only=True),
     # ---------------------------------------------------------------- folds into the one-row GEMV
-    Mutant("gemv_conv_window_not_rolled", "conv window",
-           "the conv step folded into in_proj's epilogue writes the newest tap but never shifts the older ones",
-           K + "gemv.py", "                nxt = tl.load(cbase + (j + 1) * s_bank_k, mask=ml, other=0.0)",
-           "                nxt = tl.load(cbase + j * s_bank_k, mask=ml, other=0.0)",
+    Mutant("gemv_conv_channel_off_by_one", "conv window",
+           "the conv step folded into in_proj's epilogue maps GEMV column n to conv channel n - first - 1 (an "
+           "off-by-one at the z | xBC boundary): each column is convolved with its neighbour's taps and window",
+           K + "gemv.py", "        c = n - c0\n", "        c = n - c0 - 1\n",
            (T_GEMV_CONV, T_ROW_GEMV)),
     # ---------------------------------------------------------------- async bookkeeping / finishing
     Mutant("async_extra_token_appended", "async",
