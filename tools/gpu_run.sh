@@ -25,6 +25,8 @@ DEFAULT_STEPS="gpu_tests bench_kernels"
 DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BENCH_ENGINE_TIMEOUT:-300}" $PY tools/bench_engine.py ${BENCH_ENGINE_ARGS:-} --out "$OUT/bench_engine.json" --summary "$OUT/bench_engine.summary"; }
 # Optional (name it in STEPS): the projection launch-rule sweep in CUDA graphs + batch-invariance cost.
 step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY tools/bench_gemm.py ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
+# Optional: one bs1 decode step as a CUDA graph with flag / rule / skip-a-kernel variants (where a step goes).
+step_bench_ablation() { timeout "${BENCH_ABLATION_TIMEOUT:-300}" $PY tools/bench_ablation.py ${BENCH_ABLATION_ARGS:-}; }
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 

@@ -89,8 +89,9 @@ def conv1d_window_update_kernel(
 @triton.jit
 def conv_window(w_ptr, bias_ptr, base, d, md, ml, stride_w_d, stride_w_k, stride_bank_k,
                 K: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The decode conv of channels d without the new input: (bias + Σ_k<K-1 weight[d, k] · window[k], weight[d, K-1]),
-    in fp32, taps added in order (so every caller rounds alike); window at base (+ k · stride_bank_k), read where ml."""
+    """The decode conv of channels d without the new input: (bias + Σ_{k<K-1} weight[d, k] · window[k],
+    weight[d, K-1]) in fp32, taps added in order (so every caller rounds alike); the window at base
+    (+ k · stride_bank_k) is read where ml."""
     acc = tl.zeros(d.shape, dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=md, other=0.0).to(tl.float32)

@@ -180,7 +180,8 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
     k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
     split = triton.cdiv(K, k_split)
     b_arg = bias if bias is not None else weight
-    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=K % bk == 0, ACT=ACTS[act], **cmeta, num_warps=r["num_warps"], num_stages=r["num_stages"], **pdl_meta(dev))
+    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=K % bk == 0, ACT=ACTS[act], **cmeta,
+                num_warps=r["num_warps"], num_stages=r["num_stages"], **pdl_meta(dev))
     grid = (triton.cdiv(N, r["BLOCK_N"]), split)
     head = (x, weight, b_arg)
     tail = (N, K, k_split, weight.stride(0), *cargs)

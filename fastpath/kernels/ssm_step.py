@@ -31,8 +31,9 @@ def ssm_step_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (R, H, cdiv(P, BLOCK_P)). The state tile, slot and per-head constants are loaded before the PDL wait:
-    only this kernel writes the bank (in an earlier step, or an earlier layer's own launch), so under PDL they
-    stream in while the kernel that produces x, dt, B, C drains."""
+    a decode row's state is written only by this kernel in earlier steps (each step begins with non-PDL torch
+    kernels, full barriers; prefill kernels of the same step write other slots), so under PDL they stream in
+    while the kernel that produces x, dt, B, C drains."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     pb = tl.program_id(2)
