@@ -148,3 +148,14 @@ def test_gemv_launched_early_waits_for_its_producer(monkeypatch, mode):
         torch.cuda.synchronize()
         for a, b, c in zip(want, eager, captured):
             assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_bad_hq_pdl_value_is_named(monkeypatch):
+    """HQ_PDL accepts 0, 1, 2; anything else is an error that names the variable (not a silent default)."""
+    from fastpath.kernels._common import pdl_mode
+    monkeypatch.setenv("HQ_PDL", "yes")
+    with pytest.raises(ValueError, match="HQ_PDL"):
+        pdl_mode()
+    for v in ("0", "1", "2"):
+        monkeypatch.setenv("HQ_PDL", v)
+        assert pdl_mode() == int(v)
