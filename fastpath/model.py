@@ -124,10 +124,10 @@ class FastModel:
         zxbcdt = self._linear(u, p + "in_proj", conv=conv)
         T, H, P, G, N = zxbcdt.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
         z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)     # strided views, no copies
-        if conv is None:
+        if conv is None:                        # not folded: the decode rows' conv step as its own kernel
             xbc = torch.empty(T, c.conv_dim, dtype=zxbcdt.dtype, device=zxbcdt.device)
-        if n and conv is None:
-            ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
+            if n:
+                ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
         if T > n:
             ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
                                      out=xbc[n:])
