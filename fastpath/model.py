@@ -19,7 +19,7 @@ from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
-from fastpath.kernels.gemv import ConvStep, gemv as _gemv
+from fastpath.kernels.gemv import ConvStep, ResidualAdd, gemv as _gemv
 
 
 @dataclass
@@ -47,6 +47,9 @@ class FastModel:
     gemv_on_cpu: bool = False   # tests: take the one-row GEMV path (and its folds) on CPU as well
     fold_act: bool = True   # with the GEMV: the MLP's act·mul is done in the down GEMV's x load (no act_mul kernel)
     fold_conv: bool = True  # with the GEMV: a one-row decode step's conv step is in_proj's epilogue
+    fold_gains: bool = True  # at load: a norm gain read only by projections is folded into their weight columns
+    fold_norm: bool = True   # with the GEMV and folded gains: a one-row decode step normalises in the projections'
+    #                          x loads and adds the residual in their epilogues (no add_rms_norm/rms_norm_gated)
 
     def __init__(self, config, tensors: dict[str, Tensor], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
@@ -70,9 +73,40 @@ class FastModel:
                     self.w[p + "qkv.bias"] = torch.cat([self.w.pop(n + ".bias") for n in names])
         if "lm_head.weight" not in self.w:          # tied embeddings
             self.w["lm_head.weight"] = self.w["embed.weight"]
+        self.gains_folded = self._fold_gains() if self.fold_gains else set()
         self.A = {i: -torch.exp(self.w[f"layers.{i}.mamba.A_log"]) for i in config.mamba_layer_ids}
         c = config
         self.stream_dtype = torch.float32 if (c.residual_in_fp32 and dtype != torch.float32) else dtype
+
+    def _fold_gains(self) -> set[str]:
+        """W·diag(g) for each RMSNorm gain g whose normalised rows only projections read (mixer norms, MLP norms,
+        the gated norm before out_proj; not the final norm — lm_head may be tied — nor a MoE norm); the norm's gain
+        becomes 1. The same function (up to rounding), and a one-row projection can now normalise its own input."""
+        w, done = self.w, set()
+
+        def fold(norm: str, consumers: list[str]) -> None:
+            names = [n + ".weight" for n in consumers if n + ".weight" in w]
+            if norm not in w or not names:
+                return
+            g = w[norm].float()
+            for n in names:
+                if w[n].shape[-1] != g.shape[0]:
+                    raise ValueError(f"FastModel: {n} has {w[n].shape[-1]} input columns, its norm {norm} has "
+                                     f"{g.shape[0]} gains")
+                w[n] = (w[n].float() * g).to(w[n].dtype)
+            w[norm] = torch.ones_like(w[norm])
+            done.add(norm)
+
+        for i, spec in enumerate(self.config.layers):
+            p = f"layers.{i}."
+            if spec.mixer == "mamba":
+                fold(p + "mixer_norm.weight", [p + "mamba.in_proj"])
+                fold(p + "mamba.norm.weight", [p + "mamba.out_proj"])
+            elif spec.mixer == "attention":
+                fold(p + "mixer_norm.weight", [p + "attn." + n for n in ("qkv", "q_proj", "k_proj", "v_proj")])
+            if spec.ffn == "mlp":
+                fold(p + "ffn_norm.weight", [p + "mlp." + n for n in ("gate_up", "gate_proj", "up_proj")])
+        return done
 
     # ------------------------------------------------------------------------------------------- blocks
     def _norm(self, h: Tensor, name: str) -> Tensor:
@@ -100,28 +134,33 @@ class FastModel:
                 and x.stride(-1) == 1)
 
     def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None, act: str | None = None,
-              conv: ConvStep | None = None) -> Tensor:
+              conv: ConvStep | None = None, rms_eps: float | None = None,
+              residual: ResidualAdd | None = None) -> Tensor:
         """x · wᵀ (+ b); act: x is [gate | up] and the product is act(gate)·up · wᵀ; conv: the decode conv step
-        in the GEMV's epilogue (act and conv: one-row GEMV only)."""
+        in the GEMV's epilogue; rms_eps: x RMS-normalised first; residual: added to the stream, not returned
+        (all four: one-row GEMV only)."""
         if self._gemv_ok(x):
-            return _gemv(x, w, b, act=act, conv=conv)
-        if act is not None or conv is not None:
-            raise ValueError("FastModel._proj: act and conv are only folded into the one-row Triton GEMV")
+            return _gemv(x, w, b, act=act, conv=conv, rms_eps=rms_eps, residual=residual)
+        if act is not None or conv is not None or rms_eps is not None or residual is not None:
+            raise ValueError("FastModel._proj: act, conv, rms_eps and residual are only folded into the one-row "
+                             "Triton GEMV")
         return F.linear(x, w, b)
 
-    def _linear(self, x: Tensor, name: str, act: str | None = None,
-                conv: ConvStep | None = None) -> Tensor:
-        return self._proj(x, self.w[name + ".weight"], self.w.get(name + ".bias"), act, conv)
+    def _linear(self, x: Tensor, name: str, act: str | None = None, conv: ConvStep | None = None,
+                rms_eps: float | None = None, residual: ResidualAdd | None = None) -> Tensor:
+        return self._proj(x, self.w[name + ".weight"], self.w.get(name + ".bias"), act, conv, rms_eps, residual)
 
-    def mamba(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
-        """Mamba2 mixer of layer i over the packed batch; conv/ssm state at bank[slot]."""
+    def mamba(self, i: int, u: Tensor, b: StepBatch, bank: StateBank, res: ResidualAdd | None = None) -> Tensor:
+        """Mamba2 mixer of layer i over the packed batch; conv/ssm state at bank[slot]. res (the folded one-row
+        step): u is the un-normalised stream and the output is added to res in out_proj's epilogue."""
         c, p, n = self.config, f"layers.{i}.mamba.", b.n_dec
+        eps = c.norm_eps if res is not None else None
         conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
         conv = None
         if self._fusing() and self.fold_conv and n == 1 and b.ids.shape[0] == 1 and self._gemv_ok(u):
             xbc = torch.empty(1, c.conv_dim, dtype=self.dtype, device=self.device)
             conv = ConvStep(conv_w, conv_b, bank.conv(i), b.dec_slot, xbc, c.d_inner)   # in in_proj's epilogue
-        zxbcdt = self._linear(u, p + "in_proj", conv=conv)
+        zxbcdt = self._linear(u, p + "in_proj", conv=conv, rms_eps=eps)
         T, H, P, G, N = zxbcdt.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
         z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)     # strided views, no copies
         if conv is None:                        # not folded: the decode rows' conv step as its own kernel
@@ -135,36 +174,40 @@ class FastModel:
         x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
         A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
         y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
+        gate_in_step = res is not None and G == 1 and T == n   # the whole gated norm folded: y·silu(z) in ssm_step
         if n:
             ops.ssm_step(bank.ssm(i), x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, b.dec_slot,
-                         dt_limit=c.dt_limit, out=y[:n])
+                         z=z[:n].reshape(n, H, P) if gate_in_step else None, dt_limit=c.dt_limit, out=y[:n])
         if T > n:
             ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
                            b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
                            table=b.table)
+        if gate_in_step:                        # its RMS in out_proj's x load, its gain folded into out_proj
+            return self._linear(y.reshape(T, c.d_inner), p + "out_proj", rms_eps=eps, residual=res)
         y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
-        return self._linear(y, p + "out_proj")
+        return self._linear(y, p + "out_proj", residual=res)
 
     def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
         """Gated RMSNorm over groups of d_inner / n_groups (the hook TP overrides for groups spanning ranks)."""
         c = self.config
         return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)
 
-    def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank) -> Tensor:
-        """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions)."""
+    def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank, res: ResidualAdd | None = None) -> Tensor:
+        """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions); res as in mamba."""
         c, p, n = self.config, f"layers.{i}.attn.", b.n_dec
+        eps = c.norm_eps if res is not None else None
         Hq, Hkv, d = c.n_attn_heads, c.n_kv_heads, c.attn_head_dim
         T = u.shape[0]
         if p + "qkv.weight" in self.w:                     # one GEMM; q, k, v are strided views of its output
-            qk, v = self._linear(u, p + "qkv").split([(Hq + Hkv) * d, Hkv * d], dim=-1)
+            qk, v = self._linear(u, p + "qkv", rms_eps=eps).split([(Hq + Hkv) * d, Hkv * d], dim=-1)
             qk, v = qk.view(T, Hq + Hkv, d), v.view(T, Hkv, d)
             if c.rope_dim:                                 # q and k heads rotated in one launch
                 qk = ops.rope(qk, b.pos, c.rope_dim, c.rope_theta)
             q, k = qk[:, :Hq], qk[:, Hq:]
         else:
-            q = self._linear(u, p + "q_proj").view(T, Hq, d)
-            k = self._linear(u, p + "k_proj").view(T, Hkv, d)
-            v = self._linear(u, p + "v_proj").view(T, Hkv, d)
+            q = self._linear(u, p + "q_proj", rms_eps=eps).view(T, Hq, d)
+            k = self._linear(u, p + "k_proj", rms_eps=eps).view(T, Hkv, d)
+            v = self._linear(u, p + "v_proj", rms_eps=eps).view(T, Hkv, d)
             if c.rope_dim:
                 q = ops.rope(q, b.pos, c.rope_dim, c.rope_theta)
                 k = ops.rope(k, b.pos, c.rope_dim, c.rope_theta)
@@ -175,7 +218,7 @@ class FastModel:
         if T > n:
             ops.attention_prefill_varlen(q[n:], k[n:], v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
                                          c.attn_scale, out=o[n:])
-        return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj")
+        return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj", residual=res)
 
     def _residual(self, h: Tensor, out: Tensor) -> Tensor:
         m = self.config.residual_multiplier
@@ -184,22 +227,24 @@ class FastModel:
     def _act(self, x: Tensor) -> Tensor:
         return F.silu(x) if self.config.mlp_act == "silu" else torch.square(F.relu(x))
 
-    def mlp(self, x: Tensor, p: str) -> Tensor:
-        """Gated SiLU (gate_proj present) or squared-ReLU MLP."""
+    def mlp(self, x: Tensor, p: str, res: ResidualAdd | None = None) -> Tensor:
+        """Gated SiLU (gate_proj present) or squared-ReLU MLP; res as in mamba."""
+        eps = self.config.norm_eps if res is not None else None
         if p + "gate_up.weight" in self.w:                  # gate and up in one GEMM
-            gu = self._linear(x, p + "gate_up")
+            gu = self._linear(x, p + "gate_up", rms_eps=eps)
             if self._fusing() and self.fold_act and self._gemv_ok(gu):   # act·mul folded into the down GEMV's x load
-                return self._linear(gu, p + "down_proj", act=self.config.mlp_act)
+                return self._linear(gu, p + "down_proj", act=self.config.mlp_act, residual=res)
             if self._fusing():
                 hidden = _act_mul(gu, self.config.mlp_act)
             else:
                 gate, up = gu.chunk(2, dim=-1)
                 hidden = self._act(gate) * up
         elif p + "gate_proj.weight" in self.w:
-            hidden = self._act(self._linear(x, p + "gate_proj")) * self._linear(x, p + "up_proj")
+            hidden = self._act(self._linear(x, p + "gate_proj", rms_eps=eps)) * self._linear(x, p + "up_proj",
+                                                                                            rms_eps=eps)
         else:
-            hidden = self._act(self._linear(x, p + "up_proj"))
-        return self._linear(hidden, p + "down_proj")
+            hidden = self._act(self._linear(x, p + "up_proj", rms_eps=eps))
+        return self._linear(hidden, p + "down_proj", residual=res)
 
     def moe(self, x: Tensor, p: str) -> Tensor:
         """Routed experts (dense over experts, gate weight 0 where not chosen) plus the shared expert."""
@@ -239,6 +284,8 @@ class FastModel:
         h = F.embedding(b.ids, w["embed.weight"])
         if c.embedding_multiplier != 1.0:
             h = h * c.embedding_multiplier
+        if self._row_folds(b, h):
+            return self._forward_row(b, bank, h)
         h = h.to(self.stream_dtype)
         out = None                                      # the pending sublayer output (added with the next norm)
         for i, spec in enumerate(c.layers):
@@ -250,5 +297,37 @@ class FastModel:
                 p = f"layers.{i}."
                 out = self.mlp(u, p + "mlp.") if spec.ffn == "mlp" else self.moe(u, p + "moe.")
         _, h = self._add_norm(h, out, "final_norm.weight", rows=b.last)
-        logits = self._proj(h, w["lm_head.weight"])
+        return self._logits(h)
+
+    def _logits(self, h: Tensor) -> Tensor:
+        logits = self._proj(h, self.w["lm_head.weight"])
+        c = self.config
         return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits
+
+    def _row_folds(self, b: StepBatch, e: Tensor) -> bool:
+        """The folded one-row step applies: one decode row, GEMV path, every mixer/MLP norm gain folded."""
+        if not (self.fold_norm and self._fusing() and b.n_dec == 1 and e.shape[0] == 1 and self._gemv_ok(e)):
+            return False
+        for i, spec in enumerate(self.config.layers):
+            if spec.ffn not in (None, "mlp") or (spec.ffn and f"layers.{i}.ffn_norm.weight" not in self.gains_folded):
+                return False
+            if spec.mixer and f"layers.{i}.mixer_norm.weight" not in self.gains_folded:
+                return False
+        return True
+
+    def _forward_row(self, b: StepBatch, bank: StateBank, e: Tensor) -> Tensor:
+        """forward() of one decode row with no norm kernels: each projection that reads a normalised row
+        normalises it in its x load (gains folded at load), each sublayer's last projection adds its output to
+        the residual stream in its epilogue (ResidualAdd), so a Mamba layer is 5 kernels instead of 8."""
+        c = self.config
+        stream = e.to(self.stream_dtype)
+        res = ResidualAdd(stream, stream.to(self.dtype, copy=True), c.residual_multiplier)
+        for i, spec in enumerate(c.layers):
+            if spec.mixer == "mamba":
+                self.mamba(i, res.x, b, bank, res)
+            elif spec.mixer is not None:
+                self.attention(i, res.x, b, bank, res)
+            if spec.ffn is not None:
+                self.mlp(res.x, f"layers.{i}.mlp.", res)
+        _, h = self._add_norm(stream, None, "final_norm.weight", rows=b.last)
+        return self._logits(h)

@@ -115,6 +115,8 @@ def shard_tensors(config: HybridConfig, tensors: dict[str, Tensor], rank: int, t
 class TPModel(FastModel):
     """FastModel over this rank's shard; row-parallel outputs all-reduced over `group`."""
 
+    fold_norm = False    # the residual add follows the all-reduce, not a GEMV epilogue
+
     def __init__(self, config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
                  rank: int | None = None, tp: int | None = None, group=None):
         """config/tensors: the FULL model; rank/tp default to torch.distributed's rank and world size."""
@@ -135,8 +137,10 @@ class TPModel(FastModel):
             dist.all_reduce(t, group=self.group)
         return t
 
-    def _linear(self, x, name: str, act: str | None = None, conv=None) -> Tensor:
-        y = super()._linear(x, name, act, conv)
+    def _linear(self, x, name: str, act: str | None = None, conv=None, rms_eps=None, residual=None) -> Tensor:
+        if residual is not None and name in self._reduce:
+            raise ValueError(f"TPModel: {name} is row-parallel; its residual add follows the all-reduce")
+        y = super()._linear(x, name, act, conv, rms_eps, residual)
         return self.all_reduce(y) if name in self._reduce else y
 
     def moe(self, x: Tensor, p: str) -> Tensor:

@@ -1,6 +1,7 @@
-"""The bs1 decode path with small kernels folded into the one-row GEMV (act·mul, the conv step) runs the same
-model: run on CPU through the interpreter (`FastModel.gemv_on_cpu`), every logits row of a bs1 trace
-tracks the plain path, the act and conv folds are bitwise, and the recurrent state ends equal."""
+"""The bs1 decode path with small kernels folded into the one-row GEMV (act·mul, the conv step, the RMSNorms and
+residual adds) runs the same model: run on CPU through the interpreter (`FastModel.gemv_on_cpu`), every logits
+row of a bs1 trace tracks the plain path, the act and conv folds are bitwise, the recurrent state ends equal, and
+the folded step really launches no norm kernel but the final one."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ from oracle import zoo  # noqa: E402
 from oracle.trace import EngineConfig, Request, Trace  # noqa: E402
 
 SMALL = dict(pattern="M*M", hidden_size=32, mamba_n_heads=4, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
-FOLDS = ("fold_act", "fold_conv")
+FOLDS = ("fold_act", "fold_conv", "fold_norm")
 
 
 def _run(cfg, w, mode: str, row_gemv: bool, **folds):
@@ -57,3 +58,66 @@ def test_act_and_conv_folds_are_bitwise(fold):
     assert tok1 == tok0
     assert all(torch.equal(rows1[k], rows0[k]) for k in rows0)
     assert torch.equal(ssm1, ssm0) and torch.equal(conv1, conv0)
+
+
+def test_folded_row_step_launches_only_the_final_norm(monkeypatch):
+    """With fold_norm every decode step of a bs1 request takes FastModel._forward_row, and inside it the only
+    norm kernel is the final norm (add_rms_norm once, rms_norm_gated never); without it the step does not."""
+    import fastpath.model as fm
+    from fastpath.engine import ops
+    calls = {"add_norm": 0, "gated": 0, "rows": []}
+    real_add, real_gated, real_row = fm._add_rms_norm, ops.rms_norm_gated, FastModel._forward_row
+
+    def add(*a, **k):
+        calls["add_norm"] += 1
+        return real_add(*a, **k)
+
+    def gated(*a, **k):
+        calls["gated"] += 1
+        return real_gated(*a, **k)
+
+    def row(self, *a):
+        before = (calls["add_norm"], calls["gated"])
+        out = real_row(self, *a)
+        calls["rows"].append((calls["add_norm"] - before[0], calls["gated"] - before[1]))
+        return out
+    monkeypatch.setattr(fm, "_add_rms_norm", add)
+    monkeypatch.setattr(ops, "rms_norm_gated", gated)
+    monkeypatch.setattr(FastModel, "_forward_row", row)
+    cfg = zoo.tiny_config("bamba", **SMALL)
+    w = zoo.random_weights(cfg, seed=5)
+    _run(cfg, w, "legacy", row_gemv=True)
+    assert len(calls["rows"]) >= 5 and all(c == (1, 0) for c in calls["rows"]), calls["rows"]
+    calls["rows"].clear()
+    _run(cfg, w, "legacy", row_gemv=True, fold_norm=False)
+    assert calls["rows"] == []
+
+
+@pytest.mark.parametrize("arch", ["bamba", "nemotron_h", "mamba2"])
+def test_folded_norm_gains_keep_the_function(arch, monkeypatch):
+    """fold_gains (W·diag(g) at load, gains set to 1): the batched path's logits track the unfolded model's within
+    fp32 rounding on a two-request trace, and the folded norms are exactly the mixer/MLP/gated ones."""
+    cfg = zoo.tiny_config(arch)
+    w = zoo.random_weights(cfg, seed=6)
+    trace = Trace(EngineConfig(2, 16, 16, "legacy"), (Request("a", 0, (3, 9, 27, 4, 11), 4),
+                                                     Request("b", 1, (5, 8, 13), 4)))
+    rows = []
+    for fold in (False, True):
+        monkeypatch.setattr(FastModel, "fold_gains", fold)
+        model = FastModel(cfg, w, "cpu", torch.float32)
+        eng = Engine(model, trace.engine, max_len=16)
+        result, r = run_recording_logits(eng, trace)
+        rows.append((result.tokens, r, model))
+    (tok0, r0, m0), (tok1, r1, m1) = rows
+    assert tok1 == tok0 and r0.keys() == r1.keys()
+    for k in r0:
+        assert torch.allclose(r1[k], r0[k], atol=2e-5, rtol=1e-5), k
+    assert m0.gains_folded == set() and "final_norm.weight" not in m1.gains_folded
+    for i, spec in enumerate(cfg.layers):
+        p = f"layers.{i}."
+        want = {p + "mixer_norm.weight"} if spec.mixer else set()
+        want |= {p + "mamba.norm.weight"} if spec.mixer == "mamba" else set()
+        want |= {p + "ffn_norm.weight"} if spec.ffn == "mlp" else set()
+        assert {n for n in m1.gains_folded if n.startswith(p)} == want, i
+        assert all(torch.equal(m1.w[n], torch.ones_like(m1.w[n])) for n in want)
+        assert all(not torch.equal(m0.w[n], torch.ones_like(m0.w[n])) for n in want)

@@ -81,6 +81,51 @@ def test_gemv_conv_epilogue_equals_conv1d_step_bitwise(device, dtype):
         assert torch.equal(pad, bank) and not conv_got.any()
 
 
+@pytest.mark.parametrize("act", [None, "silu"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_rms_eps_normalises_the_row_first(device, dtype, act):
+    """rms_eps: (x / rms(x)) · (W·diag(g))ᵀ + b equals rmsnorm(x)·g · Wᵀ + b (the gain folded into W, as FastModel
+    folds it); every program sees the whole row (a K split in the rule is overridden), ragged K and small tiles."""
+    skip_cpu_without_interpreter(device)
+    from fastpath.kernels.act_mul import act_mul
+    eps = 1e-5
+    for N, K in ((37, 64), (600, 200), (8, 2100)):
+        gen = torch.Generator().manual_seed(N * K)
+        x = (3 * torch.randn(1, 2 * K if act else K, generator=gen)).to(dtype).to(device)
+        w, g = torch.randn(N, K, generator=gen), 1 + 0.3 * torch.randn(K, generator=gen)
+        b = torch.randn(N, generator=gen).to(dtype).to(device)
+        xin = (act_mul(x, act) if act else x).double().cpu()
+        ref = (xin / (xin.pow(2).mean() + eps).sqrt() * g.double()) @ w.double().T + b.double().cpu()
+        wg = (w * g).to(dtype).to(device)
+        for rule in (None, dict(BLOCK_K=64), dict(BLOCK_K=64, SPLIT=3), dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8)):
+            out = torch.full((1, N), float("nan"), dtype=dtype, device=device)
+            gemv(x, wg, b, out=out, rule=rule, act=act, rms_eps=eps)
+            assert rel(out, ref) < REL[dtype], (N, K, rule)
+        assert rel(gemv(x, wg, b, act=act), ref) > 0.05          # the normalisation is not a no-op here
+
+
+@pytest.mark.parametrize("mult", [1.0, 0.25])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_residual_epilogue_is_add_rms_norms_residual_add(device, dtype, mult):
+    """residual=ResidualAdd: the stream gets exactly add_rms_norm's h + y·m (same rounding points, fp32 and
+    compute-dtype streams), its rounded copy is written, y itself is not stored; `out` untouched."""
+    skip_cpu_without_interpreter(device)
+    from fastpath.kernels.fused_add_norm import add_rms_norm
+    from fastpath.kernels.gemv import ResidualAdd
+    for N, K in ((37, 64), (300, 2100)):
+        gen = torch.Generator().manual_seed(N + K)
+        x = torch.randn(1, K, generator=gen).to(dtype).to(device)
+        w = torch.randn(N, K, generator=gen).to(dtype).to(device)
+        for sdt in {torch.float32, dtype}:
+            stream = (10 * torch.randn(1, N, generator=gen)).to(sdt).to(device)
+            y = gemv(x, w)
+            h_want, _ = add_rms_norm(stream, y, torch.ones(N, device=device), 1e-5, multiplier=mult, out_dtype=dtype)
+            res = ResidualAdd(stream.clone(), torch.full((1, N), float("nan"), dtype=dtype, device=device), mult)
+            got = gemv(x, w, residual=res)
+            assert got is res.x
+            assert torch.equal(res.stream, h_want) and torch.equal(res.x, h_want.to(dtype)), (N, K, sdt)
+
+
 def test_gemv_rejects_bad_inputs_naming_the_field():
     """Two rows, a K mismatch, a mis-shaped bias raise KernelInputError naming them."""
     with pytest.raises(KernelInputError, match="`x`"):
@@ -93,7 +138,14 @@ def test_gemv_rejects_bad_inputs_naming_the_field():
         gemv(torch.randn(1, 8), torch.randn(4, 8), act="gelu")
     with pytest.raises(KernelInputError, match="even"):
         gemv(torch.randn(1, 9), torch.randn(4, 4), act="silu")
-    from fastpath.kernels.gemv import ConvStep
+    from fastpath.kernels.gemv import ConvStep, ResidualAdd
+    with pytest.raises(KernelInputError, match="rms_eps"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), rms_eps=-1.0)
+    s = torch.zeros(1, 4)
+    with pytest.raises(KernelInputError, match="distinct"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), residual=ResidualAdd(s, s))
+    with pytest.raises(KernelInputError, match="residual.stream"):
+        gemv(torch.randn(1, 8), torch.randn(4, 8), residual=ResidualAdd(torch.zeros(1, 5), torch.zeros(1, 4)))
     with pytest.raises(KernelInputError, match="conv channels"):
         gemv(torch.randn(1, 8), torch.randn(4, 8), conv=ConvStep(torch.randn(3, 4), None, torch.zeros(1, 3, 3),
                                                                torch.zeros(1, dtype=torch.int32), torch.zeros(1, 3), 2))

@@ -10,8 +10,13 @@ latency; docs/performance.md):
 
     act="silu"|"relu2"   x = act(gate) · up of a gate_up row [1, 2K], rounded exactly as act_mul rounds it.
     conv=ConvStep(...)   the Mamba decode conv step of a range of output columns (in_proj's xBC), as conv1d_step.
+    rms_eps=eps          the RMSNorm of x (its gain folded into W at load: FastModel.fold_gains): every program
+                         sums x² over the whole row beside x·w and scales its dot products by 1/sqrt(mean + eps).
+    residual=ResidualAdd the residual add that follows: stream[n] += y[n] and the rounded copy the next
+                         projection (with rms_eps) reads, written by the program that owns column n.
 
-Both keep the unfused rounding points: same bits as the separate kernels.
+act and conv keep the unfused rounding points (same bits as the separate kernels); rms_eps and residual replace
+add_rms_norm / rms_norm_gated with the same statistics but other rounding points (normalised x is never rounded).
 """
 from __future__ import annotations
 
@@ -43,19 +48,34 @@ class ConvStep:
     first: int                     # the GEMV output column of conv channel 0
 
 
+@dataclass
+class ResidualAdd:
+    """The residual add after a projection, in its epilogue, with add_rms_norm's rounding points:
+    stream[n] = stream[n] + (y[n]·multiplier rounded to y's dtype), and x[n] = stream[n] rounded to x's dtype (the
+    next projection's input; it normalises x itself with `rms_eps`). Column n is read and written only by the
+    program that computes y[n]."""
+    stream: Tensor                 # [1, N] the residual stream (fp32 or the compute dtype), updated in place
+    x: Tensor                      # [1, N] the stream rounded to the compute dtype, written
+    multiplier: float = 1.0
+
+
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
                 cw_ptr, cb_ptr, cbank_ptr, cslot_ptr, cout_ptr, c0, Dc, s_cw_d, s_cw_k, s_bank_s, s_bank_d, s_bank_k,
+                eps, rs_ptr, rx_ptr, mult,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 EVEN_K: tl.constexpr, ACT: tl.constexpr, CONV: tl.constexpr, KC: tl.constexpr, KW: tl.constexpr,
-                HAS_CBIAS: tl.constexpr, PDL: tl.constexpr):
+                HAS_CBIAS: tl.constexpr, RMS: tl.constexpr, RES: tl.constexpr, HAS_MULT: tl.constexpr,
+                PDL: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT) (PARTIAL: fp32 at y[s]).
-    Before the PDL wait (nothing read from x or written yet): the first weight tile and the conv window part."""
+    Before the PDL wait (nothing read from x or written yet): the first weight tile and the conv window part.
+    RMS (SPLIT 1): Σx² over the row, in every program in the same order, so all programs scale by the same bits."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ps = tl.program_id(1)
     mn = n < N
     k0 = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     wrow = w_ptr + n.to(tl.int64)[:, None] * stride_w_n
     k_lo = ps * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
@@ -73,17 +93,33 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
         xv = _x_tile(x_ptr, kk, K, kk < k_hi, ACT)
         wn = _w_tile(wrow, kk + BLOCK_K, k_hi, mn, EVEN_K)
         acc += wv.to(tl.float32) * xv[None, :]
+        if RMS:
+            ss += xv * xv
         wv = wn
     kk = k_lo + ((k_hi - k_lo - 1) // BLOCK_K) * BLOCK_K + k0   # the last tile (wv holds it)
     xv = _x_tile(x_ptr, kk, K, kk < k_hi, ACT)
     acc += wv.to(tl.float32) * xv[None, :]
-    y = tl.sum(acc, axis=1)
+    if RMS:
+        ss += xv * xv
+        y = tl.sum(acc, axis=1) * (1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps))
+    else:
+        y = tl.sum(acc, axis=1)
     if PARTIAL:
         tl.store(y_ptr + ps * N + n, y, mask=mn)
     else:
         if HAS_BIAS:
             y += tl.load(b_ptr + n, mask=mn, other=0.0).to(tl.float32)
-        tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=mn)
+        if RES:                     # add_rms_norm's residual add of the rounded output; y itself is not stored
+            d = y.to(y_ptr.dtype.element_ty).to(tl.float32)
+            if HAS_MULT:
+                d = (d * mult).to(y_ptr.dtype.element_ty).to(tl.float32)
+            # (loading the stream before the K loop instead: +160 µs per step, bench_ablation, session 4)
+            hs = tl.load(rs_ptr + n, mask=mn, other=0.0).to(tl.float32)
+            hs = (hs + d).to(rs_ptr.dtype.element_ty)
+            tl.store(rs_ptr + n, hs, mask=mn)
+            tl.store(rx_ptr + n, hs.to(rx_ptr.dtype.element_ty), mask=mn)
+        else:
+            tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=mn)
         if CONV:                    # conv1d_step on the stored (rounded) outputs, same order of operations
             xq = y.to(y_ptr.dtype.element_ty).to(tl.float32)
             cacc += c_last * xq
@@ -147,11 +183,30 @@ def _conv_args(conv: ConvStep | None, N: int, weight: Tensor) -> tuple[tuple, di
              *conv.bank.stride()), dict(CONV=True, KC=KC, KW=next_pow2(KC - 1), HAS_CBIAS=conv.bias is not None))
 
 
+def _residual_args(res: ResidualAdd | None, N: int, weight: Tensor, split: int) -> tuple[tuple, dict]:
+    """Validate the residual epilogue; (its kernel arguments, its constexprs)."""
+    if res is None:
+        return (weight, weight, 1.0), dict(RES=False, HAS_MULT=False)
+    dev = weight.device
+    check(OP, "residual.stream", res.stream, (1, N), FLOAT_DTYPES, dev)
+    check(OP, "residual.x", res.x, (1, N), FLOAT_DTYPES, dev)
+    if res.stream.stride(1) != 1 or res.x.stride(1) != 1:
+        raise KernelInputError(f"{OP}: `residual.stream` and `residual.x` must be contiguous")
+    if res.stream.data_ptr() == res.x.data_ptr():
+        raise KernelInputError(f"{OP}: `residual.stream` and `residual.x` must be distinct buffers")
+    if split != 1:
+        raise KernelInputError(f"{OP}: the residual epilogue needs whole rows (SPLIT 1), got SPLIT={split}")
+    m = float(res.multiplier)
+    return (res.stream, res.x, m), dict(RES=True, HAS_MULT=m != 1.0)
+
+
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
-         rule: dict | None = None, act: str | None = None, conv: ConvStep | None = None) -> Tensor:
+         rule: dict | None = None, act: str | None = None, conv: ConvStep | None = None,
+         rms_eps: float | None = None, residual: ResidualAdd | None = None) -> Tensor:
     """x [1, K] · weight[N, K]ᵀ (+ bias [N]) -> [1, N] in x's dtype (rule: override the launch rule, benches).
     act: x is a gate_up row [1, 2K] and the product is act(gate)·up · weightᵀ; conv: the decode conv step of some
-    output columns, in the epilogue (ConvStep)."""
+    output columns, in the epilogue (ConvStep); rms_eps: x is RMS-normalised first (gain folded into weight);
+    residual: y is added to residual.stream and not stored, and residual.x is returned (ResidualAdd)."""
     if act not in ACTS:
         raise KernelInputError(f"{OP}: `act` is {act!r}, expected one of {list(ACTS)}")
     check(OP, "x", x, (1, None), FLOAT_DTYPES)
@@ -166,25 +221,30 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
     check(OP, "bias", bias, (N,), FLOAT_DTYPES, dev, optional=True)
     if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
         raise KernelInputError(f"{OP}: the last dims of `x`, `weight` and `bias` must be contiguous")
-    if out is None:
-        out = torch.empty(1, N, dtype=x.dtype, device=dev)
+    if out is None:          # with a residual, y is not stored: `out` only names its dtype (y is rounded to it)
+        out = (residual.x if residual is not None and isinstance(residual.x, Tensor) and residual.x.dtype == x.dtype
+               and tuple(residual.x.shape) == (1, N) else torch.empty(1, N, dtype=x.dtype, device=dev))
     check(OP, "out", out, (1, N), (x.dtype,), dev)
     if out.stride(1) != 1:
         raise KernelInputError(f"{OP}: `out` must be contiguous")
     if N == 0:
-        return out
+        return residual.x if residual is not None else out
     r = {**gemv_launch_rule(N, K), **(rule or {})}
     bk = r["BLOCK_K"]
     cargs, cmeta = _conv_args(conv, N, weight)
-    split = 1 if conv is not None else r["SPLIT"]           # the conv epilogue needs whole rows
+    whole = conv is not None or rms_eps is not None or residual is not None   # epilogues that need whole rows
+    split = 1 if whole else r["SPLIT"]
     k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
     split = triton.cdiv(K, k_split)
+    rargs, rmeta = _residual_args(residual, N, weight, split)
+    if rms_eps is not None and not float(rms_eps) >= 0.0:
+        raise KernelInputError(f"{OP}: `rms_eps` must be a number >= 0, got {rms_eps!r}")
     b_arg = bias if bias is not None else weight
-    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=K % bk == 0, ACT=ACTS[act], **cmeta,
-                num_warps=r["num_warps"], num_stages=r["num_stages"], **pdl_meta(dev))
+    meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=K % bk == 0, ACT=ACTS[act], **cmeta, **rmeta,
+                RMS=rms_eps is not None, num_warps=r["num_warps"], num_stages=r["num_stages"], **pdl_meta(dev))
     grid = (triton.cdiv(N, r["BLOCK_N"]), split)
     head = (x, weight, b_arg)
-    tail = (N, K, k_split, weight.stride(0), *cargs)
+    tail = (N, K, k_split, weight.stride(0), *cargs, float(rms_eps or 0.0), *rargs)
     if split == 1:
         gemv_kernel[grid](*head, out, *tail, HAS_BIAS=bias is not None, PARTIAL=False, **meta)
     else:                                   # fixed split of K, partials summed in order (deterministic)
@@ -192,4 +252,4 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
         gemv_kernel[grid](*head, part, *tail, HAS_BIAS=False, PARTIAL=True, **meta)
         split_sum_kernel[(triton.cdiv(N, 1024),)](part, b_arg, out, N, N, SPLIT=split, HAS_BIAS=bias is not None,
                                                   BLOCK=1024)
-    return out
+    return residual.x if residual is not None else out

@@ -57,6 +57,8 @@ def ssm_step_kernel(
         Dh = tl.load(D_ptr + h).to(tl.float32)
     pdl_enter(PDL)
     x = tl.load(x_ptr + r * stride_x_r + h * stride_x_h + offs_p * stride_x_p, mask=mp_live, other=0.0).to(tl.float32)
+    if HAS_Z:                       # loaded with x, not after the state update
+        z = tl.load(z_ptr + r * stride_z_r + h * stride_z_h + offs_p * stride_z_p, mask=mp_live, other=0.0)
     dt = tl.load(dt_ptr + r * stride_dt_r + h * stride_dt_h).to(tl.float32)
     if HAS_BIAS:
         dt += bias
@@ -70,7 +72,6 @@ def ssm_step_kernel(
     if HAS_D:
         y += Dh * x
     if HAS_Z:
-        z = tl.load(z_ptr + r * stride_z_r + h * stride_z_h + offs_p * stride_z_p, mask=mp_live, other=0.0)
         z = z.to(tl.float32)
         y = y * (z * sigmoid(z))
     y = tl.where(mp_live, y, 0.0)

@@ -29,6 +29,9 @@ T_CONV = "tests/test_kernel_conv1d.py"
 T_SSM_STEP = "tests/test_kernel_ssm_step.py"
 T_GEMV_CONV = "tests/test_kernel_gemv.py::test_gemv_conv_epilogue_equals_conv1d_step_bitwise"
 T_ROW_GEMV = "tests/test_engine_row_gemv.py"
+T_GEMV_RMS = "tests/test_kernel_gemv.py::test_gemv_rms_eps_normalises_the_row_first"
+T_GEMV_RES = "tests/test_kernel_gemv.py::test_gemv_residual_epilogue_is_add_rms_norms_residual_add"
+T_GAINS = "tests/test_engine_row_gemv.py::test_folded_norm_gains_keep_the_function"
 T_SSD_TABLE = "tests/test_kernel_ssd.py::test_ssd_chunk_table_cuts_at_absolute_multiples"
 T_SSD_MIXED = "tests/test_kernel_ssd.py::test_ssd_varlen_mixed_batch_matches_recurrence"
 T_SAMPLING = "tests/test_kernel_sampling.py"
@@ -246,6 +249,21 @@ MUTANTS: list[Mutant] = [
            "off-by-one at the z | xBC boundary): each column is convolved with its neighbour's taps and window",
            K + "gemv.py", "        c = n - c0\n", "        c = n - c0 - 1\n",
            (T_GEMV_CONV, T_ROW_GEMV)),
+    Mutant("gemv_rms_mean_over_tile", "norm fold",
+           "the RMSNorm folded into a one-row projection divides Σx² by the tile width instead of the row length "
+           "(right whenever one tile covers the row; wrong for every real hidden size)",
+           K + "gemv.py", "tl.sum(ss, axis=0) / K + eps", "tl.sum(ss, axis=0) / BLOCK_K + eps",
+           (T_GEMV_RMS, T_ROW_GEMV)),
+    Mutant("residual_epilogue_drops_multiplier", "norm fold",
+           "the residual add in a projection's epilogue ignores the residual multiplier (Granite-style models scale "
+           "each sublayer's output before adding it)",
+           K + "gemv.py", "                d = (d * mult).to(y_ptr.dtype.element_ty).to(tl.float32)\n",
+           "                d = d.to(y_ptr.dtype.element_ty).to(tl.float32)\n",
+           (T_GEMV_RES,)),
+    Mutant("norm_gain_applied_twice", "norm fold",
+           "the norm gain is folded into the projections but the norm keeps it too (g² on every normalised row)",
+           "fastpath/model.py", "            w[norm] = torch.ones_like(w[norm])\n", "",
+           (T_GAINS,)),
     # ---------------------------------------------------------------- async bookkeeping / finishing
     Mutant("async_extra_token_appended", "async",
            "the token computed for a request in the step after it finished is appended to its output",
