@@ -201,22 +201,25 @@ class FastModel:
         if p + "qkv.weight" in self.w:                     # one GEMM; q, k, v are strided views of its output
             qk, v = self._linear(u, p + "qkv", rms_eps=eps).split([(Hq + Hkv) * d, Hkv * d], dim=-1)
             qk, v = qk.view(T, Hq + Hkv, d), v.view(T, Hkv, d)
-            if c.rope_dim:                                 # q and k heads rotated in one launch
-                qk = ops.rope(qk, b.pos, c.rope_dim, c.rope_theta)
             q, k = qk[:, :Hq], qk[:, Hq:]
         else:
             q = self._linear(u, p + "q_proj", rms_eps=eps).view(T, Hq, d)
             k = self._linear(u, p + "k_proj", rms_eps=eps).view(T, Hkv, d)
             v = self._linear(u, p + "v_proj", rms_eps=eps).view(T, Hkv, d)
-            if c.rope_dim:
-                q = ops.rope(q, b.pos, c.rope_dim, c.rope_theta)
-                k = ops.rope(k, b.pos, c.rope_dim, c.rope_theta)
         kc, vc = bank.kv(i)
         o = torch.empty(T, Hq, d, dtype=q.dtype, device=q.device)
-        if n:
-            ops.attention_decode(q[:n], k[:n], v[:n], kc, vc, b.dec_slot, b.pos[:n], c.attn_scale, out=o[:n])
+        if n:                                              # decode rows: RoPE inside the decode kernel
+            ops.attention_decode(q[:n], k[:n], v[:n], kc, vc, b.dec_slot, b.pos[:n], c.attn_scale, out=o[:n],
+                                 rope_dim=c.rope_dim, rope_theta=c.rope_theta)
         if T > n:
-            ops.attention_prefill_varlen(q[n:], k[n:], v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
+            qp, kp = q[n:], k[n:]
+            if c.rope_dim:                                 # prefill rows: q and k heads rotated in one launch
+                if p + "qkv.weight" in self.w:
+                    qk = ops.rope(qk[n:], b.pos[n:], c.rope_dim, c.rope_theta)
+                    qp, kp = qk[:, :Hq], qk[:, Hq:]
+                else:
+                    qp, kp = (ops.rope(t, b.pos[n:], c.rope_dim, c.rope_theta) for t in (qp, kp))
+            ops.attention_prefill_varlen(qp, kp, v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
                                          c.attn_scale, out=o[n:])
         return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj", residual=res)
 

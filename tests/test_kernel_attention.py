@@ -8,7 +8,8 @@ import torch
 from kernel_tiers import TIERS, skip_cpu_without_interpreter as _skip_cpu_without_interpreter, rel  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
-from fastpath.kernels.attention import attention_decode, attention_prefill_varlen  # noqa: E402
+from fastpath.kernels.attention import attention_prefill_varlen  # noqa: E402
+from fastpath.kernels.attention_decode import attention_decode  # noqa: E402
 from fastpath.kernels.rope import rope  # noqa: E402
 from oracle.attention import attention as oracle_attention  # noqa: E402
 from oracle.attention import rope as oracle_rope  # noqa: E402
@@ -104,3 +105,51 @@ def test_attention_rejects_bad_inputs_naming_the_field():
     with pytest.raises(KernelInputError, match="slot"):
         attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 2, 4]), torch.tensor([1, 1]),
                                  torch.tensor([0, 0]), 1.0)
+
+
+@pytest.mark.parametrize("rot", ["none", "partial", "full"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_attention_decode_split_context_with_rope_matches_oracle(device, dtype, rot):
+    """The one-launch decode: a 300-key cache (5 splits of 64) and rows at positions 0, 63, 64, 130, 299 (first,
+    last, across split edges) plus a pad row; q/k rotated inside (none / Bamba's half / full): outputs vs fp64
+    rope + attention over the history, the new K (rotated) and V in the cache at pos and nothing else written; a
+    row's bits are the same alone as in the batch."""
+    _skip_cpu_without_interpreter(device)
+    Hq, Hkv, d, S, M, scale = 8, 2, 32, 7, 300, 0.2
+    rot_dim = {"none": 0, "partial": d // 2, "full": d}[rot]
+    gen = torch.Generator().manual_seed(80 + rot_dim)
+    pos = [0, 63, 64, 130, 0, 299]
+    slots = [3, 0, 6, 2, -1, 5]
+    R = len(pos)
+    q = torch.randn(R, Hq, d, generator=gen).to(dtype)
+    k = torch.randn(R, Hkv, d, generator=gen).to(dtype)
+    v = torch.randn(R, Hkv, d, generator=gen).to(dtype)
+    kc = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    vc = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    kc0, vc0 = kc.clone(), vc.clone()
+    args = (torch.tensor(slots, device=device), torch.tensor(pos, device=device), scale)
+    out = torch.full((R, Hq, d), float("nan"), dtype=dtype, device=device)
+    attention_decode(q.to(device), k.to(device), v.to(device), kc, vc, *args, out=out, rope_dim=rot_dim)
+    assert torch.equal(out[4].cpu(), torch.zeros(Hq, d, dtype=dtype)), "pad row output"
+    P = torch.tensor(pos)
+    qr, kr = (oracle_rope(t.double(), P, rot_dim, 10000.0) if rot_dim else t.double() for t in (q, k))
+    for i, (p, s) in enumerate(zip(pos, slots)):
+        if s < 0:
+            continue
+        keys = torch.cat([kc0[s, :p].cpu().double(), kr[i:i + 1]])
+        vals = torch.cat([vc0[s, :p].cpu().double(), v[i:i + 1].double()])
+        ref = oracle_attention(qr[i:i + 1], keys, vals, torch.tensor([p]), torch.arange(p + 1), scale)
+        assert rel(out[i], ref[0]) < REL[dtype], f"row {i} at {p}"
+        assert rel(kc[s, p], kr[i]) < REL[dtype] and torch.equal(vc[s, p].cpu(), v[i]), f"row {i}: new K/V"
+        kc0[s, p], vc0[s, p] = kc[s, p], vc[s, p]
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0), "cache written outside the rows' positions"
+    if rot_dim and device == "cpu":                     # the rotation rounds as the rope kernel does
+        want = rope(k.to(device), P.to(device), rot_dim, 10000.0)
+        for i, s in enumerate(slots):
+            if s >= 0:
+                assert torch.equal(kc[s, pos[i]], want[i])
+    for i in (3, 5):                                    # alone: same bits (the split depends on the cache only)
+        one = torch.empty(1, Hq, d, dtype=dtype, device=device)
+        attention_decode(q[i:i + 1].to(device), k[i:i + 1].to(device), v[i:i + 1].to(device), kc, vc,
+                         args[0][i:i + 1], args[1][i:i + 1], scale, out=one, rope_dim=rot_dim)
+        assert torch.equal(one[0], out[i])

@@ -17,7 +17,8 @@ import time
 import torch
 from triton.testing import do_bench
 
-from fastpath.kernels.attention import attention_decode, attention_prefill_varlen
+from fastpath.kernels.attention import attention_prefill_varlen
+from fastpath.kernels.attention_decode import attention_decode
 from fastpath.kernels.conv1d import causal_conv1d_varlen, conv1d_step
 from fastpath.kernels.gated_norm import rms_norm_gated
 from fastpath.kernels.sampling import greedy_sample

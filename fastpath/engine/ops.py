@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fastpath.kernels.attention import attention_decode as _attn_decode, attention_prefill_varlen as _attn_prefill
+from fastpath.kernels.attention import attention_prefill_varlen as _attn_prefill
+from fastpath.kernels.attention_decode import attention_decode as _attn_decode
 from fastpath.kernels.conv1d import causal_conv1d_varlen as _conv_varlen, conv1d_step as _conv_step
 from fastpath.kernels.gated_norm import rms_norm_gated as _rms_norm_gated
 from fastpath.kernels.rope import rope as _rope
@@ -124,10 +125,14 @@ def rope(x, positions, rot_dim, theta, out=None):
     return _into(out, torch.cat([(xr * cos + rot * sin).to(x.dtype), x[..., rot_dim:]], -1))
 
 
-def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None):
-    """One token per row against the slot's KV cache (see fastpath.kernels.attention)."""
+def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope_dim=0, rope_theta=10000.0):
+    """One token per row against the slot's KV cache; rope_dim > 0: q and k rotated first (see
+    fastpath.kernels.attention_decode)."""
     if BACKEND == "triton":
-        return _attn_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=out)
+        return _attn_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=out, rope_dim=rope_dim,
+                            rope_theta=rope_theta)
+    if rope_dim:
+        q, k = rope(q, pos, rope_dim, rope_theta), rope(k, pos, rope_dim, rope_theta)
     sl, ps = _ints(slot), _ints(pos)
     y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, sl, list(range(len(sl) + 1)), ps, scale)
     return _into(out, y)

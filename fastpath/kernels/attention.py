@@ -2,9 +2,9 @@
 
 k_cache/v_cache [S, max_len, Hkv, d]: slot s holds its request's keys/values at their absolute positions.
 Each call first writes the new K/V at positions start_pos[s] + i, then attends: a query at absolute
-position p sees cached keys at positions <= p. Prefill (varlen, packed, continuation pieces allowed) and
-decode (one token per row, graph-safe: no host sync) share the two kernels. Slot -1: no cache read or
-write, output zero. RoPE is applied beforehand (fastpath/kernels/rope.py).
+position p sees cached keys at positions <= p. Prefill (varlen, packed, continuation pieces allowed); RoPE is
+applied beforehand (fastpath/kernels/rope.py). Decode (one token per row, RoPE and the K/V write included, split
+over the context) is fastpath/kernels/attention_decode.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check
                       host_ints, next_pow2, pdl_enter, pdl_meta, token_sequence_index)
 
 OP_PREFILL = "attention_prefill_varlen"
-OP_DECODE = "attention_decode"
 
 
 @triton.jit
@@ -25,19 +24,14 @@ def kv_cache_write_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, tok_seq_ptr, cu_ptr, slot_ptr, start_ptr, max_len, D,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
-    BLOCK_D: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (T, Hkv): token t's K/V go to cache[slot, start_pos + index in sequence].
-    DECODE: one token per sequence (t is its sequence; tok_seq and cu are not read)."""
+    """Grid (T, Hkv): token t's K/V go to cache[slot, start_pos + index in sequence]."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    if DECODE:
-        s = t
-        pos = tl.load(start_ptr + s).to(tl.int64)
-    else:
-        s = tl.load(tok_seq_ptr + t)
-        pos = tl.load(start_ptr + s).to(tl.int64) + t - tl.load(cu_ptr + s).to(tl.int64)
+    s = tl.load(tok_seq_ptr + t)
+    pos = tl.load(start_ptr + s).to(tl.int64) + t - tl.load(cu_ptr + s).to(tl.int64)
     slot = tl.load(slot_ptr + s).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     m = tl.where((slot >= 0) & (pos < max_len), d < D, False)
@@ -54,24 +48,17 @@ def attention_kernel(
     stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
     stride_o_t, stride_o_h,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-    DECODE: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """Grid (n_query_blocks, Hq): flash-style online softmax over the slot's cached keys.
-    DECODE: block b is sequence b's single query (blk_seq, blk_q0 and cu are not read)."""
+    """Grid (n_query_blocks, Hq): flash-style online softmax over the slot's cached keys."""
     pdl_enter(PDL)
     b = tl.program_id(0)
     hq = tl.program_id(1).to(tl.int64)
     kvh = hq // q_per_kv
-    if DECODE:
-        s = b
-        q0 = tl.zeros([], dtype=tl.int64)
-        first = b.to(tl.int64)
-        L = tl.full([], 1, dtype=tl.int64)
-    else:
-        s = tl.load(blk_seq_ptr + b)
-        q0 = tl.load(blk_q0_ptr + b).to(tl.int64)
-        first = tl.load(cu_ptr + s).to(tl.int64)
-        L = tl.load(cu_ptr + s + 1).to(tl.int64) - first
+    s = tl.load(blk_seq_ptr + b)
+    q0 = tl.load(blk_q0_ptr + b).to(tl.int64)
+    first = tl.load(cu_ptr + s).to(tl.int64)
+    L = tl.load(cu_ptr + s + 1).to(tl.int64) - first
     slot = tl.load(slot_ptr + s).to(tl.int64)
     sp = tl.load(start_ptr + s).to(tl.int64)
     live = slot >= 0
@@ -108,10 +95,9 @@ def attention_kernel(
              o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & md[None, :])
 
 
-def attention_launch_rule(head_dim: int, decode: bool) -> dict:
-    """Query rows per program (16 for decode: the dot minimum), 64 keys per step, 4 warps."""
-    return dict(BLOCK_M=16 if decode else 64, BLOCK_N=64 if head_dim <= 128 else 32,
-                BLOCK_D=next_pow2(head_dim, 16), num_warps=4)
+def attention_launch_rule(head_dim: int) -> dict:
+    """64 query rows and 64 keys per step, 4 warps."""
+    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4)
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int]:
@@ -130,21 +116,20 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: T
     return T, Hq, Hkv
 
 
-def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, blk_seq, blk_q0, scale, rule,
-            decode: bool = False) -> None:
-    """Write K/V, then attend. decode: one token per sequence; tok_seq, cu, blk_seq, blk_q0 may be any tensor."""
+def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, blk_seq, blk_q0, scale, rule) -> None:
+    """Write K/V, then attend."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     pm = pdl_meta(q.device)
     kv_cache_write_kernel[(T, Hkv)](
         k, v, k_cache, v_cache, tok_seq, cu, slot, start, k_cache.shape[1], D,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        BLOCK_D=rule["BLOCK_D"], DECODE=decode, num_warps=1, **pm)
-    attention_kernel[(T if decode else blk_seq.shape[0], Hq)](
+        BLOCK_D=rule["BLOCK_D"], num_warps=1, **pm)
+    attention_kernel[(blk_seq.shape[0], Hq)](
         q, k_cache, v_cache, out, blk_seq, blk_q0, cu, slot, start, float(scale), Hq // Hkv, D,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
-        DOT_PREC=dot_precision(q.dtype), DECODE=decode, num_warps=rule["num_warps"], **pm)
+        DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"], **pm)
 
 
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -172,7 +157,7 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
     check(op, "out", out, tuple(q.shape), (q.dtype,), dev)
     if T == 0:
         return out
-    rule = attention_launch_rule(q.shape[2], decode=False)
+    rule = attention_launch_rule(q.shape[2])
     bm = rule["BLOCK_M"]
     blk_seq, blk_q0 = [], []
     for s in range(n_seq):
@@ -183,22 +168,4 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
     _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos,
             torch.tensor(blk_seq, dtype=torch.int32, device=dev), torch.tensor(blk_q0, dtype=torch.int32, device=dev),
             scale, rule)
-    return out
-
-
-def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot: Tensor,
-                     pos: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
-    """One token per row at position pos[r]: write its K/V into cache[slot[r]], attend -> [R,Hq,d]. No host sync."""
-    op = OP_DECODE
-    R, Hq, Hkv = _check(op, q, k, v, k_cache, v_cache)
-    dev = q.device
-    check(op, "slot", slot, (R,), INDEX_DTYPES, dev)
-    check(op, "pos", pos, (R,), INDEX_DTYPES, dev)
-    if out is None:
-        out = torch.empty_like(q)
-    check(op, "out", out, tuple(q.shape), (q.dtype,), dev)
-    if R == 0:
-        return out
-    rule = attention_launch_rule(q.shape[2], decode=True)
-    _launch(q, k, v, k_cache, v_cache, out, slot, slot, slot, pos, slot, slot, scale, rule, decode=True)
     return out

@@ -39,6 +39,7 @@ T_SAMPLING_DT = "tests/test_sampling_dtypes.py"
 T_OFFSETS = "tests/test_kernel_offsets_int64.py"
 T_ATTN = "tests/test_kernel_attention.py::test_attention_prefill_pieces_then_decode_match_oracle"
 T_ROPE = "tests/test_kernel_attention.py::test_rope_matches_oracle_in_and_out_of_place"
+T_ATTN_DEC = "tests/test_kernel_attention.py::test_attention_decode_split_context_with_rope_matches_oracle"
 
 
 MUTANTS: list[Mutant] = [
@@ -264,6 +265,11 @@ MUTANTS: list[Mutant] = [
            "the norm gain is folded into the projections but the norm keeps it too (g² on every normalised row)",
            "fastpath/model.py", "            w[norm] = torch.ones_like(w[norm])\n", "",
            (T_GAINS,)),
+    Mutant("attn_decode_merge_drops_last_split", "split-KV merge",
+           "the decode attention's merge counts the splits up to pos exclusive: the split holding the newest keys "
+           "(the whole context for a short one) is left out",
+           K + "attention_decode.py", "tl.minimum(p // CHUNK + 1, n_split)", "tl.minimum(p // CHUNK, n_split)",
+           (T_ATTN_DEC, T_ATTN)),
     # ---------------------------------------------------------------- async bookkeeping / finishing
     Mutant("async_extra_token_appended", "async",
            "the token computed for a request in the step after it finished is appended to its output",
