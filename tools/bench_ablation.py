@@ -17,6 +17,7 @@ import os
 
 import torch
 
+import fastpath.kernels.attention_decode as ad
 import fastpath.kernels.gemv as gv
 import fastpath.kernels.ssm_step as sst
 from fastpath.engine import ops
@@ -87,7 +88,7 @@ class Patch:
 
 def variants() -> dict[str, tuple[dict, list]]:
     """name -> (environment, attribute patches)."""
-    F, rule0, srule0 = FastModel, gv.gemv_launch_rule, sst.ssm_step_launch_rule
+    F, rule0, srule0, arule0 = FastModel, gv.gemv_launch_rule, sst.ssm_step_launch_rule, ad.attention_decode_rule
     noop = lambda *a, out=None, **k: out  # noqa: E731  (a skipped kernel: its output buffer, unwritten)
 
     def small(**kw):      # the K < 4096 GEMV projections only
@@ -102,6 +103,9 @@ def variants() -> dict[str, tuple[dict, list]]:
         "no norm folds (add_rms_norm, gated norm as kernels)": ({}, [(F, "fold_norm", False)]),
         "no folds (act_mul, conv step, norms as kernels)": ({}, [(F, "fold_act", False), (F, "fold_conv", False),
                                                                   (F, "fold_norm", False)]),
+        "attention: 128-key chunks": ({}, [(ad, "attention_decode_rule", lambda L, D: {**arule0(L, D), "CHUNK": 128})]),
+        "attention: 32-key chunks": ({}, [(ad, "attention_decode_rule",
+                                           lambda L, D: {**arule0(L, D), "CHUNK": 32, "BLOCK_N": 32})]),
         "cuBLAS instead of the GEMV": ({}, [(F, "gemv", False)]),
         "K<4096 GEMV: 4 rows, 4 warps": ({}, small(BLOCK_N=4, num_warps=4)),
         "K>=4096 GEMV: 512-wide tiles, 4 warps": ({}, big(BLOCK_K=512, num_warps=4)),

@@ -87,13 +87,13 @@ def attention_decode_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mn = offs_n < hi
         k = tl.load(kbase + offs_n[:, None] * s_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
+        v = tl.load(vbase + offs_n[:, None] * s_vc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
         sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
         sc = tl.where(mn[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp(m_i - m_new)
         pr = tl.exp(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(pr, axis=1)
-        v = tl.load(vbase + offs_n[:, None] * s_vc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
     # this split's partial: only the QC rows that are real query heads
