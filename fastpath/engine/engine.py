@@ -83,6 +83,7 @@ class Engine:
         self.sampled = torch.zeros(self.R, dtype=torch.int64, device=self.device)   # the one token buffer
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(self.R, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._stage = [torch.zeros(3 * self.R, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]   # H2D
         self.on_logits = None      # optional hook(batch, logits [S, V]) after every forward (tests, debugging)
         self.graphs = None
         if graphs or pad_decode:
@@ -229,6 +230,14 @@ class Engine:
         pre = [b for b in batch if b.kind == "prefill"]
         assert batch[: len(dec)] == dec, "decode rows must come first"
         n = len(dec)
+        if (self.graphs is not None and not pre and self.graphs.covers(n)
+                and all(self.requests[b.request].req.sampling.kind != "seeded" for b in dec)):
+            # decode-only greedy step: the graph reads its tokens from (and samples into) `sampled`
+            ids_host = None if tokens_on_device else [self.requests[b.request].output[-1] for b in dec]
+            self.graphs.run([b.pos for b in dec], [b.slot for b in dec], ids_host, self._stage[self._flip])
+            if self.on_logits is not None:
+                self.on_logits(batch, self.graphs.logits(n))
+            return self._fetch(batch, rec, [True] * n)
         ids, pos, samples, seeded = [], [], [], []
         for j, b in enumerate(batch):
             st = self.requests[b.request]
@@ -270,20 +279,18 @@ class Engine:
         sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
         if pre:
             sb.table = ops.ssd_chunk_table(cu, starts, self.config.chunk_size, self.device)
+        logits = self.model.forward(sb, self.bank)
+        sample_rows(logits, self.sampled[:len(batch)], seeded)
+        if self.on_logits is not None:
+            self.on_logits(batch, logits)
+        return self._fetch(batch, rec, samples)
+
+    def _fetch(self, batch: list[BatchRow], rec: StepRecord, samples: list[bool]) -> Launched:
+        """Start the copy of the step's sampled tokens to one of the two pinned host buffers; record its event."""
         S = len(batch)
-        out = self.sampled[:S]
-        if self.graphs is not None and not pre and not seeded and self.graphs.covers(S):
-            self.graphs.run(sb, out)
-            if self.on_logits is not None:
-                self.on_logits(batch, self.graphs.logits(S))
-        else:
-            logits = self.model.forward(sb, self.bank)
-            sample_rows(logits, out, seeded)
-            if self.on_logits is not None:
-                self.on_logits(batch, logits)
         hostbuf = self._host[self._flip]
         self._flip ^= 1
-        hostbuf[:S].copy_(out, non_blocking=True)
+        hostbuf[:S].copy_(self.sampled[:S], non_blocking=True)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()

@@ -5,6 +5,11 @@ slot -1, which every kernel skips (no read, no write), and their sampled tokens 
 bucket's forward + greedy sampling is captured once into a graph over static input/output buffers and
 replayed; the eager path (`capture=False`) runs exactly the same padded shapes, so graph replay and eager
 are bitwise equal by construction (same kernels, same GEMM shapes).
+
+A step outside the graph is two copies: positions and slots (and, when they are not already there, the input
+tokens) from a pinned staging buffer, and the sampled tokens back. The input tokens are read from — and the
+greedy tokens written to — the engine's one token buffer `sampled` itself, so an overlapped async step needs no
+device-side copy at all.
 """
 from __future__ import annotations
 
@@ -32,13 +37,16 @@ class DecodeGraphs:
         dev, R = engine.device, engine.R
         self.capture = capture and dev.type == "cuda"
         self.buckets = buckets(R)
-        self.ids = torch.zeros(R, dtype=torch.int64, device=dev)
-        self.pos = torch.zeros(R, dtype=torch.int64, device=dev)
-        self.slot = torch.full((R,), -1, dtype=torch.int32, device=dev)
+        self.tok = engine.sampled                  # input tokens and greedy outputs, in place
+        # per bucket, [positions | slots] side by side: one H2D copy fills both
+        offs = {nb: 2 * sum(self.buckets[:i]) for i, nb in enumerate(self.buckets)}
+        meta = torch.zeros(2 * sum(self.buckets), dtype=torch.int64, device=dev)
+        self.meta = {nb: meta[o:o + 2 * nb] for nb, o in offs.items()}
+        for m in self.meta.values():
+            m[m.shape[0] // 2:] = -1
         self.last = torch.arange(R, dtype=torch.int64, device=dev)
-        self.out = torch.zeros(R, dtype=torch.int64, device=dev)
         empty = torch.zeros(0, dtype=torch.int32, device=dev)
-        self.batches = {nb: StepBatch(self.ids[:nb], self.pos[:nb], nb, self.slot[:nb],
+        self.batches = {nb: StepBatch(self.tok[:nb], self.meta[nb][:nb], nb, self.meta[nb][nb:],
                                       torch.zeros(1, dtype=torch.int32, device=dev), empty,
                                       torch.zeros(0, dtype=torch.int64, device=dev), empty, self.last[:nb],
                                       [0], []) for nb in self.buckets}
@@ -57,12 +65,14 @@ class DecodeGraphs:
 
     def _body(self, nb: int) -> None:
         logits = self.model.forward(self.batches[nb], self.bank)
-        ops.greedy_sample(logits, self.out[:nb])
+        ops.greedy_sample(logits, self.tok[:nb])
         self._logits[nb] = logits
 
     def _capture(self, nb: int) -> None:
-        """Warm up on a side stream (pads only: slot -1 everywhere, so the bank is untouched), then capture."""
-        self.slot[:nb].fill_(-1)
+        """Warm up on a side stream (pads only: slot -1 everywhere, so the bank is untouched), then capture; the
+        bucket's positions/slots and the token buffer are restored afterwards (the warm-up samples into it)."""
+        saved_meta, saved_tok = self.meta[nb].clone(), self.tok.clone()
+        self.meta[nb][nb:].fill_(-1)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -74,6 +84,8 @@ class DecodeGraphs:
             self._body(nb)
         self.pool = g.pool()
         self.graphs[nb] = g
+        self.meta[nb].copy_(saved_meta)
+        self.tok.copy_(saved_tok)
 
     def capture_all(self) -> None:
         """Capture every bucket now (before serving), largest first so the pool fits them all."""
@@ -86,23 +98,23 @@ class DecodeGraphs:
         """The logits of the last run's first `rows` rows (valid until the next run)."""
         return self._logits[self.bucket(rows)][:rows]
 
-    def run(self, sb, out: Tensor) -> None:
-        """Decode-only batch `sb` of S rows -> greedy tokens in out[:S], through bucket nb (graph or eager)."""
-        S = sb.n_dec
+    def run(self, pos: list[int], slot: list[int], ids: list[int] | None, stage: Tensor) -> None:
+        """A decode-only batch of S = len(pos) rows through bucket nb (graph or eager): positions and slots (pads:
+        0 and -1) go from the pinned `stage` in one copy, `ids` (None: already in the token buffer, the
+        overlapped async case) in a second; the greedy tokens land in the token buffer's first S rows. `stage` must
+        not be rewritten before this copy has run (the engine alternates two)."""
+        S = len(pos)
         nb = self.bucket(S)
-        self.ids[:S].copy_(sb.ids)
-        self.pos[:S].copy_(sb.pos)
-        self.slot[:S].copy_(sb.dec_slot)
-        if nb > S:
-            self.ids[S:nb].zero_()
-            self.pos[S:nb].zero_()
-            self.slot[S:nb].fill_(-1)
+        pad = nb - S
+        vals = pos + [0] * pad + slot + [-1] * pad + (ids or [])
+        stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
+        self.meta[nb].copy_(stage[:2 * nb], non_blocking=True)
+        if ids is not None:
+            self.tok[:S].copy_(stage[2 * nb:2 * nb + S], non_blocking=True)
         if self.capture:
             if nb not in self.graphs:
                 self._capture(nb)
-                self.slot[:S].copy_(sb.dec_slot)    # capture reset the slots to -1
             self.graphs[nb].replay()
             self.replays += 1
         else:
             self._body(nb)
-        out.copy_(self.out[:S])

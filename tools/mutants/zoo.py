@@ -182,9 +182,10 @@ MUTANTS: list[Mutant] = [
            "the torch stand-in writes back every row's window, pad rows (clamped to slot 0) included",
            TORCH_OPS, "    conv_bank.index_copy_(0, idx[valid], new[valid])", "    conv_bank.index_copy_(0, idx, new)",
            (T_PAD_ROWS,)),
-    Mutant("graph_pad_rows_keep_stale_slot", "pad rows",
-           "a smaller batch in a reused bucket leaves the previous batch's slots in the pad rows",
-           GRAPHS, "            self.slot[S:nb].fill_(-1)\n", "",
+    Mutant("graph_pad_rows_slot_zero", "pad rows",
+           "a bucket's pad rows get slot 0 (a zero-filled buffer's default) instead of -1, so they decode into "
+           "whichever request holds slot 0",
+           GRAPHS, "slot + [-1] * pad", "slot + [0] * pad",
            (T_PAD_ROWS,)),
     # ---------------------------------------------------------------- attention / KV
     Mutant("kv_written_to_row_not_slot", "KV cache",
@@ -340,5 +341,5 @@ MUTANTS: list[Mutant] = [
 QUICK = {
     "compact_slot_not_moved", "hole_fill_off_by_one", "pending_outputs_not_compacted", "async_extra_token_appended",
     "ties_highest_index", "argmax_after_bf16_cast", "chunk_offsets_int32", "chunk_table_restarts_at_piece",
-    "graph_pad_rows_keep_stale_slot", "ssm_step_pad_aliases_slot0", "chunked_drops_initial_state",
+    "graph_pad_rows_slot_zero", "ssm_step_pad_aliases_slot0", "chunked_drops_initial_state",
 }
