@@ -145,11 +145,12 @@ def attention_decode_rule(max_len: int, head_dim: int) -> dict:
 _COUNTERS: dict = {}
 
 
-def _counters(device: torch.device, n: int) -> Tensor:
-    """Zeroed int32 arrival counters (each launch's merging programs reset theirs to 0 before exiting)."""
-    key = (str(device), n)
+def _counters(k_cache: Tensor, n: int) -> Tensor:
+    """Zeroed int32 arrival counters, one set per KV cache (so two engines on two streams never share one; each
+    launch's merging programs reset theirs to 0 before exiting)."""
+    key = (str(k_cache.device), k_cache.data_ptr(), n)
     if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
+        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=k_cache.device)
     return _COUNTERS[key]
 
 
@@ -190,7 +191,7 @@ def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
     part = torch.empty(R * Hkv * n_split * (qc * rule["BLOCK_D"] + 2 * qc), dtype=torch.float32, device=dev)
     freqs = inv_freq(max(rope_dim, 2), rope_theta, dev)
     attention_decode_kernel[(R, Hkv, n_split)](
-        q, k, v, k_cache, v_cache, slot, pos, freqs, part, _counters(dev, R * Hkv), out,
+        q, k, v, k_cache, v_cache, slot, pos, freqs, part, _counters(k_cache, R * Hkv), out,
         float(scale), k_cache.shape[1], qpk, D, rope_dim // 2, n_split, Hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3],
         *v_cache.stride()[:3], out.stride(0), out.stride(1),
