@@ -100,7 +100,9 @@ def attention_launch_rule(head_dim: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4)
 
 
-def _check(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int]:
+def check_qkv_cache(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor,
+                    v_cache: Tensor) -> tuple[int, int, int]:
+    """Shapes, dtypes, GQA divisibility and contiguous head dims of q, k, v and the caches -> (T, Hq, Hkv)."""
     check(op, "q", q, (None, None, None), FLOAT_DTYPES)
     T, Hq, D = q.shape
     check(op, "k", k, (T, None, D), (q.dtype,), q.device)
@@ -137,7 +139,7 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
                              out: Tensor | None = None) -> Tensor:
     """Packed q [T,Hq,d], k/v [T,Hkv,d] of sequences at start_pos: write K/V into the cache, attend -> [T,Hq,d]."""
     op = OP_PREFILL
-    T, Hq, Hkv = _check(op, q, k, v, k_cache, v_cache)
+    T, Hq, Hkv = check_qkv_cache(op, q, k, v, k_cache, v_cache)
     dev = q.device
     check(op, "cu_seqlens", cu_seqlens, (None,), INDEX_DTYPES, dev)
     n_seq = cu_seqlens.shape[0] - 1

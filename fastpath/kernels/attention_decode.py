@@ -18,7 +18,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dot_precision, next_pow2, pdl_enter, pdl_meta
+from ._common import INDEX_DTYPES, KernelInputError, check, dot_precision, next_pow2, pdl_enter, pdl_meta
+from .attention import check_qkv_cache
+from .rope import inv_freq
 
 OP = "attention_decode"
 MAX_SPLITS = 64
@@ -159,21 +161,10 @@ def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
                      rope_theta: float = 10000.0) -> Tensor:
     """One token per row at position pos[r]: q [R,Hq,d], k/v [R,Hkv,d] (rope_dim > 0: not yet rotated; rotated
     here on their first rope_dim dims) -> writes K/V into cache[slot[r], pos[r]], attends -> [R,Hq,d]."""
-    check(OP, "q", q, (None, None, None), FLOAT_DTYPES)
-    R, Hq, D = q.shape
-    dev = q.device
-    check(OP, "k", k, (R, None, D), (q.dtype,), dev)
-    Hkv = k.shape[1]
-    if Hkv < 1 or Hq % Hkv != 0:
-        raise KernelInputError(f"{OP}: n_heads={Hq} is not divisible by n_kv_heads={Hkv}")
-    check(OP, "v", v, (R, Hkv, D), (q.dtype,), dev)
-    check(OP, "k_cache", k_cache, (None, None, Hkv, D), (q.dtype,), dev)
-    check(OP, "v_cache", v_cache, tuple(k_cache.shape), (q.dtype,), dev)
+    R, Hq, Hkv = check_qkv_cache(OP, q, k, v, k_cache, v_cache)
+    D, dev = q.shape[2], q.device
     check(OP, "slot", slot, (R,), INDEX_DTYPES, dev)
     check(OP, "pos", pos, (R,), INDEX_DTYPES, dev)
-    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise KernelInputError(f"{OP}: the head dim of `{name}` must be contiguous")
     if rope_dim < 0 or rope_dim % 2 != 0 or rope_dim > D:
         raise KernelInputError(f"{OP}: rope_dim={rope_dim} must be even and <= head_dim={D}")
     if out is None:
@@ -183,7 +174,6 @@ def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
         raise KernelInputError(f"{OP}: the head dim of `out` must be contiguous")
     if R == 0:
         return out
-    from .rope import inv_freq
     rule = attention_decode_rule(k_cache.shape[1], D)
     n_split = triton.cdiv(k_cache.shape[1], rule["CHUNK"])
     qpk = Hq // Hkv
