@@ -24,6 +24,7 @@ from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
 from fastpath.engine.configs import n_params, named_config, random_device_weights
 from fastpath.model import FastModel, StepBatch
+from tools.bench_chain import time_graph
 from tools.bench_engine import copy_bandwidth
 
 DEV = torch.device("cuda")
@@ -40,27 +41,7 @@ def decode_batch(pos: int) -> StepBatch:
 def time_step(model: FastModel, bank: StateBank, pos: int, reps: int = 200) -> float:
     """ms per replay of a graph of one bs1 decode step + greedy sampling (median of 5 timings of `reps`)."""
     b, out = decode_batch(pos), torch.zeros(1, dtype=torch.int64, device=DEV)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            ops.greedy_sample(model.forward(b, bank), out)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ops.greedy_sample(model.forward(b, bank), out)
-    for _ in range(20):
-        g.replay()
-    ts = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) / reps)
-    return sorted(ts)[2]
+    return time_graph(lambda: ops.greedy_sample(model.forward(b, bank), out), reps, warm=20) / 1e3
 
 
 class Patch:

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from fastpath.kernels._common import pdl_enter, pdl_meta
 from fastpath.kernels.gemv import gemv
+from tools.bench_engine import copy_bandwidth
 
 DEV = torch.device("cuda")
 SHAPES = [(10576, 2560), (2560, 5120), (12288, 2560), (2560, 6144)]     # anchor-3b: in, out, gate_up, down
@@ -60,8 +61,9 @@ def barrier_kernel(cnt_ptr, gen_ptr, G, NB, PDL: tl.constexpr):
         tl.debug_barrier()
 
 
-def time_graph(fn, reps: int = 30) -> float:
-    """µs per replay of a graph of fn (median of 5 timings of `reps` replays)."""
+def time_graph(fn, reps: int = 30, warm: int = 3) -> float:
+    """µs per replay of a CUDA graph of fn (fn run twice on a side stream first; `warm` replays; median of 5
+    timings of `reps` replays)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -71,7 +73,7 @@ def time_graph(fn, reps: int = 30) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    for _ in range(3):
+    for _ in range(warm):
         g.replay()
     ts = []
     for _ in range(5):
@@ -83,20 +85,6 @@ def time_graph(fn, reps: int = 30) -> float:
         e1.synchronize()
         ts.append(e0.elapsed_time(e1) * 1e3 / reps)
     return sorted(ts)[2]
-
-
-def copy_bw(nbytes: int = 1 << 30) -> float:
-    a = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(10):
-        b.copy_(a)
-    e1.record()
-    e1.synchronize()
-    return 2 * nbytes * 10 / (e0.elapsed_time(e1) * 1e-3)
 
 
 def streaming(bw: float) -> tuple[float, list[str]]:
@@ -140,7 +128,7 @@ def gemv_chain(bw: float, rd: float) -> str:
 
 def main() -> None:
     pm = pdl_meta(DEV)
-    bw = copy_bw()
+    bw = copy_bandwidth()
     rd, lines = streaming(bw)
     lines = [f"{torch.cuda.get_device_name()} | copy {bw / 1e12:.3f} TB/s"] + lines + [gemv_chain(bw, rd)]
     yb = torch.zeros(1, device=DEV)
