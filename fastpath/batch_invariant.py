@@ -59,12 +59,8 @@ class BatchInvariantMixin:
         """Never: a one-row GEMV would give a request alone other bits than the same request in a batch."""
         return False
 
-    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None, act: str | None = None, conv=None,
-              rms_eps=None, residual=None) -> Tensor:
+    def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         """Every projection of FastModel (q/k/v/o, in/out, MLP, lm_head) on the fixed-tile matmul."""
-        if act is not None or conv is not None or rms_eps is not None or residual is not None:
-            raise ValueError("BatchInvariantModel._proj: act, conv, rms_eps and residual are only folded into the "
-                             "one-row GEMV")
         return matmul(x, w, b)
 
     def moe(self, x: Tensor, p: str) -> Tensor:

@@ -144,6 +144,10 @@ class FastModel:
         if act is not None or conv is not None or rms_eps is not None or residual is not None:
             raise ValueError("FastModel._proj: act, conv, rms_eps and residual are only folded into the one-row "
                              "Triton GEMV")
+        return self._dense(x, w, b)
+
+    def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        """A projection off the one-row GEMV path (the hook batch-invariant mode overrides)."""
         return F.linear(x, w, b)
 
     def _linear(self, x: Tensor, name: str, act: str | None = None, conv: ConvStep | None = None,
