@@ -1,12 +1,13 @@
 """Decode attention, one token per row, in ONE launch (mirrors oracle/attention.py: rope, then attention).
 
-Split-KV ("flash decoding"): program (r, kv head, split) rotates the row's query heads of that KV head (RoPE,
-rounded as fastpath/kernels/rope.py rounds them), attends over keys [split·CHUNK, min((split+1)·CHUNK, pos+1))
-of cache[slot], and writes its partial (max, sum, unnormalised output) to a workspace; the program that owns
-position pos first writes the row's new K (rotated) and V there. The last program of a (row, KV head) to
-finish — an atomic counter, reset by that program — merges the partials in split order, so the result does not
-depend on which program came last. CHUNK is keyed on the cache length only (never on the batch), so a row's
-bits do not depend on the other rows. Slot -1: no cache read or write, output zero. No host sync (graph-safe).
+Split-KV ("flash decoding"): program (r, kv head, split) rotates the row's query heads of that KV head (RoPE by
+rope.py's `rotate_half`, so rounded as the rope kernel rounds them), attends over keys
+[split·CHUNK, min((split+1)·CHUNK, pos+1)) of cache[slot], and writes its partial (max, sum, unnormalised output)
+to a workspace; the program that owns position pos first writes the row's new K (rotated) and V there. The last
+program of a (row, KV head) to finish — an atomic counter, reset by that program — merges the partials in split
+order, so the result does not depend on which program came last. CHUNK is keyed on the cache length only (never
+on the batch), so a row's bits do not depend on the other rows. Slot -1: no cache read or write, output zero. No
+host sync (graph-safe).
 
 What it replaces per layer: the RoPE kernel, the K/V write kernel and an attention kernel whose one program per
 query head walked the whole context serially (docs/performance.md, session 4).
@@ -20,29 +21,10 @@ from torch import Tensor
 
 from ._common import INDEX_DTYPES, KernelInputError, check, dot_precision, next_pow2, pdl_enter, pdl_meta
 from .attention import check_qkv_cache
-from .rope import inv_freq
+from .rope import inv_freq, rotate_half
 
 OP = "attention_decode"
 MAX_SPLITS = 64
-
-
-@triton.jit
-def _rotate(x_ptr, rows, d, mask, ang_pos, inv_freq_ptr, half, ROPE: tl.constexpr):
-    """Rows of x [.., BLOCK_D] at x_ptr + rows + d, rotate-half RoPE on the first 2·half dims, rounded to x's dtype
-    (the rope kernel's formulas and rounding)."""
-    x = tl.load(x_ptr + rows + d[None, :], mask=mask, other=0.0)
-    if ROPE:
-        lo = d < half
-        rot = d < 2 * half
-        partner = tl.where(lo, d + half, d - half)
-        xp = tl.load(x_ptr + rows + partner[None, :], mask=mask & rot[None, :], other=0.0).to(tl.float32)
-        ang = ang_pos * tl.load(inv_freq_ptr + tl.where(lo, d, d - half), mask=rot, other=0.0)
-        cos = tl.cos(ang)[None, :]
-        sin = tl.sin(ang)[None, :]
-        xf = x.to(tl.float32)
-        r = tl.where(lo[None, :], xf * cos - xp * sin, xf * cos + xp * sin)
-        x = tl.where(rot[None, :], r.to(x_ptr.dtype.element_ty), x)
-    return x
 
 
 @triton.jit
@@ -70,7 +52,7 @@ def attention_decode_kernel(
     hi = tl.where(live, tl.minimum(tl.minimum(lo + CHUNK, p + 1), max_len), lo)
     if live & (p >= lo) & (p < lo + CHUNK) & (p < max_len):      # this split owns pos: the new K/V go in first
         one = tl.arange(0, 1)
-        kn = _rotate(k_ptr, r * s_k_r + kvh * s_k_h + one[:, None], d, md[None, :], ang_pos, inv_freq_ptr, half,
+        kn = rotate_half(k_ptr, r * s_k_r + kvh * s_k_h + one[:, None], d, md[None, :], ang_pos, inv_freq_ptr, half,
                      ROPE)
         tl.store(kc_ptr + slot * s_kc_s + p * s_kc_p + kvh * s_kc_h + one[:, None] + d[None, :], kn,
                  mask=md[None, :])
@@ -78,7 +60,7 @@ def attention_decode_kernel(
         tl.store(vc_ptr + slot * s_vc_s + p * s_vc_p + kvh * s_vc_h + d, vn, mask=md)
         tl.debug_barrier()                                         # visible to the whole program before the loop
     qh = kvh * q_per_kv + qi
-    q = _rotate(q_ptr, r * s_q_r + qh[:, None] * s_q_h, d, mq[:, None] & md[None, :], ang_pos, inv_freq_ptr, half,
+    q = rotate_half(q_ptr, r * s_q_r + qh[:, None] * s_q_h, d, mq[:, None] & md[None, :], ang_pos, inv_freq_ptr, half,
                 ROPE)
     m_i = tl.full([BLOCK_Q], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
@@ -186,6 +168,6 @@ def attention_decode(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3],
         *v_cache.stride()[:3], out.stride(0), out.stride(1),
         CHUNK=rule["CHUNK"], BLOCK_N=rule["BLOCK_N"], BLOCK_Q=max(16, qc), QC=qc, BLOCK_D=rule["BLOCK_D"],
-        BLOCK_S=max(1, min(next_pow2(n_split), 16, 8192 // (qc * rule["BLOCK_D"]))), ROPE=rope_dim > 0, DOT_PREC=dot_precision(q.dtype),
-        num_warps=rule["num_warps"], **pdl_meta(dev))
+        BLOCK_S=max(1, min(next_pow2(n_split), 16, 8192 // (qc * rule["BLOCK_D"]))), ROPE=rope_dim > 0,
+        DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"], **pdl_meta(dev))
     return out

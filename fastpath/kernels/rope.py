@@ -13,33 +13,41 @@ OP = "rope"
 
 
 @triton.jit
+def rotate_half(x_ptr, rows, d, mask, ang_pos, inv_freq_ptr, half, ROPE: tl.constexpr):
+    """Rows of x [.., BLOCK_D] at x_ptr + rows + d, rotate-half RoPE at position ang_pos on the first 2·half dims,
+    rounded to x's dtype; the other dims as loaded. The one formula of rope_kernel and attention_decode."""
+    x = tl.load(x_ptr + rows + d[None, :], mask=mask, other=0.0)
+    if ROPE:
+        lo = d < half
+        rot = d < 2 * half
+        partner = tl.where(lo, d + half, d - half)
+        xp = tl.load(x_ptr + rows + partner[None, :], mask=mask & rot[None, :], other=0.0).to(tl.float32)
+        ang = ang_pos * tl.load(inv_freq_ptr + tl.where(lo, d, d - half), mask=rot, other=0.0)
+        cos = tl.cos(ang)[None, :]
+        sin = tl.sin(ang)[None, :]
+        xf = x.to(tl.float32)
+        r = tl.where(lo[None, :], xf * cos - xp * sin, xf * cos + xp * sin)
+        x = tl.where(rot[None, :], r.to(x_ptr.dtype.element_ty), x)
+    return x
+
+
+@triton.jit
 def rope_kernel(
     x_ptr, pos_ptr, inv_freq_ptr, o_ptr, H, D, half,
     stride_x_t, stride_x_h, stride_o_t, stride_o_h,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (T, cdiv(H, BLOCK_H)); the last dim of x and out is contiguous."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    mh = offs_h < H
-    i = tl.arange(0, BLOCK_HALF)
-    mi = i < half
-    ang = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + i, mask=mi, other=0.0)
-    cos = tl.cos(ang)[None, :]
-    sin = tl.sin(ang)[None, :]
-    xrow = x_ptr + t * stride_x_t + offs_h[:, None] * stride_x_h
-    orow = o_ptr + t * stride_o_t + offs_h[:, None] * stride_o_h
-    m = mh[:, None] & mi[None, :]
-    x1 = tl.load(xrow + i[None, :], mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(xrow + (i + half)[None, :], mask=m, other=0.0).to(tl.float32)
     d = tl.arange(0, BLOCK_D)
-    mr = mh[:, None] & ((d >= 2 * half) & (d < D))[None, :]
-    rest = tl.load(xrow + d[None, :], mask=mr, other=0.0)
+    m = (offs_h < H)[:, None] & (d < D)[None, :]
+    x = rotate_half(x_ptr, t * stride_x_t + offs_h[:, None] * stride_x_h, d, m, tl.load(pos_ptr + t).to(tl.float32),
+                    inv_freq_ptr, half, True)
     tl.debug_barrier()                                                    # in place: all reads before writes
-    tl.store(orow + i[None, :], (x1 * cos - x2 * sin).to(o_ptr.dtype.element_ty), mask=m)
-    tl.store(orow + (i + half)[None, :], (x2 * cos + x1 * sin).to(o_ptr.dtype.element_ty), mask=m)
-    tl.store(orow + d[None, :], rest, mask=mr)
+    tl.store(o_ptr + t * stride_o_t + offs_h[:, None] * stride_o_h + d[None, :], x.to(o_ptr.dtype.element_ty),
+             mask=m)
 
 
 _INV_FREQ: dict = {}
@@ -73,5 +81,5 @@ def rope(x: Tensor, positions: Tensor, rot_dim: int, theta: float, out: Tensor |
     bh = min(next_pow2(H), 16)
     rope_kernel[(T, triton.cdiv(H, bh))](
         x, positions, freqs, out, H, D, half, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        BLOCK_H=bh, BLOCK_HALF=next_pow2(max(half, 1)), BLOCK_D=next_pow2(D), num_warps=4, **pdl_meta(out.device))
+        BLOCK_H=bh, BLOCK_D=next_pow2(D), num_warps=4, **pdl_meta(out.device))
     return out

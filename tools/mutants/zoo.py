@@ -194,7 +194,7 @@ MUTANTS: list[Mutant] = [
            (T_ATTN,)),
     Mutant("rope_kernel_pos_off_by_one", "positions",
            "the RoPE kernel rotates by position + 1",
-           K + "rope.py", "ang = tl.load(pos_ptr + t).to(tl.float32)", "ang = (tl.load(pos_ptr + t) + 1).to(tl.float32)",
+           K + "rope.py", "d, m, tl.load(pos_ptr + t).to(tl.float32)", "d, m, (tl.load(pos_ptr + t) + 1).to(tl.float32)",
            (T_ROPE,)),
     Mutant("causal_mask_excludes_self", "attention mask",
            "the causal mask is strict (key < query): a token never attends to its own key",
