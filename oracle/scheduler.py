@@ -14,7 +14,7 @@ from typing import Any
 
 from .sampling import sample
 from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
-from .trace import Request, Trace, TraceError, check_against_model
+from .trace import Request, Trace, TraceError, check_against_model, validate_request
 
 __all__ = ["Scheduler", "TraceResult", "run_trace", "run_request_alone", "piece_length"]
 
@@ -60,12 +60,15 @@ def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chu
 class Scheduler:
     """One engine run over a trace: rows, slots, free stack, pending step; `run()` drives it to completion."""
 
-    def __init__(self, model: Any, trace: Trace, mode: str):
+    def __init__(self, model: Any, trace: Trace, mode: str, forced_tokens: dict[str, list[int]] | None = None):
         if mode not in ("legacy", "async"):
             raise TraceError("mode", f"unknown mode {mode!r}; expected 'legacy' or 'async'")
         cfg = model.config
-        check_against_model(trace, cfg.vocab_size, cfg.chunk_size)
+        trace = check_against_model(trace, cfg.vocab_size, cfg.chunk_size)       # normalised: ints, tuples
         self.model, self.trace, self.mode = model, trace, mode
+        # Replay hook (tools.qualify): request id -> its output tokens, taken instead of sampling while they last,
+        # so the log is this policy's schedule for another engine's (tie-accepted) outputs.
+        self.forced = forced_tokens or {}
         self.chunk_size = cfg.chunk_size
         e = trace.engine
         self.R, self.budget, self.prefill_chunk = e.max_requests, e.max_tokens_per_step, e.prefill_chunk
@@ -77,20 +80,27 @@ class Scheduler:
         self.pending: Pending | None = None
         self.log = ScheduleLog(mode)
         self.k = 0
+        self.spec = None
+        if trace.engine.speculative is not None:          # DESIGN §13: proposals, verify rows
+            from .speculative import SpecRunner
+            self.spec = SpecRunner(trace)
+        self.cache = None
+        if trace.engine.prefix_cache is not None:        # DESIGN §12: the cache modelled exactly (prefix_cache.py)
+            from .prefix_cache import SchedulerCache
+            from .trace import check_prefix_cache_against_model
+            mamba = getattr(cfg, "mamba_layer_ids", None)        # None: a test stand-in model without layers
+            check_prefix_cache_against_model(trace.engine, cfg.chunk_size, None if mamba is None else len(mamba))
+            self.cache = SchedulerCache(trace.engine.prefix_cache.block_size, trace.engine.prefix_cache.capacity)
+            self.log.prefix_cache = True
 
     def add_request(self, req: Request) -> None:
         """Streaming use: submit a request arriving at `req.arrival_step` (>= the current step)."""
         where = f"requests[{len(self.requests)}]"
+        req = validate_request(req, where, self.model.config.vocab_size)        # the checks parse_trace makes
         if req.id in self.requests:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:
             raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
-        for name in ("prompt", "stop_token_ids"):
-            for j, t in enumerate(getattr(req, name)):
-                if not 0 <= t < self.model.config.vocab_size:
-                    raise TraceError(f"{where}.{name}[{j}]", f"token id {t} outside the vocabulary", req.id)
-        if not req.prompt or req.max_new_tokens < 1:
-            raise TraceError(f"{where}.prompt", "needs a non-empty prompt and max_new_tokens >= 1", req.id)
         self.requests[req.id] = RequestState(req)
         self.arrival_order = sorted(self.arrival_order + [req], key=lambda r: (r.arrival_step, r.id))
 
@@ -119,18 +129,22 @@ class Scheduler:
         row_of = {rid: r for r, rid in enumerate(self.rows) if rid is not None}
         finished: list[int] = []
         live = [(b, row_of[b.request]) for b in p.batch if b.request in row_of]    # extra rows are gone
-        for b, r in sorted(live, key=lambda br: (br[0].kind != "decode", br[1])):  # decode first, row order
+        for b, r in sorted(live, key=lambda br: (br[0].kind not in ("decode", "verify"), br[1])):  # decode first
             if p.row_tokens[r] < 0:                    # no sample: a non-final prefill piece
                 continue
-            st, tok = self.requests[b.request], p.row_tokens[r]
-            st.output.append(tok)
-            rec.sampled.append({"request": b.request, "pos": b.pos + b.count, "token": tok})
-            if tok in st.req.stop_token_ids:
-                st.finish_reason = "stop"
-            elif len(st.output) == st.req.max_new_tokens:
-                st.finish_reason = "length"
-            if st.finish_reason is not None:
-                finished.append(r)
+            st = self.requests[b.request]
+            row_toks = self.spec.tokens(rec, b, p.row_tokens[r]) if self.spec else [p.row_tokens[r]]
+            for j, tok in enumerate(row_toks):         # a verify row emits several; stop / length cut them
+                st.output.append(tok)
+                pos = b.pos + 1 + j if b.kind == "verify" else b.pos + b.count
+                rec.sampled.append({"request": b.request, "pos": pos, "token": tok})
+                if tok in st.req.stop_token_ids:
+                    st.finish_reason = "stop"
+                elif len(st.output) == st.req.max_new_tokens:
+                    st.finish_reason = "length"
+                if st.finish_reason is not None:
+                    finished.append(r)
+                    break
         for r in sorted(finished):
             rid, slot = self.rows[r], self.row_to_slot[r]
             rec.free.append({"request": rid, "row": r, "slot": slot, "reason": self.requests[rid].finish_reason})
@@ -170,6 +184,8 @@ class Scheduler:
             self.rows[row], self.row_to_slot[row] = st.req.id, slot
             st.admitted, st.model_state = True, None            # zeroed slot = fresh per-request state
             rec.admit.append({"request": st.req.id, "row": row, "slot": slot})
+            if self.cache is not None:
+                self.cache.admit(st, rec, k)                    # longest hit: restored state, done = p
 
     # --------------------------------------------------------------------------------------- build batch
     def build_batch(self) -> list[BatchRow]:
@@ -179,11 +195,13 @@ class Scheduler:
         for r, st in live:
             if not st.prefilling:
                 pos = len(st.req.prompt) + len(st.output) - 1
-                batch.append(BatchRow(r, st.req.id, self.row_to_slot[r], "decode", pos, 1))
-        used = len(batch)
+                batch.append(self.spec.row(r, st, self.row_to_slot[r]) if self.spec else
+                             BatchRow(r, st.req.id, self.row_to_slot[r], "decode", pos, 1))
+        used = sum(b.count for b in batch)               # a verify row costs its m+1 tokens
         for r, st in live:
             if st.prefilling:
-                n = piece_length(st.done, len(st.req.prompt), self.budget - used, self.prefill_chunk,
+                n = piece_length(st.done, len(st.req.prompt), self.budget - used,
+                                 self.cache.cap(st, self.prefill_chunk) if self.cache else self.prefill_chunk,
                                  self.chunk_size)
                 if n > 0:
                     batch.append(BatchRow(r, st.req.id, self.row_to_slot[r], "prefill", st.done, n))
@@ -202,6 +220,9 @@ class Scheduler:
         row_tokens = [-1] * self.R
         for b in batch:
             st = self.requests[b.request]
+            if b.kind == "verify":
+                row_tokens[b.row] = self.spec.forward(self.model, st, b, self.forced.get(b.request, ()))
+                continue
             if b.kind == "prefill":
                 logits, st.model_state = self.model.prefill(list(st.req.prompt[b.pos:b.pos + b.count]),
                                                             st.model_state)
@@ -212,7 +233,8 @@ class Scheduler:
             else:
                 token = inputs[b.row] if b.row in inputs else st.output[-1]
                 last, st.model_state = self.model.decode(token, st.model_state)
-            row_tokens[b.row] = sample(last, st.req.sampling, b.pos + b.count)
+            forced, i = self.forced.get(b.request, ()), b.pos + b.count - len(st.req.prompt)
+            row_tokens[b.row] = forced[i] if i < len(forced) else sample(last, st.req.sampling, b.pos + b.count)
         return row_tokens
 
     # ---------------------------------------------------------------------------------------------- step
@@ -221,6 +243,7 @@ class Scheduler:
         p = self.pending
         return (self.mode == "async" and p is not None and p.decode_only and self.active > 0
                 and not self.waiting(k)
+                and self.spec is None                            # speculative: never overlapped (§13)
                 and not any(self.requests[rid].prefilling for rid in self.rows if rid is not None))
 
     def launch_overlapped(self, rec: StepRecord) -> None:
@@ -255,6 +278,8 @@ class Scheduler:
             rec.batch = self.build_batch()
             if rec.batch:
                 self.pending = Pending(self.k, rec.batch, rec, self.forward_and_sample(rec.batch, {}))
+                if self.cache is not None:
+                    self.cache.after_forward(rec.batch, self.requests, rec, self.k)
             else:
                 rec.row_to_slot = list(self.row_to_slot)
         self.k += 1
@@ -270,9 +295,11 @@ class Scheduler:
                            self.log, digest(self.log))
 
 
-def run_trace(model: Any, trace: Trace, mode: str | None = None) -> TraceResult:
-    """Run a trace through the oracle scheduler and model; mode defaults to the trace's engine.mode."""
-    return Scheduler(model, trace, mode or trace.engine.mode).run()
+def run_trace(model: Any, trace: Trace, mode: str | None = None,
+              forced_tokens: dict[str, list[int]] | None = None) -> TraceResult:
+    """Run a trace through the oracle scheduler and model; mode defaults to the trace's engine.mode. `forced_tokens`
+    (request id -> tokens) replaces sampling while a request's list lasts (replaying another engine's outputs)."""
+    return Scheduler(model, trace, mode or trace.engine.mode, forced_tokens).run()
 
 
 def run_request_alone(model: Any, req: Request) -> tuple[list[int], str]:

@@ -6,6 +6,8 @@ for request fields, the request id.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,8 @@ SCHEMA = "hybridqual.trace/1"
 MODES = ("legacy", "async")
 SAMPLING_KINDS = ("greedy", "seeded")
 SEED_LIMIT = 2 ** 63
+MAX_ARRIVAL_STEP = 100_000   # every step up to the last arrival is run and logged: a later one is a typo, not a load
+MAX_REQUESTS = 65_535        # rows = slots; also the most sequences one varlen kernel launch takes (grid z)
 
 
 class TraceError(ValueError):
@@ -60,6 +64,19 @@ class Request:
 
 
 @dataclass(frozen=True)
+class PrefixCacheConfig:
+    """Optional engine field `prefix_cache` (DESIGN §12): checkpoints at multiples of `block_size` prompt tokens,
+    at most `capacity` of them (docs/scheduler.md §9)."""
+
+    block_size: int
+    capacity: int
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"block_size": self.block_size, "capacity": self.capacity}
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Scheduler limits: rows/slots, token budget per step, largest prefill piece, legacy or async."""
 
@@ -67,11 +84,18 @@ class EngineConfig:
     max_tokens_per_step: int
     prefill_chunk: int
     mode: str = "legacy"
+    speculative: Any = None          # oracle.speculative.SpecConfig, or None (DESIGN §13)
+    prefix_cache: PrefixCacheConfig | None = None     # None: no prefix cache (the field is absent from the JSON)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
-        return {"max_requests": self.max_requests, "max_tokens_per_step": self.max_tokens_per_step,
-                "prefill_chunk": self.prefill_chunk, "mode": self.mode}
+        out = {"max_requests": self.max_requests, "max_tokens_per_step": self.max_tokens_per_step,
+               "prefill_chunk": self.prefill_chunk, "mode": self.mode}
+        if self.speculative is not None:
+            out["speculative"] = self.speculative.to_json()
+        if self.prefix_cache is not None:
+            out["prefix_cache"] = self.prefix_cache.to_json()
+        return out
 
 
 @dataclass(frozen=True)
@@ -101,17 +125,22 @@ class Trace:
 # ----------------------------------------------------------------------------------------------- validation helpers
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer (Python or NumPy), not a bool: floats are never truncated to token ids."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+def _int_value(v: Any, path: str, rid: str | None, lo: int, hi: int | None = None) -> int:
+    if not _is_int(v):
+        raise TraceError(path, f"must be an integer, got {type(v).__name__} {v!r}", rid)
+    v = int(v)
+    if v < lo or (hi is not None and v >= hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
+        raise TraceError(path, f"must be {bound}, got {v}", rid)
+    return v
 
 
 def _int(obj: dict, key: str, path: str, rid: str | None, lo: int, hi: int | None = None) -> int:
-    v = obj[key]
-    if not _is_int(v):
-        raise TraceError(f"{path}.{key}", f"must be an integer, got {type(v).__name__} {v!r}", rid)
-    if v < lo or (hi is not None and v >= hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
-        raise TraceError(f"{path}.{key}", f"must be {bound}, got {v}", rid)
-    return v
+    return _int_value(obj[key], f"{path}.{key}", rid, lo, hi)
 
 
 def _keys(obj: Any, path: str, rid: str | None, required: set[str], optional: set[str] = frozenset()) -> dict:
@@ -120,42 +149,57 @@ def _keys(obj: Any, path: str, rid: str | None, required: set[str], optional: se
     missing = sorted(required - obj.keys())
     if missing:
         raise TraceError(f"{path}.{missing[0]}", "missing required field", rid)
-    unknown = sorted(obj.keys() - required - optional)
+    unknown = sorted(obj.keys() - required - optional, key=repr)
     if unknown:
         raise TraceError(f"{path}.{unknown[0]}", "unknown field", rid)
     return obj
 
 
-def _token_list(v: Any, path: str, rid: str, allow_empty: bool, vocab_size: int | None) -> tuple[int, ...]:
-    if not isinstance(v, list):
+def _token_list(v: Any, path: str, rid: str | None, allow_empty: bool, vocab_size: int | None) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)):
         raise TraceError(path, f"must be a list of token ids, got {type(v).__name__}", rid)
     if not v and not allow_empty:
         raise TraceError(path, "must not be empty", rid)
+    out = []
     for j, t in enumerate(v):
         if not _is_int(t):
             raise TraceError(f"{path}[{j}]", f"token id must be an integer, got {type(t).__name__} {t!r}", rid)
+        t = int(t)
         if t < 0:
             raise TraceError(f"{path}[{j}]", f"token id must be >= 0, got {t}", rid)
         if vocab_size is not None and t >= vocab_size:
             raise TraceError(f"{path}[{j}]", f"token id {t} >= vocab_size {vocab_size}", rid)
-    return tuple(v)
+        out.append(t)
+    return tuple(out)
+
+
+def _check_sampling(s: Any, path: str, rid: str | None) -> Sampling:
+    if not isinstance(s, Sampling):
+        raise TraceError(path, f"must be an oracle.trace.Sampling, got {type(s).__name__}", rid)
+    if not isinstance(s.kind, str) or s.kind not in SAMPLING_KINDS:
+        raise TraceError(f"{path}.kind", f"unknown sampling kind {s.kind!r}; expected one of {SAMPLING_KINDS}", rid)
+    if s.kind == "greedy":
+        for name in ("temperature", "seed"):
+            if getattr(s, name) is not None:
+                raise TraceError(f"{path}.{name}", "only seeded sampling takes a temperature and a seed", rid)
+        return Sampling()
+    t = s.temperature
+    if not isinstance(t, numbers.Real) or isinstance(t, bool) or not (0 < float(t) < math.inf):
+        raise TraceError(f"{path}.temperature", f"must be a finite number > 0, got {t!r}", rid)
+    return Sampling("seeded", float(t), _int_value(s.seed, f"{path}.seed", rid, 0, SEED_LIMIT))
 
 
 def _parse_sampling(v: Any, path: str, rid: str) -> Sampling:
     if not isinstance(v, dict):
         raise TraceError(path, f"must be an object, got {type(v).__name__}", rid)
     kind = v.get("kind")
-    if kind not in SAMPLING_KINDS:
+    if not isinstance(kind, str) or kind not in SAMPLING_KINDS:
         raise TraceError(f"{path}.kind", f"unknown sampling kind {kind!r}; expected one of {SAMPLING_KINDS}", rid)
     if kind == "greedy":
         _keys(v, path, rid, {"kind"})
         return Sampling()
     _keys(v, path, rid, {"kind", "temperature", "seed"})
-    t = v["temperature"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0) or t == float("inf"):
-        raise TraceError(f"{path}.temperature", f"must be a finite number > 0, got {t!r}", rid)
-    seed = _int(v, "seed", path, rid, 0, SEED_LIMIT)
-    return Sampling("seeded", float(t), seed)
+    return Sampling("seeded", v["temperature"], v["seed"])     # values checked by validate_request
 
 
 def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
@@ -166,22 +210,95 @@ def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
     if not isinstance(rid, str) or not rid:
         raise TraceError(f"{path}.id", f"must be a non-empty string, got {rid!r}")
     _keys(obj, path, rid, {"id", "arrival_step", "prompt", "max_new_tokens"}, {"stop_token_ids", "sampling"})
-    arrival = _int(obj, "arrival_step", path, rid, 0)
-    prompt = _token_list(obj["prompt"], f"{path}.prompt", rid, False, vocab_size)
-    max_new = _int(obj, "max_new_tokens", path, rid, 1)
-    stops = _token_list(obj.get("stop_token_ids", []), f"{path}.stop_token_ids", rid, True, vocab_size)
     sampling = _parse_sampling(obj.get("sampling", {"kind": "greedy"}), f"{path}.sampling", rid)
-    return Request(rid, arrival, prompt, max_new, stops, sampling)
+    raw = Request(rid, obj["arrival_step"], obj["prompt"], obj["max_new_tokens"], obj.get("stop_token_ids", []),
+                  sampling)
+    return validate_request(raw, path, vocab_size)
 
 
 def _parse_engine(obj: Any) -> EngineConfig:
-    _keys(obj, "engine", None, {"max_requests", "max_tokens_per_step", "prefill_chunk"}, {"mode"})
-    mode = obj.get("mode", "legacy")
-    if mode not in MODES:
-        raise TraceError("engine.mode", f"unknown mode {mode!r}; expected one of {MODES}")
-    return EngineConfig(_int(obj, "max_requests", "engine", None, 1),
-                        _int(obj, "max_tokens_per_step", "engine", None, 1),
-                        _int(obj, "prefill_chunk", "engine", None, 1), mode)
+    _keys(obj, "engine", None, {"max_requests", "max_tokens_per_step", "prefill_chunk"}, {"mode", "speculative", "prefix_cache"})
+    spec = None
+    if "speculative" in obj:
+        from .speculative import parse_speculative
+        spec = parse_speculative(obj["speculative"])
+    pc = obj.get("prefix_cache")
+    if "prefix_cache" in obj:                                                  # null is not "absent"
+        _keys(pc, "engine.prefix_cache", None, {"block_size", "capacity"})
+        pc = PrefixCacheConfig(pc["block_size"], pc["capacity"])              # values checked below
+    return validate_engine_config(EngineConfig(obj["max_requests"], obj["max_tokens_per_step"],
+                                               obj["prefill_chunk"], obj.get("mode", "legacy"), spec,
+                                               prefix_cache=pc))
+
+
+# ------------------------------------------------------------------------------------- the one shared validator
+
+def validate_request(req: Any, where: str = "request", vocab_size: int | None = None) -> Request:
+    """Check every field of a request (parsed from JSON or built by hand) and return it normalised (Python ints,
+    tuples, float temperature); the one check shared by parse_trace, run_trace and both streaming add_requests."""
+    if not isinstance(req, Request):
+        raise TraceError(where, f"must be an oracle.trace.Request, got {type(req).__name__}")
+    rid = req.id
+    if not isinstance(rid, str) or not rid:
+        raise TraceError(f"{where}.id", f"must be a non-empty string, got {rid!r}")
+    arrival = _int_value(req.arrival_step, f"{where}.arrival_step", rid, 0, MAX_ARRIVAL_STEP + 1)
+    prompt = _token_list(req.prompt, f"{where}.prompt", rid, False, vocab_size)
+    max_new = _int_value(req.max_new_tokens, f"{where}.max_new_tokens", rid, 1)
+    stops = _token_list(req.stop_token_ids, f"{where}.stop_token_ids", rid, True, vocab_size)
+    sampling = _check_sampling(req.sampling, f"{where}.sampling", rid)
+    return Request(rid, arrival, prompt, max_new, stops, sampling)
+
+
+def validate_engine_config(ec: Any, where: str = "engine") -> EngineConfig:
+    """Check an engine config (parsed or built by hand): limits are ints >= 1, max_requests <= MAX_REQUESTS, the
+    mode known; returns it normalised."""
+    if not isinstance(ec, EngineConfig):
+        raise TraceError(where, f"must be an oracle.trace.EngineConfig, got {type(ec).__name__} {ec!r:.80}")
+    if not isinstance(ec.mode, str) or ec.mode not in MODES:
+        raise TraceError(f"{where}.mode", f"unknown mode {ec.mode!r}; expected one of {MODES}")
+    return EngineConfig(_int_value(ec.max_requests, f"{where}.max_requests", None, 1, MAX_REQUESTS + 1),
+                        _int_value(ec.max_tokens_per_step, f"{where}.max_tokens_per_step", None, 1),
+                        _int_value(ec.prefill_chunk, f"{where}.prefill_chunk", None, 1), ec.mode,
+                        ec.speculative, prefix_cache=_check_prefix_cache(ec.prefix_cache, f"{where}.prefix_cache"))
+
+
+def _check_prefix_cache(pc: Any, where: str) -> PrefixCacheConfig | None:
+    """None, or a PrefixCacheConfig whose block_size and capacity are ints >= 1 (normalised)."""
+    if pc is None:
+        return None
+    if not isinstance(pc, PrefixCacheConfig):
+        raise TraceError(where, f"must be an oracle.trace.PrefixCacheConfig or absent, got {type(pc).__name__}")
+    return PrefixCacheConfig(_int_value(pc.block_size, f"{where}.block_size", None, 1),
+                             _int_value(pc.capacity, f"{where}.capacity", None, 1))
+
+
+def check_prefix_cache_against_model(ec: EngineConfig, chunk_size: int, n_mamba_layers: int | None,
+                                     where: str = "engine") -> None:
+    """A prefix cache needs block_size a multiple of the model's chunk_size (a resume point is a chunk boundary)
+    and a model with Mamba layers (n_mamba_layers None: unknown, e.g. a test stand-in; not checked)."""
+    pc = _check_prefix_cache(ec.prefix_cache, f"{where}.prefix_cache")
+    if pc is None:
+        return
+    if pc.block_size % chunk_size:
+        raise TraceError(f"{where}.prefix_cache.block_size",
+                         f"must be a positive multiple of the model's chunk_size {chunk_size}, got {pc.block_size}")
+    if n_mamba_layers == 0:
+        raise TraceError(f"{where}.prefix_cache", "the model has no Mamba layers: a hybrid prefix cache "
+                         "checkpoints Mamba state (an attention-only model needs none of this)")
+
+
+def check_engine_against_model(ec: EngineConfig, chunk_size: int, where: str = "engine") -> EngineConfig:
+    """An engine config that can always make progress with this model (docs/scheduler.md §1): prefill_chunk >=
+    chunk_size, and every decode row plus one chunk of prefill fit a step."""
+    ec = validate_engine_config(ec, where)
+    if ec.prefill_chunk < chunk_size:
+        raise TraceError(f"{where}.prefill_chunk",
+                         f"must be >= the model's chunk_size {chunk_size}, got {ec.prefill_chunk}")
+    need = ec.max_requests - 1 + chunk_size
+    if ec.max_tokens_per_step < need:
+        raise TraceError(f"{where}.max_tokens_per_step", f"must be >= max_requests - 1 + chunk_size = {need} "
+                         f"(so every decode row and one chunk of prefill fit a step), got {ec.max_tokens_per_step}")
+    return ec
 
 
 # ----------------------------------------------------------------------------------------------------- public API
@@ -208,15 +325,30 @@ def parse_trace(obj: Any, vocab_size: int | None = None) -> Trace:
     return Trace(engine, tuple(requests), desc)
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise TraceError(k, "duplicate key in a JSON object (which one counts would be a guess)")
+        out[k] = v
+    return out
+
+
 def load_trace(path: str | Path, vocab_size: int | None = None) -> Trace:
-    """Read and validate a `hybridqual.trace/1` JSON file."""
+    """Read and validate a `hybridqual.trace/1` JSON file (unreadable, undecodable or non-JSON: TraceError "file")."""
+    if not isinstance(path, (str, Path)):
+        raise TraceError("file", f"path must be a str or pathlib.Path, got {type(path).__name__}")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise TraceError("file", f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError("file", f"{path} is not UTF-8 text: {e}") from None
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
+        obj = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except TraceError as e:
+        raise TraceError("file", f"{path}: {e}") from None
+    except (ValueError, RecursionError) as e:          # JSONDecodeError, over-long integers, absurd nesting
         raise TraceError("file", f"{path} is not valid JSON: {e}") from None
     return parse_trace(obj, vocab_size)
 
@@ -226,16 +358,25 @@ def dump_trace(trace: Trace) -> str:
     return json.dumps(trace.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def check_against_model(trace: Trace, vocab_size: int, chunk_size: int) -> None:
-    """Run-time checks of a trace against a model (docs/scheduler.md §1): token ids < vocab, progress guarantees."""
-    e = trace.engine
+def check_against_model(trace: Trace, vocab_size: int, chunk_size: int) -> Trace:
+    """Run-time checks of a trace (parsed or built by hand) against a model (docs/scheduler.md §1): every field
+    as parse_trace checks it, token ids < vocab, progress guarantees; returns the trace normalised."""
+    if not isinstance(trace, Trace):
+        raise TraceError("trace", f"must be an oracle.trace.Trace, got {type(trace).__name__}")
+    if not isinstance(trace.description, str):
+        raise TraceError("description", f"must be a string, got {type(trace.description).__name__}")
+    engine = check_engine_against_model(trace.engine, chunk_size)
+    if not isinstance(trace.requests, (tuple, list)):      # may be empty here: streaming starts with none
+        raise TraceError("requests", f"must be a tuple of requests, got {type(trace.requests).__name__}")
+    requests, seen = [], set()
     for i, r in enumerate(trace.requests):
-        _token_list(list(r.prompt), f"requests[{i}].prompt", r.id, False, vocab_size)
-        _token_list(list(r.stop_token_ids), f"requests[{i}].stop_token_ids", r.id, True, vocab_size)
-    if e.prefill_chunk < chunk_size:
-        raise TraceError("engine.prefill_chunk",
-                         f"must be >= the model's chunk_size {chunk_size}, got {e.prefill_chunk}")
-    need = e.max_requests - 1 + chunk_size
-    if e.max_tokens_per_step < need:
-        raise TraceError("engine.max_tokens_per_step", f"must be >= max_requests - 1 + chunk_size = {need} "
-                         f"(so every decode row and one chunk of prefill fit a step), got {e.max_tokens_per_step}")
+        r = validate_request(r, f"requests[{i}]", vocab_size)
+        if r.id in seen:
+            raise TraceError(f"requests[{i}].id", "duplicate request id", r.id)
+        seen.add(r.id)
+        requests.append(r)
+    out = Trace(engine, tuple(requests), trace.description)
+    if engine.speculative is not None:                      # DESIGN §13: budget, scripted ids, draft vocab
+        from .speculative import check_speculative
+        check_speculative(out, vocab_size, chunk_size)
+    return out

@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 
 from oracle.schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
-from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against_model
+from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against_model, validate_request
 
 from . import ops
 from .bank import StateBank
+from .memory import check_weights_fit
 from .rows import RowTable, apply_moves_, index_pair
 from .sample import sample_rows
+from .validate import check_engine_args, check_path, resolve_device, resolve_dtype
 
 MODES = ("legacy", "async")
 
@@ -74,8 +76,7 @@ class Engine:
                  pad_decode: bool = False):
         """graphs: decode-only steps replay CUDA graphs at bucket sizes (on CUDA); pad_decode: run those padded
         bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU)."""
-        if engine_config.mode not in MODES:
-            raise TraceError("engine.mode", f"unknown mode {engine_config.mode!r}; expected {MODES}")
+        engine_config = check_engine_args(model, engine_config, max_len, graphs, pad_decode)  # before allocating
         self.model, self.config, self.ec = model, model.config, engine_config
         self.device = model.device
         self.R = engine_config.max_requests
@@ -97,9 +98,10 @@ class Engine:
         """Load an HF-format folder (config.json + safetensors) into a FastModel and build an engine."""
         from oracle.checkpoint import load_checkpoint
         from fastpath.model import FastModel
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        cfg, tensors = load_checkpoint(path)
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        cfg, tensors = load_checkpoint(check_path(path))
+        check_weights_fit(tensors, dtype, device)
         return cls(FastModel(cfg, tensors, device, dtype), engine_config, max_len=max_len, graphs=graphs,
                    pad_decode=pad_decode)
 
@@ -123,16 +125,11 @@ class Engine:
     def add_request(self, req: Request) -> None:
         """Submit a request that arrives at `req.arrival_step` (>= the current step)."""
         where = f"requests[{len(self.requests)}]"
+        req = validate_request(req, where, self.config.vocab_size)      # the checks parse_trace/run_trace make
         if req.id in self.requests:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:
             raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
-        V = self.config.vocab_size
-        if not req.prompt or req.max_new_tokens < 1:
-            raise TraceError(f"{where}.prompt", "needs a non-empty prompt and max_new_tokens >= 1", req.id)
-        for t in tuple(req.prompt) + tuple(req.stop_token_ids):
-            if not 0 <= t < V:
-                raise TraceError(f"{where}.prompt", f"token id {t} outside the vocabulary", req.id)
         need = len(req.prompt) + req.max_new_tokens
         if self.config.attention_layer_ids and need > self.bank.max_len:
             raise TraceError(f"{where}.max_new_tokens", f"prompt + max_new_tokens = {need} exceeds the engine's "
@@ -348,11 +345,11 @@ class Engine:
 
     def run_trace(self, trace: Trace, mode: str | None = None) -> TraceResult:
         """Run a whole trace (engine limits must match this engine's); returns tokens, reasons, log, digest."""
+        trace = check_against_model(trace, self.config.vocab_size, self.config.chunk_size)    # normalised
         e = trace.engine
         if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk) != \
                 (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk):
             raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
-        check_against_model(trace, self.config.vocab_size, self.config.chunk_size)
         self.reset(mode or e.mode)
         for req in trace.requests:
             self.add_request(req)

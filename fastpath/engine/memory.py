@@ -59,3 +59,75 @@ def predict(engine, step_tokens: int | None = None) -> dict[str, int]:
            "activations": activation_bytes(engine.config, T, engine.model.dtype)}
     out["total"] = sum(out.values())
     return out
+
+
+def bank_bytes(config, max_requests: int, max_len: int, kv_dtype: torch.dtype,
+               state_dtype: torch.dtype = torch.float32) -> int:
+    """Bytes StateBank(config, max_requests, max_len, kv_dtype=kv_dtype) will allocate (computed, not allocated)."""
+    c, R = config, max_requests
+    n_m, n_a = len(c.mamba_layer_ids), len(c.attention_layer_ids)
+    es, ek = _elem(state_dtype), _elem(kv_dtype)
+    state = n_m * R * (c.conv_dim * (c.mamba_d_conv - 1) + c.mamba_n_heads * c.mamba_head_dim * c.mamba_d_state)
+    kv = 2 * n_a * R * max_len * c.n_kv_heads * c.attn_head_dim
+    return state * es + kv * ek
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def _cgroup_free() -> int | None:
+    """Bytes left under this process's cgroup (v2) memory limit, if it has one."""
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory the engine can still allocate on `device`: CUDA free + what the caching allocator holds unused; CPU:
+    MemAvailable (capped by a cgroup limit). None when it cannot be told."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    avail = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    cg = _cgroup_free()
+    if cg is not None:
+        avail = cg if avail is None else min(avail, cg)
+    return avail
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.3g} GiB"
+
+
+def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Raise a MemoryError naming max_requests / max_len / the token budget when the bank (+KV) and the activation
+    peak of the largest step would not fit what `device` has free (checked before anything is allocated)."""
+    bank = bank_bytes(config, ec.max_requests, max_len, dtype)
+    tokens = min(ec.max_tokens_per_step, ec.max_requests * ec.prefill_chunk)   # no step holds more tokens
+    act = activation_bytes(config, tokens, dtype, sequences=min(ec.max_requests, tokens))
+    have = available_bytes(device)
+    if have is not None and bank + act > have:
+        raise MemoryError(
+            f"engine_config/max_len: the state bank + KV ({_gib(bank)} for max_requests={ec.max_requests}, "
+            f"max_len={max_len}) and the activations of a {tokens}-token step ({_gib(act)}) need "
+            f"{_gib(bank + act)}, but {device} has {_gib(have)} free; lower max_requests, max_len or "
+            f"max_tokens_per_step")
+
+
+def check_weights_fit(tensors: dict, dtype: torch.dtype, device: torch.device) -> None:
+    """Raise a MemoryError before copying a checkpoint of this size in `dtype` to `device` if it cannot fit."""
+    need = sum(t.numel() * (4 if t.dtype == torch.float32 and t.dim() <= 1 else _elem(dtype))
+               for t in tensors.values())
+    have = available_bytes(device)
+    if device.type == "cuda" and have is not None and need > have:
+        raise MemoryError(f"path: the weights need {_gib(need)} on {device} in {dtype}, which has {_gib(have)} free")
