@@ -43,6 +43,8 @@ class StepRecord:
     free: list[dict[str, Any]] = field(default_factory=list)      # {"request", "row", "slot", "reason"}
     moves: list[dict[str, Any]] = field(default_factory=list)     # {"from_row", "to_row", "request", "slot"}
     row_to_slot: list[int] = field(default_factory=list)
+    # prefix cache events (docs/scheduler.md §9); in the JSON only when the log's run had a prefix cache
+    cache: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"hits": [], "stored": [], "evicted": []})
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -57,10 +59,15 @@ class ScheduleLog:
 
     mode: str
     steps: list[StepRecord] = field(default_factory=list)
+    prefix_cache: bool = False      # the run had a prefix cache: every step also logs its "prefix_cache" events
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
-        return {"schema": SCHEMA, "mode": self.mode, "steps": [s.to_json() for s in self.steps]}
+        steps = [s.to_json() for s in self.steps]
+        if self.prefix_cache:
+            for j, s in zip(steps, self.steps):
+                j["prefix_cache"] = {k: list(v) for k, v in s.cache.items()}
+        return {"schema": SCHEMA, "mode": self.mode, "steps": steps}
 
 
 def _check_value(v: Any, path: str) -> None:
@@ -99,7 +106,9 @@ def from_json(obj: dict[str, Any]) -> ScheduleLog:
         batch = [BatchRow(b["row"], b["request"], b["slot"], b["kind"], b["pos"], b["count"]) for b in s["batch"]]
         steps.append(StepRecord(s["step"], s["overlap"], list(s["admit"]), batch, list(s["sampled"]),
                                 list(s["free"]), list(s["moves"]), list(s["row_to_slot"])))
-    return ScheduleLog(obj["mode"], steps)
+        if "prefix_cache" in s:
+            steps[-1].cache = {k: list(v) for k, v in s["prefix_cache"].items()}
+    return ScheduleLog(obj["mode"], steps, any("prefix_cache" in s for s in obj["steps"]))
 
 
 def _first_diff(a: Any, b: Any, path: str) -> str | None:

@@ -1,0 +1,129 @@
+"""The truth's prefix cache (DESIGN §12, docs/scheduler.md §9): block keys, checkpoints, longest-hit lookup, LRU.
+
+A checkpoint is a deep copy of one request's model state at a block boundary p = j·B of its prompt (conv windows,
+SSM states and attention K/V for [0, p) — an `OracleState` at position p), filed under the chain hash of
+prompt[0:p].  The scheduler (oracle/scheduler.py) calls three things:
+
+    prefill_cap(start, L, P, B)   the largest piece a prefilling row may get: pieces never cross a block boundary
+                                  inside the prompt, so a piece ends on every boundary p < L (docs §9 says why)
+    lookup(prompt, step)          at admission: the largest cached p = j·B <= len(prompt) - 1, or (0, None)
+    store(...)                    at the end of the step whose prefill ended at p: file a checkpoint, evict LRU
+
+Keys: key_0 = sha256(b"hybridqual.prefix/1"), key_j = sha256(key_{j-1} || block j as little-endian int64).
+SHA-256 is collision resistant (no collision has ever been exhibited; a generic birthday collision among n keys
+has probability about n^2 / 2^257), so equal keys mean equal token prefixes; the oracle also keeps each
+entry's tokens and asserts them on a hit, so a collision could not pass silently here.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+KEY_SEED = hashlib.sha256(b"hybridqual.prefix/1").digest()
+
+
+def block_keys(prompt: tuple[int, ...] | list[int], block_size: int) -> list[str]:
+    """keys[j-1] = hex chain hash of prompt[0:j*block_size], for every j*block_size <= len(prompt)."""
+    h, keys = KEY_SEED, []
+    for j in range(len(prompt) // block_size):
+        block = prompt[j * block_size:(j + 1) * block_size]
+        h = hashlib.sha256(h + struct.pack(f"<{block_size}q", *block)).digest()
+        keys.append(h.hex())
+    return keys
+
+
+def prefill_cap(start: int, prompt_len: int, prefill_chunk: int, block_size: int) -> int:
+    """prefill_chunk, cut so that a piece starting at `start` ends no later than the next block boundary that
+    lies strictly inside the prompt (a boundary at the prompt's end needs no cut)."""
+    nxt = (start // block_size + 1) * block_size
+    return min(prefill_chunk, nxt - start) if nxt < prompt_len else prefill_chunk
+
+
+@dataclass
+class Entry:
+    """One checkpoint: the state of `owner`'s prompt[0:pos] and the LRU bookkeeping."""
+
+    key: str
+    pos: int
+    owner: str
+    tokens: tuple[int, ...]
+    state: Any
+    stored_seq: int
+    last_use: int
+
+
+class PrefixCache:
+    """The cache of one run: at most `capacity` checkpoints of block-aligned prefixes (keys of `block_size`)."""
+
+    def __init__(self, block_size: int, capacity: int):
+        self.block_size, self.capacity = block_size, capacity
+        self.entries: dict[str, Entry] = {}
+        self._seq = 0
+
+    def lookup(self, prompt: tuple[int, ...], step: int) -> tuple[int, Entry | None]:
+        """Longest hit: the largest p = j*B <= len(prompt) - 1 whose key is cached (its last use becomes `step`);
+        (0, None) on a miss.  At least one prompt token is always left to compute (it produces the logits)."""
+        keys = block_keys(prompt, self.block_size)
+        for j in range((len(prompt) - 1) // self.block_size, 0, -1):
+            e = self.entries.get(keys[j - 1])
+            if e is not None:
+                p = j * self.block_size
+                assert e.tokens == tuple(prompt[:p]), f"prefix key collision at p={p}"
+                e.last_use = step
+                return p, e
+        return 0, None
+
+    def store(self, prompt: tuple[int, ...], pos: int, owner: str, state: Any,
+              step: int) -> tuple[Entry | None, Entry | None]:
+        """File a checkpoint of prompt[0:pos] (pos a block boundary) unless one exists; returns (stored entry or
+        None, evicted entry or None).  A full cache evicts its least recently used entry (ties: earliest stored)."""
+        key = block_keys(prompt[:pos], self.block_size)[-1]
+        if key in self.entries:
+            return None, None
+        evicted = None
+        if len(self.entries) >= self.capacity:
+            evicted = min(self.entries.values(), key=lambda e: (e.last_use, e.stored_seq))
+            del self.entries[evicted.key]
+        self._seq += 1
+        entry = Entry(key, pos, owner, tuple(prompt[:pos]), copy.deepcopy(state), self._seq, step)
+        self.entries[key] = entry
+        return entry, evicted
+
+    @staticmethod
+    def restore(entry: Entry) -> Any:
+        """The state a hitting request starts from: a deep copy, so it never depends on the entry again."""
+        return copy.deepcopy(entry.state)
+
+
+class SchedulerCache(PrefixCache):
+    """The cache as oracle/scheduler.py drives it: admission lookups, piece caps, stores after the forward; every
+    event goes into the step's log record (`rec.cache`: hits, stored, evicted; `cached_tokens` on admissions)."""
+
+    def admit(self, st: Any, rec: Any, step: int) -> None:
+        """The request just admitted (rec.admit[-1]) starts from the longest cached prefix, if any."""
+        p, entry = self.lookup(st.req.prompt, step)
+        rec.admit[-1]["cached_tokens"] = p
+        if entry is not None:
+            st.model_state, st.done = self.restore(entry), p
+            rec.cache["hits"].append({"request": st.req.id, "pos": p})
+
+    def cap(self, st: Any, prefill_chunk: int) -> int:
+        """The prefill_chunk this row's next piece may use (cut at the next block boundary inside the prompt)."""
+        return prefill_cap(st.done, len(st.req.prompt), prefill_chunk, self.block_size)
+
+    def after_forward(self, batch: list, requests: dict, rec: Any, step: int) -> None:
+        """Store a checkpoint for every prefill piece of this step that ended on a block boundary (batch order)."""
+        for b in batch:
+            end = b.pos + b.count
+            if b.kind != "prefill" or end % self.block_size:
+                continue
+            st = requests[b.request]
+            assert getattr(st.model_state, "position", end) == end, "checkpoint state is not at the boundary"
+            entry, evicted = self.store(st.req.prompt, end, b.request, st.model_state, step)
+            if evicted is not None:
+                rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
+            if entry is not None:
+                rec.cache["stored"].append({"request": b.request, "pos": end})
