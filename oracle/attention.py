@@ -29,7 +29,7 @@ def rope(x: Tensor, positions: Tensor, rot_dim: int, theta: float) -> Tensor:
     if rot_dim % 2 != 0 or rot_dim > d:
         raise ValueError(f"rope: rot_dim={rot_dim} must be even and <= head_dim={d}")
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64).to(cd) / rot_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64, device=x.device).to(cd) / rot_dim))
     angle = positions.to(cd)[:, None] * inv_freq[None, :]                # [L, rot_dim/2]
     emb = torch.cat([angle, angle], dim=-1)                              # [L, rot_dim]
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]              # [L, 1, rot_dim]

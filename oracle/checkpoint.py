@@ -21,7 +21,8 @@ import os
 import re
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from .config import HybridConfig, from_hf_config, to_hf_config
@@ -143,11 +144,42 @@ def _top_names(c: HybridConfig) -> dict[str, str]:
             "final_norm.weight": "final_layernorm.weight" if c.model_type == "bamba" else "norm.weight"}
 
 
-def to_canonical(c: HybridConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
-    """HF-named tensors -> canonical names; raises CheckpointError listing missing/unexpected/misshapen tensors."""
-    if c.model_type == "nemotron_h" or c.model_type == "mamba2":
-        hf = {("backbone." + k[len("model."):] if k.startswith("model.") else k): v for k, v in hf.items()}
-        hf = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in hf.items()}
+def normalised_names(c: HybridConfig, names) -> dict[str, str]:
+    """HF name as the mapping expects it -> name as stored (Nemotron-H/Mamba2 accept `model.` and `embedding.`)."""
+    out: dict[str, str] = {}
+    for k in names:
+        n = k
+        if c.model_type in ("nemotron_h", "mamba2"):
+            n = "backbone." + n[len("model."):] if n.startswith("model.") else n
+            n = n.replace("backbone.embedding.", "backbone.embeddings.")
+        if n in out:
+            raise CheckpointError(f"{k}: the same tensor is stored twice (as {out[n]!r} and {k!r})")
+        out[n] = k
+    return out
+
+
+def part_names(c: HybridConfig, part: int | str | None) -> set[str]:
+    """Canonical names of one part of the model: None (all), "top" (embed, final norm, lm_head) or layer i."""
+    want = expected_shapes(c)
+    if part is None:
+        return set(want)
+    if part == "top":
+        return {"embed.weight", "final_norm.weight", "lm_head.weight"}
+    return {n for n in want if n.startswith(f"layers.{part}.")}
+
+
+def hf_part_of(c: HybridConfig, hf_name: str) -> int | str:
+    """Which part (see part_names) an HF tensor name (normalised) belongs to: its layer index, else "top"."""
+    m = re.match(r"^(?:backbone|model)\.layers\.(\d+)\.", hf_name)
+    return int(m.group(1)) if m and int(m.group(1)) < c.num_layers else "top"
+
+
+def to_canonical(c: HybridConfig, hf: dict[str, Tensor], part: int | str | None = None) -> dict[str, Tensor]:
+    """HF-named tensors -> canonical names; raises CheckpointError listing missing/unexpected/misshapen tensors.
+
+    `part` (see part_names) maps only that part: `hf` then holds just its tensors (the streamed oracle loads
+    one layer at a time). Meta-device tensors are checked by name, shape and dtype only (headers, no data)."""
+    hf = {n: hf[k] for n, k in normalised_names(c, hf).items()}
     pool, pre = dict(hf), _prefix(c)
     want = expected_shapes(c)
     out: dict[str, Tensor] = {}
@@ -160,10 +192,13 @@ def to_canonical(c: HybridConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
         missing.append(hf_name)
         return None
 
-    for canon, h in _top_names(c).items():
-        source[canon] = pre + h
-        out[canon] = take(pre + h)
+    if part in (None, "top"):
+        for canon, h in _top_names(c).items():
+            source[canon] = pre + h
+            out[canon] = take(pre + h)
     for i, spec in enumerate(c.layers):
+        if part not in (None, i):
+            continue
         lp = f"layers.{i}."
         for canon, h in _hf_layer_names(c, i).items():
             name = lp + canon
@@ -174,16 +209,19 @@ def to_canonical(c: HybridConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
             w = out[lp + "mamba.conv1d.weight"]
             out[lp + "mamba.conv1d.weight"] = w[:, 0, :] if w.dim() == 3 and w.shape[1] == 1 else w
         _ffn_to_canonical(c, i, pre + lp, take, out, pool, source)
-    if c.tie_word_embeddings:
-        lm = pool.pop("lm_head.weight", None)
-        if lm is not None and out["embed.weight"] is not None and not torch.equal(lm, out["embed.weight"]):
-            raise CheckpointError("lm_head.weight: differs from the embedding but tie_word_embeddings=true")
-        out["lm_head.weight"] = out["embed.weight"]
-    else:
-        source["lm_head.weight"] = "lm_head.weight"
-        out["lm_head.weight"] = take("lm_head.weight")
-    if c.model_type == "nemotron_h":                     # multi-token-prediction heads: not part of the model
-        pool = {k: v for k, v in pool.items() if not k.startswith("mtp.")}
+    if part in (None, "top"):
+        if c.tie_word_embeddings:
+            lm = pool.pop("lm_head.weight", None)
+            emb = out["embed.weight"]
+            if lm is not None and emb is not None and not lm.is_meta and (
+                    lm.shape != emb.shape or not torch.equal(lm, emb)):
+                raise CheckpointError("lm_head.weight: differs from the embedding but tie_word_embeddings=true")
+            out["lm_head.weight"] = emb
+        else:
+            source["lm_head.weight"] = "lm_head.weight"
+            out["lm_head.weight"] = take("lm_head.weight")
+        if c.model_type == "nemotron_h":                 # multi-token-prediction heads: not part of the model
+            pool = {k: v for k, v in pool.items() if not k.startswith("mtp.")}
     problems = []
     if missing:
         problems.append(f"missing tensors ({len(missing)}): {', '.join(sorted(missing))}")
@@ -191,7 +229,7 @@ def to_canonical(c: HybridConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
         problems.append(f"unexpected tensors ({len(pool)}): {', '.join(sorted(pool))}")
     if problems:
         raise CheckpointError(f"checkpoint does not match config ({c.model_type}): " + "; ".join(problems))
-    check_tensors(c, out, source)
+    check_tensors(c, out, source, names=part_names(c, part))
     return out
 
 
@@ -235,9 +273,13 @@ def _expect_even(t: Tensor, dim: int, name: str) -> None:
         raise CheckpointError(f"{name}: dim {dim} of shape {tuple(t.shape)} must be even ([gate; up] stacked)")
 
 
-def check_tensors(c: HybridConfig, tensors: dict[str, Tensor], source: dict[str, str] | None = None) -> None:
-    """Every canonical tensor present, of the expected shape, floating point and finite; else CheckpointError."""
+def check_tensors(c: HybridConfig, tensors: dict[str, Tensor], source: dict[str, str] | None = None,
+                  names: set[str] | None = None) -> None:
+    """Every canonical tensor present, of the expected shape, floating point and finite; else CheckpointError.
+    `names` restricts the check to a part of the model; meta tensors (headers only) skip the finiteness check."""
     want, source = expected_shapes(c), source or {}
+    if names is not None:
+        want = {n: s for n, s in want.items() if n in names}
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))
     problems = []
@@ -255,20 +297,24 @@ def check_tensors(c: HybridConfig, tensors: dict[str, Tensor], source: dict[str,
             problems.append(f"{label}: dtype {t.dtype} is not floating point")
     if problems:
         raise CheckpointError("; ".join(problems))
-    bad = sorted(n for n in want if not torch.isfinite(tensors[n]).all())
+    bad = sorted(n for n in want if not tensors[n].is_meta and not torch.isfinite(tensors[n]).all())
     if bad:
         raise CheckpointError(f"non-finite (NaN/Inf) weights in: {', '.join(bad)}")
 
 
-def to_hf(c: HybridConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Canonical tensors -> HF names and layouts (the on-disk layout transformers 5.x writes and reads)."""
-    check_tensors(c, tensors)
+def to_hf(c: HybridConfig, tensors: dict[str, Tensor], part: int | str | None = None) -> dict[str, Tensor]:
+    """Canonical tensors -> HF names and layouts (the on-disk layout transformers 5.x writes and reads);
+    `part` (see part_names) converts just that part (tools/anchor.py writes a model layer by layer)."""
+    check_tensors(c, tensors, names=part_names(c, part))
     pre, hf = _prefix(c), {}
-    for canon, h in _top_names(c).items():
-        hf[pre + h] = tensors[canon]
-    if not c.tie_word_embeddings:
-        hf["lm_head.weight"] = tensors["lm_head.weight"]
+    if part in (None, "top"):
+        for canon, h in _top_names(c).items():
+            hf[pre + h] = tensors[canon]
+        if not c.tie_word_embeddings:
+            hf["lm_head.weight"] = tensors["lm_head.weight"]
     for i, spec in enumerate(c.layers):
+        if part not in (None, i):
+            continue
         lp = f"layers.{i}."
         for canon, h in _hf_layer_names(c, i).items():
             if lp + canon in tensors:
@@ -293,33 +339,105 @@ def to_hf(c: HybridConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 # ------------------------------------------------------------------------------------------------ file IO
 
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def _read_json(path: str) -> object:
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({type(e).__name__}: {e.strerror or e})") from None
+
+
+def _weight_files(path: str) -> tuple[list[str], dict[str, str] | None]:
+    """The folder's safetensors files, and the shard index's weight_map (tensor -> file) when sharded."""
+    single, index = os.path.join(path, "model.safetensors"), os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        d = _read_json(index)
+        weight_map = d.get("weight_map") if isinstance(d, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: weight_map: expected a non-empty object of tensor -> shard file")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or os.path.basename(shard) != shard:
+                raise CheckpointError(f"{index}: weight_map[{name!r}]: {shard!r} is not a file name in the folder")
+        for shard in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(path, shard)):
+                raise CheckpointError(f"{index}: shard {shard!r} not found in {path}")
+        return [os.path.join(path, f) for f in sorted(set(weight_map.values()))], weight_map
+    if os.path.exists(single):
+        return [single], None
+    raise CheckpointError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
+
+
+class SafetensorsIndex:
+    """A folder's tensors by stored name, from the safetensors headers only: name -> (file, shape, dtype).
+    `read(names)` opens each file (mmap) just for that read, so memory holds only the tensors asked for."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        files, weight_map = _weight_files(self.path)
+        self.entries: dict[str, tuple[str, tuple[int, ...], torch.dtype]] = {}
+        for file in files:
+            for name, shape, dtype in _header(file):
+                if name in self.entries:
+                    raise CheckpointError(f"{name}: stored in two files ({self.entries[name][0]} and {file})")
+                self.entries[name] = (file, shape, dtype)
+        if weight_map is not None:
+            listed, found = set(weight_map), set(self.entries)
+            wrong = sorted(n for n in listed & found if os.path.basename(self.entries[n][0]) != weight_map[n])
+            if listed != found or wrong:
+                raise CheckpointError(f"{self.path}/model.safetensors.index.json: weight_map and shards disagree: "
+                                      f"listed-not-found {sorted(listed - found)}, found-not-listed "
+                                      f"{sorted(found - listed)}, in another shard {wrong}")
+
+    def meta(self) -> dict[str, Tensor]:
+        """Every tensor as a meta-device tensor of its stored shape and dtype (no data)."""
+        return {n: torch.empty(shape, dtype=dt, device="meta") for n, (_, shape, dt) in self.entries.items()}
+
+    def read(self, names) -> dict[str, Tensor]:
+        """The named tensors (stored dtype, CPU); CheckpointError naming the file and tensor if one cannot be read."""
+        by_file: dict[str, list[str]] = {}
+        for n in names:
+            by_file.setdefault(self.entries[n][0], []).append(n)
+        out: dict[str, Tensor] = {}
+        for file, ns in by_file.items():
+            n = ns[0]
+            try:
+                with safe_open(file, framework="pt") as fh:
+                    for n in ns:
+                        out[n] = fh.get_tensor(n)
+            except Exception as e:  # safetensors raises several error types for corrupt data
+                raise CheckpointError(f"{file}: tensor {n}: cannot read ({type(e).__name__}: {e})") from None
+        return out
+
+
+def _header(file: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """(name, shape, dtype) of every tensor in one safetensors file, from its header (validated by safetensors)."""
+    try:
+        with safe_open(file, framework="pt") as fh:
+            raw = [(n, fh.get_slice(n)) for n in fh.keys()]
+            entries = [(n, tuple(int(d) for d in sl.get_shape()), sl.get_dtype()) for n, sl in raw]
+    except Exception as e:  # SafetensorError (bad header/offsets), OSError, ...
+        raise CheckpointError(f"{file}: cannot read safetensors header ({type(e).__name__}: {e})") from None
+    out = []
+    for n, shape, dt in entries:
+        if dt not in _ST_DTYPES:
+            raise CheckpointError(f"{file}: tensor {n}: dtype {dt} is not supported")
+        out.append((n, shape, _ST_DTYPES[dt]))
+    return out
+
+
 def read_safetensors(path: str) -> dict[str, Tensor]:
     """All tensors of a folder: model.safetensors, or the shards listed in model.safetensors.index.json."""
-    single, index = os.path.join(path, "model.safetensors"), os.path.join(path, "model.safetensors.index.json")
-    try:
-        if os.path.exists(index):
-            with open(index) as fh:
-                weight_map = json.load(fh).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{index}: no weight_map")
-            tensors: dict[str, Tensor] = {}
-            for shard in sorted(set(weight_map.values())):
-                part = load_file(os.path.join(path, shard))
-                tensors.update(part)
-            listed, found = set(weight_map), set(tensors)
-            if listed != found:
-                raise CheckpointError(f"{index}: weight_map and shards disagree: listed-not-found "
-                                      f"{sorted(listed - found)}, found-not-listed {sorted(found - listed)}")
-            return tensors
-        if os.path.exists(single):
-            return load_file(single)
-    except CheckpointError:
-        raise
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{index}: not valid JSON ({e})") from None
-    except Exception as e:  # safetensors raises several error types for corrupt files
-        raise CheckpointError(f"{path}: cannot read safetensors ({type(e).__name__}: {e})") from None
-    raise CheckpointError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
+    index = SafetensorsIndex(path)
+    return index.read(list(index.entries))
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[HybridConfig, dict[str, Tensor]]:
@@ -340,11 +458,16 @@ def save_checkpoint(path: str | os.PathLike, config: HybridConfig, tensors: dict
     if dtype is not None:
         hf = {k: v.to(dtype) for k, v in hf.items()}
     hf = {k: v.detach().cpu().clone().contiguous() for k, v in hf.items()}  # no shared storage in the file
+    write_hf_config(path, config, next(iter(hf.values())).dtype)
+    save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def write_hf_config(path: str, config: HybridConfig, dtype: torch.dtype) -> None:
+    """config.json for `config` with the stored `dtype` and the HF architecture name."""
     d = to_hf_config(config)
-    d["dtype"] = str(next(iter(hf.values())).dtype).replace("torch.", "")
+    d["dtype"] = str(dtype).replace("torch.", "")
     d["architectures"] = [{"bamba": "BambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
                            "mamba2": "Mamba2ForCausalLM",
                            "granitemoehybrid": "GraniteMoeHybridForCausalLM"}[config.model_type]]
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(d, fh, indent=2, sort_keys=True)
-    save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -47,20 +47,12 @@ class OracleModel:
         check_tensors(config, tensors)
         self.config, self.dtype = config, dtype
         self.weights = {k: v.to(dtype) for k, v in tensors.items()}
-        self.stream_dtype = torch.float32 if (config.residual_in_fp32 and dtype in (torch.bfloat16, torch.float16)) \
-            else dtype
+        self.stream_dtype = residual_dtype(config, dtype)
 
     # ------------------------------------------------------------------------------------------ state
     def new_state(self) -> OracleState:
         """An empty state (position 0, zero conv windows and SSM states, empty KV caches)."""
-        c, s = self.config, OracleState()
-        for i in c.mamba_layer_ids:
-            s.conv[i] = torch.zeros(c.conv_dim, c.mamba_d_conv - 1, dtype=self.dtype)
-            s.ssm[i] = torch.zeros(c.mamba_n_heads, c.mamba_head_dim, c.mamba_d_state, dtype=scan_dtype(self.dtype))
-        for i in c.attention_layer_ids:
-            s.k[i] = torch.zeros(0, c.n_kv_heads, c.attn_head_dim, dtype=self.dtype)
-            s.v[i] = torch.zeros(0, c.n_kv_heads, c.attn_head_dim, dtype=self.dtype)
-        return s
+        return empty_state(self.config, self.dtype)
 
     # ---------------------------------------------------------------------------------------- public
     def prefill(self, tokens: list[int], state: OracleState | None = None, scan: str = "chunked",
@@ -92,41 +84,19 @@ class OracleModel:
         new = OracleState(position=old.position)
         positions = torch.arange(old.position, old.position + len(ids))
 
-        h = (w["embed.weight"][ids] * c.embedding_multiplier).to(self.stream_dtype)
+        h = embed(c, w, ids, self.stream_dtype)
         layer_outputs = []
-        for i, spec in enumerate(c.layers):
-            p = f"layers.{i}."
-            if spec.mixer is not None:
-                u = rms_norm(h.to(self.dtype), w[p + "mixer_norm.weight"], c.norm_eps)
-                if spec.mixer == "mamba":
-                    out, new.conv[i], new.ssm[i] = mamba2_mixer(c, w, p + "mamba.", u, old.conv[i], old.ssm[i],
-                                                                old.position, scan)
-                else:
-                    out, new.k[i], new.v[i] = self.attention_block(p + "attn.", u, old.k[i], old.v[i], positions)
-                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
-            if spec.ffn is not None:
-                u = rms_norm(h.to(self.dtype), w[p + "ffn_norm.weight"], c.norm_eps)
-                out = mlp(u, w, p + "mlp.", c.mlp_act) if spec.ffn == "mlp" else moe(u, c, w, p + "moe.")
-                h = h + (out * c.residual_multiplier).to(self.stream_dtype)
+        for i in range(c.num_layers):
+            h = layer_forward(c, w, i, h, old, new, positions, scan, self.dtype)
             layer_outputs.append(h.clone())
-        h = rms_norm(h.to(self.dtype), w["final_norm.weight"], c.norm_eps)
-        logits = linear(h, w["lm_head.weight"]) / c.logits_scaling
+        logits = lm_head(c, w, h, self.dtype)
         new.position = old.position + len(ids)
         return logits, new, layer_outputs
 
     def attention_block(self, p: str, u: Tensor, k_cache: Tensor, v_cache: Tensor,
                         positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """u [L, D] -> (out [L, D], K cache, V cache) with the new tokens appended (keys stored after RoPE)."""
-        c, w, L = self.config, self.weights, u.shape[0]
-        q = linear(u, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(L, c.n_attn_heads, c.attn_head_dim)
-        k = linear(u, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
-        v = linear(u, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
-        q, k = rope(q, positions, c.rope_dim, c.rope_theta), rope(k, positions, c.rope_dim, c.rope_theta)
-        k_all, v_all = torch.cat([k_cache, k]), torch.cat([v_cache, v])
-        k_positions = torch.arange(k_all.shape[0])
-        o = attention(q, k_all, v_all, positions, k_positions, c.attn_scale)
-        out = linear(o.reshape(L, c.n_attn_heads * c.attn_head_dim), w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
-        return out, k_all, v_all
+        return attention_block(self.config, self.weights, p, u, k_cache, v_cache, positions)
 
     # ---------------------------------------------------------------------------------------- helpers
     def generate_greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -137,3 +107,73 @@ class OracleModel:
             logits, state = self.decode(out[-1], state)
             out.append(int(torch.argmax(logits)))
         return out
+
+
+# ------------------------------------------------------------------------- the layer math, one function each
+# Module-level so that the in-memory model and the streamed scorer (oracle.streamed) run the same code:
+# `w` holds canonical tensors in the compute dtype, either the whole model or just the layer being run.
+
+def residual_dtype(c: HybridConfig, dtype: torch.dtype) -> torch.dtype:
+    """The residual stream's dtype: fp32 under residual_in_fp32 for a 16-bit model, else the model dtype."""
+    return torch.float32 if (c.residual_in_fp32 and dtype in (torch.bfloat16, torch.float16)) else dtype
+
+
+def empty_state(c: HybridConfig, dtype: torch.dtype, device: torch.device | str | None = None,
+                layers: tuple[int, ...] | None = None) -> OracleState:
+    """Position 0, zero conv windows and SSM states, empty KV caches (for `layers`, default all)."""
+    s, want = OracleState(), set(range(c.num_layers) if layers is None else layers)
+    for i in c.mamba_layer_ids:
+        if i in want:
+            s.conv[i] = torch.zeros(c.conv_dim, c.mamba_d_conv - 1, dtype=dtype, device=device)
+            s.ssm[i] = torch.zeros(c.mamba_n_heads, c.mamba_head_dim, c.mamba_d_state, dtype=scan_dtype(dtype),
+                                   device=device)
+    for i in c.attention_layer_ids:
+        if i in want:
+            s.k[i] = torch.zeros(0, c.n_kv_heads, c.attn_head_dim, dtype=dtype, device=device)
+            s.v[i] = torch.zeros(0, c.n_kv_heads, c.attn_head_dim, dtype=dtype, device=device)
+    return s
+
+
+def embed(c: HybridConfig, w: dict[str, Tensor], ids: Tensor, stream_dtype: torch.dtype) -> Tensor:
+    """ids [L] -> the residual stream h [L, D] = embed[ids] * embedding_multiplier."""
+    return (w["embed.weight"][ids] * c.embedding_multiplier).to(stream_dtype)
+
+
+def layer_forward(c: HybridConfig, w: dict[str, Tensor], i: int, h: Tensor, old: OracleState, new: OracleState,
+                  positions: Tensor, scan: str, dtype: torch.dtype) -> Tensor:
+    """Layer i on the residual stream h [L, D] (mixer then FFN, each pre-normed); writes layer i's state to `new`."""
+    p, spec, sd = f"layers.{i}.", c.layers[i], h.dtype
+    if spec.mixer is not None:
+        u = rms_norm(h.to(dtype), w[p + "mixer_norm.weight"], c.norm_eps)
+        if spec.mixer == "mamba":
+            out, new.conv[i], new.ssm[i] = mamba2_mixer(c, w, p + "mamba.", u, old.conv[i], old.ssm[i],
+                                                        old.position, scan)
+        else:
+            out, new.k[i], new.v[i] = attention_block(c, w, p + "attn.", u, old.k[i], old.v[i], positions)
+        h = h + (out * c.residual_multiplier).to(sd)
+    if spec.ffn is not None:
+        u = rms_norm(h.to(dtype), w[p + "ffn_norm.weight"], c.norm_eps)
+        out = mlp(u, w, p + "mlp.", c.mlp_act) if spec.ffn == "mlp" else moe(u, c, w, p + "moe.")
+        h = h + (out * c.residual_multiplier).to(sd)
+    return h
+
+
+def lm_head(c: HybridConfig, w: dict[str, Tensor], h: Tensor, dtype: torch.dtype) -> Tensor:
+    """The residual stream h [L, D] -> logits [L, vocab] = lm_head(rms_norm(h)) / logits_scaling."""
+    h = rms_norm(h.to(dtype), w["final_norm.weight"], c.norm_eps)
+    return linear(h, w["lm_head.weight"]) / c.logits_scaling
+
+
+def attention_block(c: HybridConfig, w: dict[str, Tensor], p: str, u: Tensor, k_cache: Tensor, v_cache: Tensor,
+                    positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """u [L, D] -> (out [L, D], K cache, V cache) with the new tokens appended (keys stored after RoPE)."""
+    L = u.shape[0]
+    q = linear(u, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(L, c.n_attn_heads, c.attn_head_dim)
+    k = linear(u, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
+    v = linear(u, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
+    q, k = rope(q, positions, c.rope_dim, c.rope_theta), rope(k, positions, c.rope_dim, c.rope_theta)
+    k_all, v_all = torch.cat([k_cache, k]), torch.cat([v_cache, v])
+    k_positions = torch.arange(k_all.shape[0], device=positions.device)
+    o = attention(q, k_all, v_all, positions, k_positions, c.attn_scale)
+    out = linear(o.reshape(L, c.n_attn_heads * c.attn_head_dim), w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
+    return out, k_all, v_all

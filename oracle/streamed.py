@@ -1,0 +1,180 @@
+"""The streamed oracle: teacher-forced fp64 scoring of given tokens for checkpoints too big to hold in memory.
+
+    so = StreamedOracle("path/to/hf-folder")                 # config + safetensors headers read and checked
+    [rows] = so.score([(prompt, tokens)])                    # rows [len(tokens) + 1, vocab], fp64
+    rows[k] is the distribution that predicts tokens[k]; rows[-1] the one after the last token.
+
+One pass per batch of requests: each request's prompt + tokens go through the model as one sequence, layer
+by layer. A layer's weights are read from the safetensors file(s) (mmap, only that layer's tensors), checked,
+cast to fp64, applied to every request of the batch, then dropped: memory is about one layer (in fp64) plus
+the activations, whatever the model's size. The math is the in-memory oracle's own (oracle.model.embed,
+layer_forward, lm_head on canonical tensors from oracle.checkpoint), so on CPU the rows are bitwise equal to
+`oracle.load(path, torch.float64).prefill(prompt + tokens)[0][len(prompt) - 1:]` (tests/test_oracle_streamed.py).
+Equality needs the same GEMM shapes, so the head runs on all positions of a sequence (slicing rows first
+changes MKL's blocking and the last bits) and requests are never concatenated.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .checkpoint import CheckpointError, SafetensorsIndex, expected_shapes, hf_part_of, normalised_names, \
+    to_canonical
+from .config import HybridConfig, from_hf_config
+from .model import OracleState, embed, empty_state, layer_forward, lm_head, residual_dtype
+
+Request = tuple[Sequence[int], Sequence[int]]          # (prompt, tokens to score)
+
+
+def _check_ids(c: HybridConfig, ids: Sequence[int], what: str) -> list[int]:
+    """Token ids as a list of ints in [0, vocab); ValueError naming the request and position otherwise."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise ValueError(f"{what}: expected a list of token ids, got {type(ids).__name__}")
+    out = []
+    for j, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ValueError(f"{what}[{j}]: token id must be an integer, got {t!r}")
+        if not 0 <= t < c.vocab_size:
+            raise ValueError(f"{what}[{j}]: token id {t} is out of range for vocab_size={c.vocab_size}")
+        out.append(int(t))
+    return out
+
+
+class StreamedOracle:
+    """An HF folder scored layer by layer from its safetensors files, in fp64 on `device` (default CPU)."""
+
+    def __init__(self, path: str | os.PathLike, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float64):
+        self.path = os.fspath(path)
+        if not os.path.isdir(self.path):
+            raise CheckpointError(f"{self.path}: not a directory")
+        self.config = from_hf_config(self.path)
+        self.dtype, self.device = dtype, torch.device(device if device is not None else "cpu")
+        self.index = SafetensorsIndex(self.path)
+        # The whole checkpoint is checked by name, shape and dtype before any compute (no data read).
+        to_canonical(self.config, self.index.meta())
+        self._parts: dict[int | str, list[str]] = {}
+        for name, stored in normalised_names(self.config, self.index.entries).items():
+            self._parts.setdefault(hf_part_of(self.config, name), []).append(stored)
+
+    # ------------------------------------------------------------------------------------------- weights
+    def raw_part(self, part: int | str) -> dict[str, Tensor]:
+        """Canonical tensors of one part ("top" or layer i) in their stored dtype, read now and checked (finite)."""
+        return to_canonical(self.config, self.index.read(self._parts.get(part, [])), part)
+
+    def part_weights(self, part: int | str) -> dict[str, Tensor]:
+        """Canonical tensors of one part, cast to the compute dtype on the compute device."""
+        return {k: v.to(device=self.device, dtype=self.dtype) for k, v in self.raw_part(part).items()}
+
+    # ------------------------------------------------------------------------------------------- scoring
+    def sequence_logits(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
+        """Logits [len, vocab] at every position of each sequence (one streamed pass over the weights)."""
+        c = self.config
+        seqs = [_check_ids(c, s, f"sequences[{r}]") for r, s in enumerate(sequences)]
+        for r, s in enumerate(seqs):
+            if not s:
+                raise ValueError(f"sequences[{r}]: empty sequence")
+        sd = residual_dtype(c, self.dtype)
+        top = self.raw_part("top")
+        hs = []
+        for s in seqs:           # embed rows only: casting the gathered rows is the same as gathering cast rows
+            rows = top["embed.weight"][torch.tensor(s, dtype=torch.long)].to(device=self.device, dtype=self.dtype)
+            hs.append(embed(c, {"embed.weight": rows}, torch.arange(len(s), device=self.device), sd))
+        del top
+        for i in range(c.num_layers):
+            w = self.part_weights(i)
+            for r, s in enumerate(seqs):
+                old = empty_state(c, self.dtype, self.device, layers=(i,))
+                positions = torch.arange(len(s), device=self.device)
+                hs[r] = layer_forward(c, w, i, hs[r], old, OracleState(), positions, "chunked", self.dtype)
+            del w
+        top = self.raw_part("top")
+        w = {k: top[k].to(device=self.device, dtype=self.dtype) for k in ("final_norm.weight", "lm_head.weight")}
+        del top
+        return [lm_head(c, w, h, self.dtype) for h in hs]
+
+    def score(self, requests: Sequence[Request]) -> list[Tensor]:
+        """Per request (prompt, tokens): rows [len(tokens) + 1, vocab]; row k predicts tokens[k], the last row
+        follows the last token (rows = logits of prompt + tokens from the prompt's last position on)."""
+        prompts = []
+        for r, (prompt, tokens) in enumerate(requests):
+            p = _check_ids(self.config, prompt, f"requests[{r}].prompt")
+            if not p:
+                raise ValueError(f"requests[{r}].prompt: empty prompt")
+            prompts.append(p + _check_ids(self.config, tokens, f"requests[{r}].tokens"))
+        logits = self.sequence_logits(prompts)
+        return [lg[len(p) - 1:] for lg, (p, _) in zip(logits, requests)]
+
+    def teacher_forced_logits(self, prompt: Sequence[int], tokens: Sequence[int]) -> Tensor:
+        """[len(tokens), vocab]: the rows that predicted each of `tokens` (tools.compare.teacher_forced_logits'
+        contract, computed in one chunked pass instead of prefill + decode)."""
+        return self.score([(prompt, tokens)])[0][:len(tokens)]
+
+
+# ------------------------------------------------------------------------------ margins for goldens/qualify
+
+@dataclass
+class TokenScores:
+    """The oracle's view of one request's given tokens: per generated position k (rows[k] predicts tokens[k])."""
+    tokens: list[int]
+    logits: Tensor            # [len(tokens) + 1, vocab] fp64
+    top1: list[int]           # argmax of each row (lowest index on ties), len(tokens) + 1
+    top2: list[int]           # runner-up of each row
+    margins: list[float]      # top-1 minus top-2 logit of each row (tools.compare.top2_margin)
+    gaps: list[float]         # per token: logit[top1] - logit[token] (0 when the token is the argmax)
+
+
+def token_scores(rows: Tensor, tokens: Sequence[int]) -> TokenScores:
+    """Top-1/top-2, margins and per-token gaps from score() rows (CPU fp64 lists)."""
+    rows = rows.detach().to("cpu", torch.float64)
+    if rows.shape[-1] < 2:
+        raise ValueError(f"rows: need a vocab of >= 2 for a top-2 margin, got {rows.shape[-1]}")
+    vals, idx = torch.topk(rows, 2, dim=-1)
+    top1 = [int(torch.argmax(r)) for r in rows]                    # argmax: lowest index on exact ties
+    second = [int(i[1]) if int(i[0]) == t else int(i[0]) for i, t in zip(idx, top1)]
+    gaps = [float(rows[k, top1[k]] - rows[k, t]) for k, t in enumerate(tokens)]
+    return TokenScores(list(tokens), rows, top1, second, [float(v[0] - v[1]) for v in vals], gaps)
+
+
+def score_tokens(path: str | os.PathLike, requests: Sequence[Request],
+                 device: torch.device | str | None = None) -> list[TokenScores]:
+    """One streamed fp64 pass over `path` scoring each (prompt, tokens): what goldens/qualify need for a model
+    that does not fit in memory (tokens from the engine, truth from the streamed oracle)."""
+    so = StreamedOracle(path, device=device)
+    return [token_scores(rows, toks) for rows, (_, toks) in zip(so.score(requests), requests)]
+
+
+# ----------------------------------------------------------------------------------- does it fit in memory
+
+def in_memory_bytes(config: HybridConfig, dtype: torch.dtype = torch.float64) -> int:
+    """Bytes of the in-memory oracle's weights in `dtype` (tied lm_head counted once)."""
+    shapes = expected_shapes(config)
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight")
+    return sum(math.prod(s) for s in shapes.values()) * torch.empty(0, dtype=dtype).element_size()
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def fits_in_memory(path: str | os.PathLike, dtype: torch.dtype = torch.float64, headroom: float = 1.5) -> bool:
+    """Whether oracle.load(path, dtype) fits: weights in `dtype` plus the stored copy during load, times
+    `headroom`, against MemAvailable (True when unknown). Callers use StreamedOracle when it does not."""
+    c = from_hf_config(path)
+    stored = sum(e[2].itemsize * math.prod(e[1]) for e in SafetensorsIndex(path).entries.values())
+    avail = available_memory_bytes()
+    return avail is None or (in_memory_bytes(c, dtype) + stored) * headroom <= avail

@@ -1,0 +1,129 @@
+"""Write anchor-3b (DESIGN §8) as a real HF folder: config.json + sharded bf16 safetensors, seeded random weights.
+
+    python -m tools.anchor /work/tmp_anchor/anchor-3b                 # 2,865,483,840 params, ~5.7 GB
+    python -m tools.anchor /tmp/anchor-s16 --scale 16 --layers 8      # a small variant with the same layout
+
+The config is fastpath.engine.configs' "anchor-3b" (Bamba layout, chunk 256), the one tools/bench_engine.py
+runs. `--scale k` divides every width by k (hidden, Mamba and attention heads, FFN, vocab; head dims, state
+and chunk kept; KV heads at least 1); `--layers n` keeps the first n layers (attention at 7, 15, 23, 31 as far as they exist).
+The model is written part by part (the top tensors, then `--layers-per-shard` layers per shard), each tensor
+from its own generator seeded by (seed, name), so memory holds one shard and the bytes do not depend on the
+sharding. The folder is written under a temporary name and renamed at the end; an existing one needs --force.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import zlib
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from fastpath.engine.configs import ANCHOR_ATTN_LAYERS, named_config, n_params
+from oracle.checkpoint import expected_shapes, part_names, to_hf, write_hf_config
+from oracle.config import HybridConfig, LayerSpec
+
+
+def anchor_config(scale: int = 1, layers: int = 32) -> HybridConfig:
+    """anchor-3b with widths divided by `scale` and the first `layers` layers (scale 1, 32 layers: anchor-3b)."""
+    base = named_config("anchor-3b")
+    widths = {"hidden_size": base.hidden_size, "mamba_n_heads": base.mamba_n_heads, "n_attn_heads": base.n_attn_heads,
+              "mlp_intermediate_size": base.mlp_intermediate_size, "vocab_size": base.vocab_size}
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1 or any(v % scale for v in widths.values()):
+        raise ValueError(f"--scale: {scale!r} must be a positive integer dividing {widths}")
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= base.num_layers:
+        raise ValueError(f"--layers: {layers!r} must be an integer in [1, {base.num_layers}]")
+    if scale == 1 and layers == base.num_layers:
+        return base
+    kv = max(1, base.n_kv_heads // scale)
+    if (base.n_attn_heads // scale) % kv:
+        raise ValueError(f"--scale: {scale} leaves {base.n_attn_heads // scale} attention heads for {kv} KV heads")
+    spec = tuple(LayerSpec("attention" if i in ANCHOR_ATTN_LAYERS else "mamba", "mlp") for i in range(layers))
+    return dataclasses.replace(base, layers=spec, n_kv_heads=kv, **{k: v // scale for k, v in widths.items()})
+
+
+def _tensor(name: str, shape: tuple[int, ...], seed: int) -> Tensor:
+    """The seeded init of one canonical tensor (fastpath.engine.configs.random_device_weights' roles)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    leaf = name.rsplit(".", 1)[-1]
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    if leaf == "A_log":
+        return torch.log(1.0 + 7.0 * torch.rand(shape, generator=g))
+    if leaf == "dt_bias":
+        return -3.0 + 3.0 * torch.rand(shape, generator=g)
+    if leaf == "D":
+        return 0.5 + torch.rand(shape, generator=g)
+    if leaf == "bias":
+        return torch.zeros(shape)
+    return torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+
+
+def part_tensors(c: HybridConfig, part: int | str, seed: int, dtype: torch.dtype) -> dict[str, Tensor]:
+    """HF-named tensors of one part ("top" or layer i), in `dtype`."""
+    shapes, names = expected_shapes(c), part_names(c, part)
+    canon = {n: _tensor(n, shapes[n], seed) for n in sorted(names) if not (n == "lm_head.weight" and
+                                                                             c.tie_word_embeddings)}
+    if c.tie_word_embeddings and "embed.weight" in canon:
+        canon["lm_head.weight"] = canon["embed.weight"]
+    return {k: v.to(dtype).contiguous() for k, v in to_hf(c, canon, part).items()}
+
+
+def write_anchor(path: str, config: HybridConfig, seed: int = 0, layers_per_shard: int = 4,
+                 dtype: torch.dtype = torch.bfloat16, force: bool = False) -> dict:
+    """Write the folder part by part (see module docstring); returns {"params", "bytes", "shards"}."""
+    if os.path.exists(path) and not force:
+        raise FileExistsError(f"{path}: exists (use --force to replace it)")
+    tmp = path.rstrip("/") + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    groups = [["top"]] + [list(range(i, min(i + layers_per_shard, config.num_layers)))
+                          for i in range(0, config.num_layers, layers_per_shard)]
+    weight_map, total = {}, 0
+    for k, parts in enumerate(groups):
+        shard = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors: dict[str, Tensor] = {}
+        for part in parts:
+            tensors.update(part_tensors(config, part, seed, dtype))
+        save_file(tensors, os.path.join(tmp, shard), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map.update({n: shard for n in tensors})
+        del tensors
+    with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, fh, indent=2)
+    write_hf_config(tmp, config, dtype)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.rename(tmp, path)
+    return {"params": n_params(config), "bytes": total, "shards": len(groups)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.anchor", description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="folder to write")
+    ap.add_argument("--scale", type=int, default=1, help="divide every width by this (default 1: anchor-3b)")
+    ap.add_argument("--layers", type=int, default=32, help="number of layers (default 32)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers-per-shard", type=int, default=4)
+    ap.add_argument("--force", action="store_true", help="replace an existing folder")
+    args = ap.parse_args(argv)
+    try:
+        cfg = anchor_config(args.scale, args.layers)
+        if args.layers_per_shard < 1:
+            raise ValueError("--layers-per-shard: must be >= 1")
+        info = write_anchor(args.out, cfg, args.seed, args.layers_per_shard, force=args.force)
+    except (ValueError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {info['params']:,} params, {info['bytes'] / 1e9:.2f} GB bf16 in {info['shards']} shards")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
