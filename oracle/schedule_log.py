@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA = "hybridqual.schedule/1"
-KINDS = ("decode", "prefill", "extra")
+KINDS = ("decode", "prefill", "extra", "verify")   # verify: speculative rows (DESIGN §13)
 REASONS = ("stop", "length")
 
 
@@ -24,11 +24,15 @@ class BatchRow:
     kind: str
     pos: int
     count: int
+    proposals: list[int] | None = None      # verify rows only: the m drafts fed after the last token
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
-        return {"row": self.row, "request": self.request, "slot": self.slot, "kind": self.kind,
-                "pos": self.pos, "count": self.count}
+        out = {"row": self.row, "request": self.request, "slot": self.slot, "kind": self.kind,
+               "pos": self.pos, "count": self.count}
+        if self.proposals is not None:
+            out["proposals"] = list(self.proposals)
+        return out
 
 
 @dataclass
@@ -43,14 +47,18 @@ class StepRecord:
     free: list[dict[str, Any]] = field(default_factory=list)      # {"request", "row", "slot", "reason"}
     moves: list[dict[str, Any]] = field(default_factory=list)     # {"from_row", "to_row", "request", "slot"}
     row_to_slot: list[int] = field(default_factory=list)
+    verify: list[dict[str, Any]] | None = None    # {"request", "accepted"}: only in steps with verify rows
     # prefix cache events (docs/scheduler.md §9); in the JSON only when the log's run had a prefix cache
     cache: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"hits": [], "stored": [], "evicted": []})
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
-        return {"step": self.step, "overlap": self.overlap, "admit": list(self.admit),
-                "batch": [b.to_json() for b in self.batch], "sampled": list(self.sampled),
-                "free": list(self.free), "moves": list(self.moves), "row_to_slot": list(self.row_to_slot)}
+        out = {"step": self.step, "overlap": self.overlap, "admit": list(self.admit),
+               "batch": [b.to_json() for b in self.batch], "sampled": list(self.sampled),
+               "free": list(self.free), "moves": list(self.moves), "row_to_slot": list(self.row_to_slot)}
+        if self.verify is not None:
+            out["verify"] = list(self.verify)
+        return out
 
 
 @dataclass
@@ -103,9 +111,10 @@ def from_json(obj: dict[str, Any]) -> ScheduleLog:
         raise ValueError(f"schedule log schema: expected {SCHEMA!r}")
     steps = []
     for s in obj["steps"]:
-        batch = [BatchRow(b["row"], b["request"], b["slot"], b["kind"], b["pos"], b["count"]) for b in s["batch"]]
+        batch = [BatchRow(b["row"], b["request"], b["slot"], b["kind"], b["pos"], b["count"], b.get("proposals"))
+                 for b in s["batch"]]
         steps.append(StepRecord(s["step"], s["overlap"], list(s["admit"]), batch, list(s["sampled"]),
-                                list(s["free"]), list(s["moves"]), list(s["row_to_slot"])))
+                                list(s["free"]), list(s["moves"]), list(s["row_to_slot"]), s.get("verify")))
         if "prefix_cache" in s:
             steps[-1].cache = {k: list(v) for k, v in s["prefix_cache"].items()}
     return ScheduleLog(obj["mode"], steps, any("prefix_cache" in s for s in obj["steps"]))
