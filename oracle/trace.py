@@ -175,31 +175,19 @@ def _token_list(v: Any, path: str, rid: str | None, allow_empty: bool, vocab_siz
 
 def _check_sampling(s: Any, path: str, rid: str | None) -> Sampling:
     if not isinstance(s, Sampling):
-        raise TraceError(path, f"must be an oracle.trace.Sampling, got {type(s).__name__}", rid)
+        raise TraceError(path, f"must be a sampling object (oracle.trace.Sampling), got {type(s).__name__}", rid)
     if not isinstance(s.kind, str) or s.kind not in SAMPLING_KINDS:
         raise TraceError(f"{path}.kind", f"unknown sampling kind {s.kind!r}; expected one of {SAMPLING_KINDS}", rid)
     if s.kind == "greedy":
-        for name in ("temperature", "seed"):
+        for name in ("seed", "temperature"):            # field order as the JSON key check reports them
             if getattr(s, name) is not None:
                 raise TraceError(f"{path}.{name}", "only seeded sampling takes a temperature and a seed", rid)
         return Sampling()
+    seed = _int_value(s.seed, f"{path}.seed", rid, 0, SEED_LIMIT)
     t = s.temperature
     if not isinstance(t, numbers.Real) or isinstance(t, bool) or not (0 < float(t) < math.inf):
         raise TraceError(f"{path}.temperature", f"must be a finite number > 0, got {t!r}", rid)
-    return Sampling("seeded", float(t), _int_value(s.seed, f"{path}.seed", rid, 0, SEED_LIMIT))
-
-
-def _parse_sampling(v: Any, path: str, rid: str) -> Sampling:
-    if not isinstance(v, dict):
-        raise TraceError(path, f"must be an object, got {type(v).__name__}", rid)
-    kind = v.get("kind")
-    if not isinstance(kind, str) or kind not in SAMPLING_KINDS:
-        raise TraceError(f"{path}.kind", f"unknown sampling kind {kind!r}; expected one of {SAMPLING_KINDS}", rid)
-    if kind == "greedy":
-        _keys(v, path, rid, {"kind"})
-        return Sampling()
-    _keys(v, path, rid, {"kind", "temperature", "seed"})
-    return Sampling("seeded", v["temperature"], v["seed"])     # values checked by validate_request
+    return Sampling("seeded", float(t), seed)
 
 
 def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
@@ -210,10 +198,13 @@ def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
     if not isinstance(rid, str) or not rid:
         raise TraceError(f"{path}.id", f"must be a non-empty string, got {rid!r}")
     _keys(obj, path, rid, {"id", "arrival_step", "prompt", "max_new_tokens"}, {"stop_token_ids", "sampling"})
-    sampling = _parse_sampling(obj.get("sampling", {"kind": "greedy"}), f"{path}.sampling", rid)
-    raw = Request(rid, obj["arrival_step"], obj["prompt"], obj["max_new_tokens"], obj.get("stop_token_ids", []),
-                  sampling)
-    return validate_request(raw, path, vocab_size)
+    samp = obj.get("sampling", {"kind": "greedy"})
+    raw = samp if not isinstance(samp, dict) else Sampling(samp.get("kind"), samp.get("temperature"), samp.get("seed"))
+    req = validate_request(Request(rid, obj["arrival_step"], obj["prompt"], obj["max_new_tokens"],
+                                   obj.get("stop_token_ids", []), raw), path, vocab_size)
+    _keys(samp, f"{path}.sampling", rid, {"kind"} | ({"temperature", "seed"} if req.sampling.kind == "seeded"
+                                                     else set()))
+    return req
 
 
 def _parse_engine(obj: Any) -> EngineConfig:
