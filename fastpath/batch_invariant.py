@@ -78,7 +78,7 @@ class BatchInvariantEngine(Engine):
 
     def piece_for(self, st, left: int) -> int:
         """The whole-budget piece (a function of the request alone), or none this step if it does not fit `left`."""
-        n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step, self.ec.prefill_chunk,
+        n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step, self.prefill_cap(st),
                          self.config.chunk_size)
         return n if n <= left else 0
 

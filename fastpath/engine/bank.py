@@ -4,6 +4,9 @@
     ssm_state [m, slot, H, P, N]              (fp32 by default)
     k_cache / v_cache[a, slot, max_len, Hkv, d]   (a = index among the attention layers; model dtype)
 
+With a prefix cache (`pool = M`), the same tensors hold M more slots R..R+M-1: the checkpoint pool
+(docs/engine.md "Prefix cache"); rows never map to them, and `copy_state` moves a checkpoint in or out.
+
 The tensors are allocated in __init__ and never reallocated: their data_ptr is stable for the engine's life
 (compaction moves row bookkeeping only, never state).  Kernels receive per-layer views `bank.ssm(layer)` etc.,
 which share that storage.  Admission zeroes the slot's recurrent state (conv + ssm) before its first
@@ -19,22 +22,25 @@ class StateBank:
     """Slot-indexed conv/ssm state for the Mamba layers and KV cache for the attention layers."""
 
     def __init__(self, config, max_requests: int, max_len: int, device: torch.device | str = "cpu",
-                 kv_dtype: torch.dtype = torch.float32, state_dtype: torch.dtype = torch.float32):
+                 kv_dtype: torch.dtype = torch.float32, state_dtype: torch.dtype = torch.float32, pool: int = 0):
         if max_requests < 1:
             raise ValueError(f"StateBank: max_requests must be >= 1, got {max_requests}")
         if max_len < 1:
             raise ValueError(f"StateBank: max_len must be >= 1, got {max_len}")
-        self.config, self.R, self.max_len = config, max_requests, max_len
+        if pool < 0:
+            raise ValueError(f"StateBank: pool must be >= 0, got {pool}")
+        self.config, self.R, self.max_len, self.pool = config, max_requests, max_len, pool
+        n_slots = max_requests + pool
         self.device = torch.device(device)
         self.mamba_index = {lid: i for i, lid in enumerate(config.mamba_layer_ids)}
         self.attn_index = {lid: i for i, lid in enumerate(config.attention_layer_ids)}
         n_m, n_a = len(self.mamba_index), len(self.attn_index)
         c = config
-        self.conv_state = torch.zeros(n_m, max_requests, c.conv_dim, c.mamba_d_conv - 1,
+        self.conv_state = torch.zeros(n_m, n_slots, c.conv_dim, c.mamba_d_conv - 1,
                                       dtype=state_dtype, device=self.device)
-        self.ssm_state = torch.zeros(n_m, max_requests, c.mamba_n_heads, c.mamba_head_dim, c.mamba_d_state,
+        self.ssm_state = torch.zeros(n_m, n_slots, c.mamba_n_heads, c.mamba_head_dim, c.mamba_d_state,
                                      dtype=state_dtype, device=self.device)
-        kv_shape = (n_a, max_requests, max_len, c.n_kv_heads, c.attn_head_dim) if n_a else (0,)
+        kv_shape = (n_a, n_slots, max_len, c.n_kv_heads, c.attn_head_dim) if n_a else (0,)
         self.k_cache = torch.zeros(kv_shape, dtype=kv_dtype, device=self.device)
         self.v_cache = torch.zeros(kv_shape, dtype=kv_dtype, device=self.device)
         self._ptrs = self.data_ptrs()
@@ -60,6 +66,21 @@ class StateBank:
             raise IndexError(f"StateBank.zero_slot: slot {slot} outside 0..{self.R - 1}")
         self.conv_state[:, slot].zero_()
         self.ssm_state[:, slot].zero_()
+
+    def pool_slot(self, index: int) -> int:
+        """Bank slot of checkpoint `index` of the prefix-cache pool (0 <= index < pool)."""
+        if not 0 <= index < self.pool:
+            raise IndexError(f"StateBank.pool_slot: index {index} outside 0..{self.pool - 1}")
+        return self.R + index
+
+    def copy_state(self, src: int, dst: int, kv_len: int) -> None:
+        """Slot dst := slot src: every Mamba layer's conv window and SSM state, and K/V of positions [0, kv_len)
+        of every attention layer (device copies, in stream order; the prefix cache's store and restore)."""
+        self.conv_state[:, dst].copy_(self.conv_state[:, src])
+        self.ssm_state[:, dst].copy_(self.ssm_state[:, src])
+        if self.k_cache.numel() and kv_len:
+            self.k_cache[:, dst, :kv_len].copy_(self.k_cache[:, src, :kv_len])
+            self.v_cache[:, dst, :kv_len].copy_(self.v_cache[:, src, :kv_len])
 
     def slot_state(self, slot: int) -> dict[str, Tensor]:
         """A copy of everything `slot` holds (for tests: state must not move under compaction)."""

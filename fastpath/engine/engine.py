@@ -21,6 +21,7 @@ import torch
 
 from oracle.schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
 from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against_model, validate_request
+from oracle.trace import check_prefix_cache_against_model
 
 from . import ops
 from .bank import StateBank
@@ -80,7 +81,16 @@ class Engine:
         self.model, self.config, self.ec = model, model.config, engine_config
         self.device = model.device
         self.R = engine_config.max_requests
-        self.bank = StateBank(model.config, self.R, max_len, self.device, kv_dtype=model.dtype)
+        self.prefix = None                             # prefix cache (DESIGN §12): pool slots in the same bank
+        pc = engine_config.prefix_cache
+        if pc is not None:
+            check_prefix_cache_against_model(engine_config, model.config.chunk_size,
+                                             len(model.config.mamba_layer_ids), "engine_config")
+        self.bank = StateBank(model.config, self.R, max_len, self.device, kv_dtype=model.dtype,
+                              pool=pc.capacity if pc is not None else 0)
+        if pc is not None:
+            from .prefix_cache import PrefixCache
+            self.prefix = PrefixCache(pc, self.bank)
         self.sampled = torch.zeros(self.R, dtype=torch.int64, device=self.device)   # the one token buffer
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(self.R, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
@@ -117,6 +127,9 @@ class Engine:
         self.arrival_order: list[Request] = []
         self.pending: Launched | None = None
         self.log = ScheduleLog(mode)
+        if self.prefix is not None:
+            self.prefix.reset()
+            self.log.prefix_cache = True
         self.k = 0
         self._flip = 0
         self.emitted: dict[str, list[int]] = {}
@@ -182,6 +195,8 @@ class Engine:
             batch = self.build_batch()
             if batch:
                 self.pending = self.launch(batch, rec, tokens_on_device=False)
+                if self.prefix is not None:            # checkpoints of pieces that ended on a block boundary
+                    self.prefix.after_launch(batch, self.requests, rec, self.k)
             else:
                 rec.row_to_slot = list(self.rows.row_to_slot)
         self.k += 1
@@ -196,6 +211,8 @@ class Engine:
             self.bank.zero_slot(slot)
             st.admitted = True
             rec.admit.append({"request": st.req.id, "row": row, "slot": slot})
+            if self.prefix is not None:
+                self.prefix.admit(st, slot, rec, self.k)      # longest hit copied into the zeroed slot
 
     def build_batch(self) -> list[BatchRow]:
         """Decode rows first (row order), then prefill pieces (row order) within the token budget."""
@@ -216,7 +233,11 @@ class Engine:
 
     def piece_for(self, st: RequestState, left: int) -> int:
         """Length of the request's next prefill piece given `left` budget tokens (docs/scheduler.md §3.3)."""
-        return piece_length(st.done, len(st.req.prompt), left, self.ec.prefill_chunk, self.config.chunk_size)
+        return piece_length(st.done, len(st.req.prompt), left, self.prefill_cap(st), self.config.chunk_size)
+
+    def prefill_cap(self, st: RequestState) -> int:
+        """prefill_chunk, or with a prefix cache the distance to the next block boundary inside the prompt."""
+        return self.prefix.cap(st, self.ec.prefill_chunk) if self.prefix is not None else self.ec.prefill_chunk
 
     # ------------------------------------------------------------------------------------------- launch
     def launch(self, batch: list[BatchRow], rec: StepRecord, tokens_on_device: bool) -> Launched:
@@ -347,8 +368,8 @@ class Engine:
         """Run a whole trace (engine limits must match this engine's); returns tokens, reasons, log, digest."""
         trace = check_against_model(trace, self.config.vocab_size, self.config.chunk_size)    # normalised
         e = trace.engine
-        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk) != \
-                (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk):
+        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache) != \
+                (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk, self.ec.prefix_cache):
             raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
         self.reset(mode or e.mode)
         for req in trace.requests:

@@ -112,7 +112,8 @@ def _gib(n: int) -> str:
 def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
     """Raise a MemoryError naming max_requests / max_len / the token budget when the bank (+KV) and the activation
     peak of the largest step would not fit what `device` has free (checked before anything is allocated)."""
-    bank = bank_bytes(config, ec.max_requests, max_len, dtype)
+    pool = ec.prefix_cache.capacity if getattr(ec, "prefix_cache", None) is not None else 0   # checkpoint slots
+    bank = bank_bytes(config, ec.max_requests + pool, max_len, dtype)
     tokens = min(ec.max_tokens_per_step, ec.max_requests * ec.prefill_chunk)   # no step holds more tokens
     act = activation_bytes(config, tokens, dtype, sequences=min(ec.max_requests, tokens))
     have = available_bytes(device)

@@ -1,0 +1,124 @@
+"""The fast path's prefix cache (DESIGN §12, docs/engine.md "Prefix cache"): checkpoints in the bank's pool slots.
+
+Mirrors oracle/prefix_cache.py (same policy, written for the engine): a checkpoint of a prompt prefix p = j·B is
+the conv windows and SSM states of every Mamba layer plus each attention layer's K/V for [0, p), copied into one
+of the M pool slots R..R+M-1 of the ONE StateBank (the same tensors as the request slots, allocated once, so
+the pool never moves).  The host keeps only keys and LRU bookkeeping; every copy is a device copy on the
+engine's stream, ordered after the forward that produced the state and before any forward that reads it.
+
+    admit:  longest hit p <= len(prompt) - 1  ->  copy pool slot -> the request's zeroed slot, start at p
+    cap:    a piece never crosses a block boundary inside the prompt, so it ends on every boundary p
+    store:  after the forward whose piece ended on p: copy the slot -> a pool slot (the LRU victim's, if full)
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from oracle.trace import PrefixCacheConfig
+
+from .bank import StateBank
+
+KEY_SEED = hashlib.sha256(b"hybridqual.prefix/1").digest()
+
+
+def block_keys(prompt: tuple[int, ...] | list[int], block_size: int) -> list[str]:
+    """keys[j-1] = chain sha256 (hex) of prompt[0:j*block_size]: key_j = sha256(key_{j-1} || int64 LE block j)."""
+    h, keys = KEY_SEED, []
+    for j in range(len(prompt) // block_size):
+        h = hashlib.sha256(h + struct.pack(f"<{block_size}q", *prompt[j * block_size:(j + 1) * block_size])).digest()
+        keys.append(h.hex())
+    return keys
+
+
+def prefill_cap(start: int, prompt_len: int, prefill_chunk: int, block_size: int) -> int:
+    """prefill_chunk, cut at the next block boundary strictly inside the prompt (the piece then ends on it)."""
+    nxt = (start // block_size + 1) * block_size
+    return min(prefill_chunk, nxt - start) if nxt < prompt_len else prefill_chunk
+
+
+@dataclass
+class Entry:
+    """Host record of one checkpoint: pool index, prefix length, the request that stored it, LRU fields."""
+    key: str
+    index: int
+    pos: int
+    owner: str
+    stored_seq: int
+    last_use: int
+
+
+class PrefixCache:
+    """Keys, LRU and pool-slot bookkeeping on the host; state copies in the bank on the device."""
+
+    def __init__(self, config: PrefixCacheConfig, bank: StateBank):
+        if bank.pool != config.capacity:
+            raise ValueError(f"PrefixCache: the bank has {bank.pool} pool slots, the cache needs {config.capacity}")
+        self.block_size, self.capacity, self.bank = config.block_size, config.capacity, bank
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every checkpoint (the pool's memory stays where it is; stale data is never read)."""
+        self.entries: dict[str, Entry] = {}
+        self.free = list(range(self.capacity - 1, -1, -1))          # lowest pool index first
+        self._seq = 0
+        self.hits = self.stores = self.evictions = 0
+
+    # ---- policy --------------------------------------------------------------------------------------
+    def lookup(self, prompt: tuple[int, ...], step: int) -> tuple[int, Entry | None]:
+        """The largest p = j*B <= len(prompt) - 1 whose key is cached (last use := step), or (0, None)."""
+        keys = block_keys(prompt, self.block_size)
+        for j in range((len(prompt) - 1) // self.block_size, 0, -1):
+            e = self.entries.get(keys[j - 1])
+            if e is not None:
+                e.last_use = step
+                return j * self.block_size, e
+        return 0, None
+
+    def store(self, prompt: tuple[int, ...], pos: int, owner: str, slot: int,
+              step: int) -> tuple[Entry | None, Entry | None]:
+        """Checkpoint `slot` (at position pos) under key(prompt[0:pos]) unless cached; LRU eviction when full."""
+        key = block_keys(prompt[:pos], self.block_size)[-1]
+        if key in self.entries:
+            return None, None
+        evicted = None
+        if not self.free:
+            evicted = min(self.entries.values(), key=lambda e: (e.last_use, e.stored_seq))
+            del self.entries[evicted.key]
+            self.free.append(evicted.index)
+            self.evictions += 1
+        self._seq += 1
+        entry = Entry(key, self.free.pop(), pos, owner, self._seq, step)
+        self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos)
+        self.entries[key] = entry
+        self.stores += 1
+        return entry, evicted
+
+    # ---- engine hooks ----------------------------------------------------------------------------------
+    def admit(self, st: Any, slot: int, rec: Any, step: int) -> None:
+        """The request just admitted into (zeroed) `slot` resumes from its longest cached prefix, if any."""
+        p, entry = self.lookup(st.req.prompt, step)
+        rec.admit[-1]["cached_tokens"] = p
+        if entry is not None:
+            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)
+            st.done = p
+            self.hits += 1
+            rec.cache["hits"].append({"request": st.req.id, "pos": p})
+
+    def cap(self, st: Any, prefill_chunk: int) -> int:
+        """The prefill_chunk the row's next piece may use."""
+        return prefill_cap(st.done, len(st.req.prompt), prefill_chunk, self.block_size)
+
+    def after_launch(self, batch: list, requests: dict, rec: Any, step: int) -> None:
+        """Store every prefill piece of the launched step that ended on a block boundary (batch order)."""
+        for b in batch:
+            end = b.pos + b.count
+            if b.kind != "prefill" or end % self.block_size:
+                continue
+            entry, evicted = self.store(requests[b.request].req.prompt, end, b.request, b.slot, step)
+            if evicted is not None:
+                rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
+            if entry is not None:
+                rec.cache["stored"].append({"request": b.request, "pos": end})

@@ -1,0 +1,116 @@
+"""Qualification checks of a prefix cache (DESIGN §12): "cache on == cache off" and "hits, stores and evictions
+as the policy predicts" — so a cache that corrupts outputs fails the first, and a silently inert one the second.
+
+    from tools.prefix_checks import prefix_cache_checks
+    checks = prefix_cache_checks("my_trace", trace, oracle_model, run)   # run(trace) -> tokens (+ events)
+
+The truth of the events is the oracle's schedule log (oracle/prefix_cache.py models the cache exactly).  A
+candidate reports its events either as a schedule log in `oracle.schedule_log` form (per-step "prefix_cache"
+lists and `cached_tokens` on admissions, as the fast path does) or, for an external engine, as a
+`CacheEvents` built from what the engine exposes — at the least the cached prompt tokens of every request
+(vLLM's `num_cached_tokens`), optionally its stores and evictions as (request, position) pairs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .report import SKIP, Check
+
+
+@dataclass
+class CacheEvents:
+    """What a run's prefix cache did: cached_tokens per admitted request, stores and evictions in order."""
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    stored: list[tuple[str, int]] | None = None      # (request that stored, prefix length); None: not reported
+    evicted: list[tuple[str, int]] | None = None     # (request that had stored it, prefix length)
+
+    @property
+    def hits(self) -> dict[str, int]:
+        """Requests that started from a checkpoint, and where."""
+        return {r: p for r, p in self.cached_tokens.items() if p > 0}
+
+
+def events_from_log(log: Any) -> CacheEvents:
+    """CacheEvents from a schedule log (ScheduleLog or its JSON) of a run with a prefix cache."""
+    obj = log.to_json() if hasattr(log, "to_json") else log
+    ev = CacheEvents({}, [], [])
+    for s in obj["steps"]:
+        for a in s["admit"]:
+            ev.cached_tokens[a["request"]] = a.get("cached_tokens", 0)
+        pc = s.get("prefix_cache", {})
+        ev.stored += [(e["request"], e["pos"]) for e in pc.get("stored", [])]
+        ev.evicted += [(e["request"], e["pos"]) for e in pc.get("evicted", [])]
+    return ev
+
+
+def check_cache_on_equals_off(trace: str, on: dict[str, list[int]], off: dict[str, list[int]]) -> Check:
+    """Every request's tokens with the cache on equal those with it off (a cache changes when, never what)."""
+    bad = [r for r in sorted(off) if on.get(r) != off[r]]
+    if not bad:
+        return Check.of(trace, "prefix cache on == off", True, f"{len(off)} requests, same tokens")
+    r = bad[0]
+    a, b = on.get(r, []), off[r]
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return Check.of(trace, "prefix cache on == off", False,
+                    f"{len(bad)} of {len(off)} requests differ; first {r!r} at output {i}: on "
+                    f"{a[i] if i < len(a) else 'end'} vs off {b[i] if i < len(b) else 'end'}", requests=bad)
+
+
+def check_cache_policy(trace: str, expected: CacheEvents, got: CacheEvents | None) -> Check:
+    """Hits (cached_tokens per request), then stores and evictions where reported, as the policy predicts."""
+    name = "prefix cache events as the policy predicts"
+    if got is None:
+        return Check(trace, name, SKIP, "the engine does not report prefix-cache events (adapter capability "
+                     "prefix_cache_reporting)")
+    want, have = expected.hits, got.hits
+    n = len(want)
+    right = [r for r in want if got.cached_tokens.get(r) == want[r]]
+    if n and not have:
+        return Check.of(trace, name, False, f"0 of {n} expected hits: the cache never hit (requests "
+                        f"{', '.join(sorted(want))}) — an inert cache", expected=n, hits=0)
+    wrong = [r for r in sorted(set(want) | set(have)) if got.cached_tokens.get(r, 0) != expected.cached_tokens.get(r, 0)]
+    if wrong:
+        r = wrong[0]
+        return Check.of(trace, name, False, f"{len(right)} of {n} expected hits; request {r!r}: expected "
+                        f"cached_tokens {expected.cached_tokens.get(r, 0)}, got {got.cached_tokens.get(r, 0)}",
+                        expected=n, hits=len(right))
+    for what in ("stored", "evicted"):
+        g, w = getattr(got, what), getattr(expected, what)
+        if g is not None and g != w:
+            i = next((i for i, (x, y) in enumerate(zip(g, w)) if x != y), min(len(g), len(w)))
+            return Check.of(trace, name, False, f"{n} of {n} hits right, but {what} #{i}: expected "
+                            f"{w[i] if i < len(w) else 'nothing'}, got {g[i] if i < len(g) else 'nothing'}")
+    extra = "" if got.stored is not None else " (stores/evictions not reported)"
+    return Check.of(trace, name, True, f"{n} of {n} expected hits, {len(expected.stored or [])} stores, "
+                    f"{len(expected.evicted or [])} evictions{extra}", expected=n, hits=n)
+
+
+def without_cache(trace: Any) -> Any:
+    """The same trace with its engine's prefix_cache field removed."""
+    return dataclasses.replace(trace, engine=dataclasses.replace(trace.engine, prefix_cache=None))
+
+
+def prefix_cache_checks(name: str, trace: Any, oracle_model: Any,
+                        run: Callable[[Any], tuple[dict[str, list[int]], CacheEvents | None]],
+                        mode: str | None = None) -> list[Check]:
+    """Run the candidate (`run(trace) -> (tokens, events or None)`) with the cache on and off, the oracle with it
+    on; return the two checks.  A trace without a prefix_cache field gets a SKIP."""
+    from oracle.scheduler import run_trace
+    if trace.engine.prefix_cache is None:
+        return [Check(name, "prefix cache", SKIP, "the trace has no engine.prefix_cache")]
+    truth = run_trace(oracle_model, trace, mode)
+    on, events = run(trace)
+    off, _ = run(without_cache(trace))
+    return [check_cache_on_equals_off(name, on, off),
+            check_cache_policy(name, events_from_log(truth.schedule_log), events)]
+
+
+def engine_runner(engine: Any, mode: str | None = None) -> Callable[[Any], tuple[dict[str, list[int]], CacheEvents]]:
+    """`run` for prefix_cache_checks from an engine factory-free fast path: `engine(trace)` builds the Engine."""
+    def run(trace):
+        eng = engine(trace)
+        r = eng.run_trace(trace, mode)
+        return r.tokens, (events_from_log(r.schedule_log) if trace.engine.prefix_cache is not None else None)
+    return run
