@@ -16,9 +16,11 @@ No pickle: safetensors and JSON only. Errors are `CheckpointError` and list ever
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -26,6 +28,9 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .config import HybridConfig, from_hf_config, to_hf_config
+
+
+WEIGHT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 class CheckpointError(ValueError):
@@ -295,6 +300,9 @@ def check_tensors(c: HybridConfig, tensors: dict[str, Tensor], source: dict[str,
             problems.append(f"{label}: shape {tuple(t.shape)} != expected {want[name]}")
         elif not t.is_floating_point():
             problems.append(f"{label}: dtype {t.dtype} is not floating point")
+        elif t.dtype not in WEIGHT_DTYPES:
+            problems.append(f"{label}: dtype {t.dtype} is not supported (fp64/fp32/fp16/bf16; a quantised "
+                            f"checkpoint needs its scales)")
     if problems:
         raise CheckpointError("; ".join(problems))
     bad = sorted(n for n in want if not tensors[n].is_meta and not torch.isfinite(tensors[n]).all())
@@ -446,7 +454,19 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[HybridConfig, dict[str, Te
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory")
     config = from_hf_config(path)
-    return config, to_canonical(config, read_safetensors(path))
+    with in_folder(path):
+        return config, to_canonical(config, read_safetensors(path))
+
+
+@contextlib.contextmanager
+def in_folder(path: str) -> Iterator[None]:
+    """A CheckpointError raised inside names the folder (prefixed unless it already names it)."""
+    try:
+        yield
+    except CheckpointError as e:
+        if path in str(e):
+            raise
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def save_checkpoint(path: str | os.PathLike, config: HybridConfig, tensors: dict[str, Tensor],

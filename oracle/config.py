@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("bamba", "nemotron_h", "mamba2", "granitemoehybrid")
+MAX_SIZE = 1 << 24          # bound on every integer size (vocab, widths, layers, experts): > any real checkpoint's
+# Integer fields of the supported HF configs: type-checked whenever present, also where a model_type ignores them.
+INT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "attention_head_dim", "mamba_n_heads", "mamba_num_heads", "num_heads",
+            "mamba_head_dim", "mamba_n_groups", "n_groups", "mamba_d_state", "ssm_state_size", "state_size",
+            "mamba_d_conv", "conv_kernel", "mamba_chunk_size", "chunk_size", "mamba_expand", "expand",
+            "num_local_experts", "num_experts_per_tok", "shared_intermediate_size", "n_routed_experts",
+            "moe_intermediate_size", "moe_shared_expert_intermediate_size", "n_group", "topk_group",
+            "max_position_embeddings")
 PATTERN_CHARS = {"M": ("mamba", None), "*": ("attention", None), "-": (None, "mlp"), "E": (None, "moe")}
 HF_BLOCK_TYPES = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
                   "mlp": "-", "moe": "E"}
@@ -123,7 +132,21 @@ def _decode_float(v: Any, name: str) -> float:
             raise ConfigError(f"{name}: {v!r} is not a number") from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ConfigError(f"{name}: {v!r} is not a number")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:
+        raise ConfigError(f"{name}: {v} is out of the floating-point range") from None
+
+
+def _check_float(x: float, name: str, positive: bool = False, nonneg: bool = False) -> float:
+    """x finite, and > 0 (positive) or >= 0 (nonneg) when asked; else ConfigError naming the field."""
+    if not math.isfinite(x):
+        raise ConfigError(f"{name}: must be a finite number, got {x}")
+    if positive and not x > 0:
+        raise ConfigError(f"{name}: must be > 0, got {x}")
+    if nonneg and not x >= 0:
+        raise ConfigError(f"{name}: must be >= 0, got {x}")
+    return x
 
 
 def _encode_float(v: float) -> Any:
@@ -140,6 +163,7 @@ class _Fields:
         return self.d.get(k) is not None
 
     def int(self, k: str, default: Any = None, positive: bool = True) -> int:
+        """An integer (no floats, no bools: 32.0 is an error, not 32) in [1 or 0, MAX_SIZE]."""
         v = self.d.get(k, default)
         if v is None:
             raise ConfigError(f"{k}: required field is missing")
@@ -147,13 +171,18 @@ class _Fields:
             raise ConfigError(f"{k}: expected an integer, got {v!r}")
         if positive and v <= 0:
             raise ConfigError(f"{k}: must be > 0, got {v}")
+        if v < 0:
+            raise ConfigError(f"{k}: must be >= 0, got {v}")
+        if v > MAX_SIZE:
+            raise ConfigError(f"{k}: {v} is larger than any supported size ({MAX_SIZE})")
         return v
 
-    def float(self, k: str, default: Any = None) -> float:
+    def float(self, k: str, default: Any = None, positive: bool = False, nonneg: bool = False) -> float:
+        """A finite number (HF's {"__float__": ...} form accepted), optionally > 0 or >= 0."""
         v = self.d.get(k, default)
         if v is None:
             raise ConfigError(f"{k}: required field is missing")
-        return _decode_float(v, k)
+        return _check_float(_decode_float(v, k), k, positive, nonneg)
 
     def bool(self, k: str, default: bool) -> bool:
         v = self.d.get(k, default)
@@ -177,8 +206,8 @@ def _dt_limit(f: _Fields, key: str = "time_step_limit") -> tuple[float, float]:
     if not isinstance(v, (list, tuple)) or len(v) != 2:
         raise ConfigError(f"{key}: expected [low, high], got {v!r}")
     lo, hi = _decode_float(v[0], key), _decode_float(v[1], key)
-    if not (0.0 <= lo <= hi):
-        raise ConfigError(f"{key}: need 0 <= low <= high, got [{lo}, {hi}]")
+    if not (0.0 <= lo <= hi and math.isfinite(lo) and hi > 0):
+        raise ConfigError(f"{key}: need 0 <= low <= high, low finite, high > 0, got [{lo}, {hi}]")
     return (lo, hi)
 
 
@@ -191,9 +220,13 @@ def _rope(f: _Fields, head_dim: int, partial_factor: float | None) -> tuple[int,
         raise ConfigError(f"rope_parameters.rope_type: {rope_type!r} is not supported (only 'default')")
     if f.has("rope_scaling"):
         raise ConfigError("rope_scaling: RoPE scaling is not supported")
-    theta = _decode_float(rp.get("rope_theta", f.d.get("rope_theta", 10000.0)), "rope_parameters.rope_theta")
-    factor = partial_factor if partial_factor is not None else _decode_float(
-        rp.get("partial_rotary_factor", f.d.get("partial_rotary_factor", 1.0)), "partial_rotary_factor")
+    theta = _check_float(_decode_float(rp.get("rope_theta", f.d.get("rope_theta", 10000.0)),
+                                       "rope_parameters.rope_theta"), "rope_parameters.rope_theta", positive=True)
+    factor = partial_factor if partial_factor is not None else _check_float(_decode_float(
+        rp.get("partial_rotary_factor", f.d.get("partial_rotary_factor", 1.0)), "partial_rotary_factor"),
+        "partial_rotary_factor", positive=True)
+    if factor > 1:
+        raise ConfigError(f"partial_rotary_factor: must be in (0, 1], got {factor}")
     rot = int(head_dim * factor)
     if rot % 2 != 0 or not (0 < rot <= head_dim):
         raise ConfigError(f"partial_rotary_factor: gives {rot} rotated dims of head_dim={head_dim}; need even, > 0")
@@ -212,7 +245,7 @@ def _block_list(f: _Fields, key: str) -> list[str]:
         raise ConfigError(f"{key}: expected a non-empty list of layer types, got {v!r}")
     out = []
     for i, t in enumerate(v):
-        if t not in HF_BLOCK_TYPES:
+        if not isinstance(t, str) or t not in HF_BLOCK_TYPES:
             raise ConfigError(f"{key}[{i}]: unknown layer type {t!r} (known: {sorted(HF_BLOCK_TYPES)})")
         out.append(HF_BLOCK_TYPES[t])
     return out
@@ -296,7 +329,7 @@ def _bamba(f: _Fields) -> dict:
     out = _mamba_fields(f, "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
                         "mamba_chunk_size", "mamba_expand", "mamba_conv_bias", "mamba_proj_bias")
     out.update(layers=_uniform_layers(["*" if i in idx else "M" for i in range(n)], "mlp"),
-               norm_eps=f.float("rms_norm_eps", 1e-5), dt_limit=_dt_limit(f),
+               norm_eps=f.float("rms_norm_eps", 1e-5, positive=True), dt_limit=_dt_limit(f),
                mlp_act="silu", mlp_intermediate_size=f.int("intermediate_size"), mlp_bias=f.bool("mlp_bias", False),
                tie_word_embeddings=f.bool("tie_word_embeddings", False))
     if idx:
@@ -317,14 +350,12 @@ def _granite(f: _Fields) -> dict:
     out = _mamba_fields(f, "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
                         "mamba_chunk_size", "mamba_expand", "mamba_conv_bias", "mamba_proj_bias")
     out.update(layers=_uniform_layers(types, "moe" if n_exp > 0 else "mlp"),
-               norm_eps=f.float("rms_norm_eps", 1e-6), dt_limit=_dt_limit(f), mlp_act="silu",
+               norm_eps=f.float("rms_norm_eps", 1e-6, positive=True), dt_limit=_dt_limit(f), mlp_act="silu",
                mlp_intermediate_size=f.int("shared_intermediate_size"),
                tie_word_embeddings=f.bool("tie_word_embeddings", False),
-               embedding_multiplier=f.float("embedding_multiplier", 1.0),
-               residual_multiplier=f.float("residual_multiplier", 1.0),
-               logits_scaling=f.float("logits_scaling", 1.0))
-    if out["logits_scaling"] == 0.0:
-        raise ConfigError("logits_scaling: must be nonzero (logits are divided by it)")
+               embedding_multiplier=f.float("embedding_multiplier", 1.0, positive=True),
+               residual_multiplier=f.float("residual_multiplier", 1.0, positive=True),
+               logits_scaling=f.float("logits_scaling", 1.0, positive=True))   # logits are divided by it
     if n_exp > 0:
         k = f.int("num_experts_per_tok", 2)
         if k > n_exp:
@@ -334,7 +365,7 @@ def _granite(f: _Fields) -> dict:
                    moe_shared_intermediate_size=out["mlp_intermediate_size"], moe_norm_topk_prob=True)
     if "*" in types:
         out.update(_attn_fields(f), attn_bias=f.bool("attention_bias", False),
-                   attn_scale=f.float("attention_multiplier", 1.0))
+                   attn_scale=f.float("attention_multiplier", 1.0, positive=True))
         pet = f.str("position_embedding_type")
         if pet == "rope":
             out["rope_dim"], out["rope_theta"] = _rope(f, out["attn_head_dim"], None)
@@ -366,8 +397,8 @@ def _nemotron_h(f: _Fields) -> dict:
     # HF 5.24 NemotronHMamba2Mixer clamps dt with (time_step_min, inf), not config.time_step_limit.
     _dt_limit(f)
     out.update(layers=tuple(LayerSpec(*PATTERN_CHARS[c]) for c in types),
-               norm_eps=f.float("layer_norm_epsilon", 1e-5),
-               dt_limit=(f.float("time_step_min", 0.001), math.inf), mlp_act="relu2",
+               norm_eps=f.float("layer_norm_epsilon", 1e-5, positive=True),
+               dt_limit=(f.float("time_step_min", 0.001, nonneg=True), math.inf), mlp_act="relu2",
                mlp_intermediate_size=f.int("intermediate_size"), mlp_bias=f.bool("mlp_bias", False),
                tie_word_embeddings=f.bool("tie_word_embeddings", False),
                residual_in_fp32=f.bool("residual_in_fp32", False))
@@ -384,11 +415,13 @@ def _nemotron_h(f: _Fields) -> dict:
             raise ConfigError(f"topk_group: {tg} > n_group={ng}")
         if n_exp // ng < 2:
             raise ConfigError(f"n_group: {ng} leaves < 2 experts per group (the group score sums the top 2)")
+        if k > tg * (n_exp // ng):
+            raise ConfigError(f"num_experts_per_tok: {k} > the {tg * (n_exp // ng)} experts of topk_group={tg} groups")
         out.update(moe_router="sigmoid_grouped", moe_n_experts=n_exp, moe_top_k=k,
                    moe_intermediate_size=f.int("moe_intermediate_size"),
                    moe_shared_intermediate_size=f.int("moe_shared_expert_intermediate_size"),
                    moe_norm_topk_prob=f.bool("norm_topk_prob", True),
-                   moe_routed_scaling_factor=f.float("routed_scaling_factor", 1.0), moe_n_group=ng, moe_topk_group=tg)
+                   moe_routed_scaling_factor=f.float("routed_scaling_factor", 1.0, positive=True), moe_n_group=ng, moe_topk_group=tg)
     return out
 
 
@@ -398,7 +431,7 @@ def _mamba2(f: _Fields) -> dict:
     out = _mamba_fields(f, "num_heads", "head_dim", "n_groups", "state_size", "conv_kernel", "chunk_size",
                         "expand", "use_conv_bias", "use_bias")
     out.update(layers=tuple(LayerSpec("mamba", None) for _ in range(n)),
-               norm_eps=f.float("layer_norm_epsilon", 1e-5), dt_limit=_dt_limit(f),
+               norm_eps=f.float("layer_norm_epsilon", 1e-5, positive=True), dt_limit=_dt_limit(f),
                tie_word_embeddings=f.bool("tie_word_embeddings", False),
                residual_in_fp32=f.bool("residual_in_fp32", True))
     return out
@@ -416,24 +449,33 @@ def from_hf_config(path_or_dict: str | os.PathLike | dict) -> HybridConfig:
         if os.path.isdir(p):
             p = os.path.join(p, "config.json")
         try:
-            with open(p) as fh:
-                d = json.load(fh)
+            with open(p, "rb") as fh:
+                d = json.loads(fh.read().decode("utf-8-sig"))
         except FileNotFoundError:
             raise ConfigError(f"config.json: not found at {p}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config.json: {p} is not UTF-8 text ({e})") from None
         except json.JSONDecodeError as e:
-            raise ConfigError(f"config.json: not valid JSON ({e})") from None
+            raise ConfigError(f"config.json: not valid JSON in {p} ({e})") from None
+        except (OSError, RecursionError) as e:
+            raise ConfigError(f"config.json: cannot read {p} ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ConfigError("config.json: top level must be a JSON object")
     mt = d.get("model_type")
-    if mt not in _READERS:
+    if not isinstance(mt, str) or mt not in _READERS:
         raise ConfigError(f"model_type: {mt!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     f = _Fields(d)
+    for k in INT_KEYS:
+        if f.has(k) and not (k == "head_dim" and d[k] == "auto"):
+            f.int(k, positive=False)
     fields = _READERS[mt](f)
-    cfg = HybridConfig(model_type=mt, vocab_size=f.int("vocab_size"), hidden_size=f.int("hidden_size"),
-                       extra={k: d[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in d}, **fields)
-    if cfg.norm_eps <= 0:
-        raise ConfigError(f"norm eps: must be > 0, got {cfg.norm_eps}")
-    return cfg
+    vocab = f.int("vocab_size")
+    ids = {k: d[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in d}
+    for k, v in ids.items():
+        for t in (v if isinstance(v, list) else [v]):
+            if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab):
+                raise ConfigError(f"{k}: {v!r} is not a token id (or list of them) in [0, vocab_size={vocab})")
+    return HybridConfig(model_type=mt, vocab_size=vocab, hidden_size=f.int("hidden_size"), extra=ids, **fields)
 
 
 # --------------------------------------------------------------------------------------------- write back

@@ -23,8 +23,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .checkpoint import CheckpointError, SafetensorsIndex, expected_shapes, hf_part_of, normalised_names, \
-    to_canonical
+from .checkpoint import CheckpointError, SafetensorsIndex, expected_shapes, hf_part_of, in_folder, \
+    normalised_names, to_canonical
 from .config import HybridConfig, from_hf_config
 from .model import OracleState, embed, empty_state, layer_forward, lm_head, residual_dtype
 
@@ -56,8 +56,8 @@ class StreamedOracle:
         self.config = from_hf_config(self.path)
         self.dtype, self.device = dtype, torch.device(device if device is not None else "cpu")
         self.index = SafetensorsIndex(self.path)
-        # The whole checkpoint is checked by name, shape and dtype before any compute (no data read).
-        to_canonical(self.config, self.index.meta())
+        with in_folder(self.path):   # the whole checkpoint checked by name, shape and dtype, no data read
+            to_canonical(self.config, self.index.meta())
         self._parts: dict[int | str, list[str]] = {}
         for name, stored in normalised_names(self.config, self.index.entries).items():
             self._parts.setdefault(hf_part_of(self.config, name), []).append(stored)
@@ -65,7 +65,8 @@ class StreamedOracle:
     # ------------------------------------------------------------------------------------------- weights
     def raw_part(self, part: int | str) -> dict[str, Tensor]:
         """Canonical tensors of one part ("top" or layer i) in their stored dtype, read now and checked (finite)."""
-        return to_canonical(self.config, self.index.read(self._parts.get(part, [])), part)
+        with in_folder(self.path):
+            return to_canonical(self.config, self.index.read(self._parts.get(part, [])), part)
 
     def part_weights(self, part: int | str) -> dict[str, Tensor]:
         """Canonical tensors of one part, cast to the compute dtype on the compute device."""

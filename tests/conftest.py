@@ -21,6 +21,14 @@ settings.register_profile("explore", derandomize=False, deadline=None, max_examp
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_addoption(parser, pluginmanager):
+    """The harness plugin (--hq-model, --hq-trace, hq_case) normally comes from the install's `pytest11` entry
+    point; a checkout used through PYTHONPATH without `pip install` (the GPU machine) registers it from source."""
+    if not pluginmanager.has_plugin("hybridqual"):
+        from tools import pytest_hq
+        pluginmanager.register(pytest_hq, "hybridqual")
+
+
 def pytest_report_header(config):
     """Record the external oracle's version (DESIGN §2/§11: HF's own semantics move between versions)."""
     try:

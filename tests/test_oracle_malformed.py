@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 import oracle
 from oracle.checkpoint import CheckpointError
 from oracle.config import ConfigError, from_hf_config
+from oracle.streamed import StreamedOracle
 
 # ----------------------------------------------------------------------------------------------- configs
 # (case id, base variant, edit of the config dict, regex the ConfigError message must match)
@@ -46,6 +47,40 @@ CONFIG_CASES = [
      lambda d: d["rope_parameters"].update(rope_type="yarn"), r"rope_type: 'yarn' is not supported"),
     ("wrong-mlp-activation", "nemotron_h", lambda d: d.update(mlp_hidden_act="gelu"), r"mlp_hidden_act"),
     ("norm-before-gate", "mamba2", lambda d: d.update(norm_before_gate=True), r"norm_before_gate: true"),
+    # values: finite, in range, integers not truncated (issue 15.3)
+    ("nan-eps", "bamba", lambda d: d.update(rms_norm_eps=math.nan), r"rms_norm_eps: must be a finite number"),
+    ("zero-eps", "nemotron_h", lambda d: d.update(layer_norm_epsilon=0.0), r"layer_norm_epsilon: must be > 0"),
+    ("inf-rope-theta", "granitemoehybrid", lambda d: d["rope_parameters"].update(rope_theta=math.inf),
+     r"rope_parameters\.rope_theta: must be a finite number"),
+    ("negative-rope-theta", "bamba", lambda d: d["rope_parameters"].update(rope_theta=-10.0),
+     r"rope_parameters\.rope_theta: must be > 0"),
+    ("nan-partial-rotary", "granitemoehybrid", lambda d: d["rope_parameters"].update(partial_rotary_factor=math.nan),
+     r"partial_rotary_factor: must be a finite number"),
+    ("zero-logits-scaling", "granitemoehybrid", lambda d: d.update(logits_scaling=0.0), r"logits_scaling: must be > 0"),
+    ("nan-embedding-multiplier", "granitemoehybrid", lambda d: d.update(embedding_multiplier={"__float__": "NaN"}),
+     r"embedding_multiplier: must be a finite number"),
+    ("zero-residual-multiplier", "granitemoehybrid", lambda d: d.update(residual_multiplier=0),
+     r"residual_multiplier: must be > 0"),
+    ("zero-attention-multiplier", "granitemoehybrid", lambda d: d.update(attention_multiplier=0.0),
+     r"attention_multiplier: must be > 0"),
+    ("overflowing-multiplier", "granitemoehybrid", lambda d: d.update(embedding_multiplier=10 ** 400),
+     r"embedding_multiplier: .* out of the floating-point range"),
+    ("nan-time-step-min", "nemotron_h", lambda d: d.update(time_step_min=math.nan), r"time_step_min: must be a finite"),
+    ("inf-time-step-low", "mamba2", lambda d: d.update(time_step_limit=[math.inf, math.inf]), r"time_step_limit"),
+    ("nan-routed-scaling", "nemotron_h", lambda d: d.update(routed_scaling_factor=math.nan),
+     r"routed_scaling_factor: must be a finite number"),
+    ("float-for-int", "bamba", lambda d: d.update(mamba_d_state=8.0), r"mamba_d_state: expected an integer, got 8\.0"),
+    ("float-for-ignored-int", "nemotron_h", lambda d: d.update(expand=2.5), r"expand: expected an integer, got 2\.5"),
+    ("zero-chunk", "mamba2", lambda d: d.update(chunk_size=0), r"chunk_size: must be > 0"),
+    ("negative-experts", "granitemoehybrid", lambda d: d.update(num_local_experts=-4), r"num_local_experts: must be >= 0"),
+    ("huge-size", "bamba", lambda d: d.update(vocab_size=2 ** 40), r"vocab_size: .* larger than any supported size"),
+    ("model-type-list", "bamba", lambda d: d.update(model_type=["bamba"]), r"model_type: \['bamba'\] is not supported"),
+    ("layer-type-object", "nemotron_h", lambda d: d["layers_block_type"].__setitem__(0, {}),
+     r"layers_block_type\[0\]: unknown layer type \{\}"),
+    ("eos-out-of-vocab", "bamba", lambda d: d.update(eos_token_id=96), r"eos_token_id: 96 is not a token id"),
+    ("eos-float", "mamba2", lambda d: d.update(eos_token_id=[2, 3.0]), r"eos_token_id: \[2, 3\.0\] is not a token id"),
+    ("top-k-beyond-kept-groups", "nemotron_h", lambda d: d.update(num_experts_per_tok=3),
+     r"num_experts_per_tok: 3 > the 2 experts of topk_group=1 groups"),
 ]
 
 
@@ -64,6 +99,20 @@ def test_config_json_that_is_not_json_is_reported(tmp_path):
     """A config.json that does not parse -> ConfigError saying so."""
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="config.json: not valid JSON"):
+        from_hf_config(tmp_path)
+
+
+def test_config_json_undecodable_or_unreadable_names_the_path(zoo_folder, tmp_path):
+    """Bad UTF-8 and a directory named config.json -> ConfigError with the path; a UTF-8 BOM is accepted."""
+    good = open(os.path.join(zoo_folder("bamba"), "config.json"), "rb").read()
+    (tmp_path / "config.json").write_bytes(good[:10] + b"\xff\xfe" + good[10:])
+    with pytest.raises(ConfigError, match=f"config.json: {tmp_path}.* is not UTF-8"):
+        from_hf_config(tmp_path)
+    (tmp_path / "config.json").write_bytes(b"\xef\xbb\xbf" + good)
+    assert from_hf_config(tmp_path) == from_hf_config(zoo_folder("bamba"))
+    os.remove(tmp_path / "config.json")
+    os.mkdir(tmp_path / "config.json")
+    with pytest.raises(ConfigError, match="config.json: cannot read"):
         from_hf_config(tmp_path)
 
 
@@ -107,6 +156,11 @@ CKPT_CASES = [
      r"shared_mlp\.input_linear\.weight: dim 0 of shape \(47, 32\) must be even"),
     ("untied-lm-head-in-tied-model", "mamba2",
      lambda t: t.update({"lm_head.weight": torch.zeros(96, 32)}), r"lm_head\.weight: differs from the embedding"),
+    ("fp8-weights", "bamba",
+     lambda t: t.update({"model.final_layernorm.weight": torch.ones(32).to(torch.float8_e4m3fn)}),
+     r"final_norm\.weight \(HF model\.final_layernorm\.weight\): dtype torch\.float8_e4m3fn is not supported"),
+    ("bool-dtype", "bamba", lambda t: t.update({"model.final_layernorm.weight": torch.ones(32, dtype=torch.bool)}),
+     r"final_norm\.weight .*dtype torch\.bool is not floating point"),
 ]
 
 
@@ -139,3 +193,25 @@ def test_missing_or_corrupt_files_are_reported(zoo_folder, tmp_path):
         oracle.load(folder)
     with pytest.raises(CheckpointError, match="not a directory"):
         oracle.load(os.path.join(folder, "nope"))
+
+
+@pytest.mark.parametrize("index,pattern", [
+    (b"{not json", r"model\.safetensors\.index\.json: not valid JSON"),
+    (b'{"weight_map": {"a": "\xff"}}', r"model\.safetensors\.index\.json: not UTF-8"),
+    (b'[1, 2]', r"weight_map: expected a non-empty object"),
+    (b'{"weight_map": {"model.embed_tokens.weight": "../model.safetensors"}}',
+     r"weight_map\['model\.embed_tokens\.weight'\]: '\.\./model\.safetensors' is not a file name in the folder"),
+    (b'{"weight_map": {"model.embed_tokens.weight": 3}}', r"weight_map\['model\.embed_tokens\.weight'\]: 3 is not"),
+    (b'{"weight_map": {"model.embed_tokens.weight": "w.safetensors"}}',
+     r"weight_map and shards disagree: listed-not-found \[\], found-not-listed \[.*lm_head\.weight"),
+])
+def test_bad_shard_index_is_a_checkpoint_error_naming_the_index(zoo_folder, tmp_path, index, pattern):
+    """model.safetensors.index.json that does not decode, is not an object, escapes the folder or disagrees with its
+    shards -> CheckpointError naming the index (and the entry)."""
+    folder = _copy(zoo_folder, "bamba", tmp_path)
+    os.rename(os.path.join(folder, "model.safetensors"), os.path.join(folder, "w.safetensors"))
+    with open(os.path.join(folder, "model.safetensors.index.json"), "wb") as fh:
+        fh.write(index)
+    for load in (oracle.load, StreamedOracle):
+        with pytest.raises(CheckpointError, match=pattern):
+            load(folder)

@@ -1,6 +1,6 @@
 """Where a bs1 decode step of anchor-3b goes: one step captured as a CUDA graph, timed, with variants.
 
-    PYTHONPATH=. python3 tools/bench_ablation.py [--variants NAME ...] [--pos 600] [--list]
+    python3 -m tools.bench_ablation [--variants NAME ...] [--pos 600] [--list]
 
 Each variant patches one thing for its capture — a FastModel flag, a launch rule, an environment switch
 (HQ_PDL), or a kernel family replaced by a no-op (`skip …`: wrong numbers, right timing) — and times 200 graph
@@ -24,8 +24,8 @@ from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
 from fastpath.engine.configs import n_params, named_config, random_device_weights
 from fastpath.model import FastModel, StepBatch
-from tools.bench_chain import time_graph
-from tools.bench_engine import copy_bandwidth
+from .bench_chain import time_graph
+from .bench_engine import copy_bandwidth
 
 DEV = torch.device("cuda")
 

@@ -1,6 +1,6 @@
 """What a dependent kernel chain costs on this GPU: why bs1 decode sits at ~75% of the copy roofline.
 
-    PYTHONPATH=. python3 tools/bench_chain.py
+    python3 -m tools.bench_chain
 
 Prints, each timed as a CUDA graph (median of 5):
 1. streaming rate: copy bandwidth, a read-only reduction and the shipped GEMV on one 5.4 GB weight (TB/s);
@@ -18,7 +18,7 @@ import triton.language as tl
 
 from fastpath.kernels._common import pdl_enter, pdl_meta
 from fastpath.kernels.gemv import gemv
-from tools.bench_engine import copy_bandwidth
+from .bench_engine import copy_bandwidth
 
 DEV = torch.device("cuda")
 SHAPES = [(10576, 2560), (2560, 5120), (12288, 2560), (2560, 6144)]     # anchor-3b: in, out, gate_up, down

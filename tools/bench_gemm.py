@@ -1,7 +1,7 @@
 """Projection GEMMs of anchor-3b on one GPU, timed inside CUDA graphs (as the engine replays them):
 the launch rules of the bs1 GEMV and of the batch-invariant matmul, swept, beside cuBLAS in the same run.
 
-    PYTHONPATH=. python3 tools/bench_gemm.py [--out bench_gemm.json] [--quick] [--sections gemv,matmul,invariance,step]
+    python3 -m tools.bench_gemm [--out bench_gemm.json] [--quick] [--sections gemv,matmul,invariance,step]
 
 1. M = 1: cuBLAS (F.linear) vs fastpath.kernels.gemv over a grid of launch rules (BLOCK_N, BLOCK_K, warps,
    stages, fixed K split); GB/s = weight bytes / time, beside the device copy bandwidth of this run.
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fastpath.engine.configs import named_config
-from tools.bench_engine import copy_bandwidth
+from .bench_engine import copy_bandwidth
 
 DEV = torch.device("cuda")
 
@@ -175,7 +175,7 @@ def cublas_nows_child() -> None:
 
 def run_nows() -> dict:
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":0:0", CUBLASLT_WORKSPACE_SIZE="0")
-    p = subprocess.run([sys.executable, __file__, "--nows-child"], env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", __spec__.name, "--nows-child"], env=env, capture_output=True, text=True, timeout=600)
     for line in p.stdout.splitlines():
         if line.startswith("CHILD_JSON "):
             return json.loads(line[len("CHILD_JSON "):])
@@ -186,8 +186,8 @@ def step_figures() -> dict:
     from fastpath.batch_invariant import BatchInvariantModel
     from fastpath.engine.configs import random_device_weights
     from fastpath.model import FastModel
-    from tools.bench_engine import bs1_run
-    from tools.bench_tp import batch_decode
+    from .bench_engine import bs1_run
+    from .bench_tp import batch_decode
     cfg = named_config("anchor-3b")
     full = random_device_weights(cfg, DEV, torch.bfloat16, seed=0)
     out = {}

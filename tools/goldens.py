@@ -1,23 +1,26 @@
 """Golden outputs (DESIGN §6): regenerate them from the oracle, or check that the shipped ones still hold.
 
-    python -m tools.goldens regen   [--model NAME] [--trace NAME]     # rewrite, print a diff summary
+    python -m tools.goldens regen   [--model NAME] [--trace NAME] [--force]   # rewrite, print a diff summary
     python -m tools.goldens regen --check                             # regenerate in memory, fail on any difference
-    python -m tools.goldens zoo                                       # write the random zoo models (one per arch)
+    python -m tools.goldens zoo [--force]                             # write the random zoo models (one per arch)
 
-Goldens come only from the oracle (fp64) — never from the fast path — and are never edited by hand.
+Goldens come only from the oracle (fp64) — never from the fast path — and are never edited by hand. Writes are
+all-or-nothing: every golden (every zoo model) is computed first, then the changed files are moved into place; a
+shipped file that would change is overwritten only with --force (new files, and unreadable goldens, need none).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS, TRACES, OUTPUTS = ROOT / "goldens" / "models", ROOT / "goldens" / "traces", ROOT / "goldens" / "outputs"
+from .paths import MODELS, OUTPUTS, ROOT, TRACES  # noqa: F401  (module globals: tests point them at a copy)
 SCHEMA = "hybridqual.golden/1"
 MARGIN_DECIMALS = 4
 
@@ -45,7 +48,7 @@ def golden_for(model, model_dir: Path, trace_path: Path) -> dict:
     """Run the oracle on one (model, trace) in both modes and build the golden record."""
     import oracle
     from oracle.trace import dump_trace
-    from tools.compare import teacher_forced_logits, top2_margin
+    from .compare import teacher_forced_logits, top2_margin
 
     trace = oracle.load_trace(trace_path)
     results = {mode: oracle.run_trace(model, trace, mode=mode) for mode in ("legacy", "async")}
@@ -101,11 +104,45 @@ def diff_summary(old: dict | None, new: dict) -> str:
     return "CHANGED " + ", ".join(what + [f"request {r}" for r in reqs])
 
 
-def regen(check: bool, model_filter: str | None = None, trace_filter: str | None = None) -> int:
-    """Regenerate goldens (or check them); returns the process exit code."""
+def read_golden(path: Path) -> tuple[dict | None, str | None]:
+    """(record, None) for a readable golden, (None, None) when there is none, (None, "CORRUPT ...") when the file
+    cannot be read as a golden record (it is then regenerated, never a reason to stop)."""
+    if not path.exists():
+        return None, None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"CORRUPT ({type(e).__name__}: {str(e)[:80]})"
+    if not (isinstance(old, dict) and isinstance(old.get("requests", {}), dict)):
+        return None, "CORRUPT (not a golden record object)"
+    return old, None
+
+
+def write_all(files: dict[Path, str]) -> None:
+    """Write every file or none: stage them all in a temp folder beside OUTPUTS (same filesystem), then move each
+    into place with os.replace (atomic per file), so an error while computing or staging leaves the goldens as
+    they were."""
+    OUTPUTS.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".regen-", dir=OUTPUTS.parent) as tmp:
+        staged = []
+        for i, (dest, text) in enumerate(files.items()):
+            p = Path(tmp) / f"{i}.json"
+            p.write_text(text, encoding="utf-8")
+            staged.append((p, dest))
+        for p, dest in staged:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dest)
+
+
+def regen(check: bool, model_filter: str | None = None, trace_filter: str | None = None,
+          force: bool = False) -> int:
+    """Regenerate goldens (or check them); returns the process exit code.
+
+    Computes every golden first; writes only if no readable shipped golden would change, or with `force`."""
     import oracle
-    bad, count = 0, 0
     loaded: dict[Path, object] = {}
+    changed: dict[Path, str] = {}
+    refused, count = [], 0
     for mdir, tpath in pairs(model_filter, trace_filter):
         model = loaded.setdefault(mdir, oracle.load(mdir, dtype=torch.float64))
         trace = oracle.load_trace(tpath)
@@ -113,34 +150,84 @@ def regen(check: bool, model_filter: str | None = None, trace_filter: str | None
             print(f"  skip   {mdir.name} × {tpath.stem}: trace tokens exceed vocab {model.config.vocab_size}")
             continue
         out = OUTPUTS / mdir.name / f"{tpath.stem}.json"
-        old = json.loads(out.read_text()) if out.exists() else None
+        old, corrupt = read_golden(out)
         new = json.loads(canonical(golden_for(model, mdir, tpath)))
-        status = diff_summary(old, new)
+        status = corrupt or diff_summary(old, new)
         count += 1
         print(f"  {'ok    ' if status == 'unchanged' else 'DIFF  ' if check else 'write '}"
-              f"{mdir.name} × {tpath.stem}: {status}")
+              f"{mdir.name} × {tpath.stem}: {status}", flush=True)
         if status != "unchanged":
-            bad += 1
-            if not check:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(canonical(new))
+            changed[out] = canonical(new)
+            if status.startswith("CHANGED"):
+                refused.append(f"{mdir.name} × {tpath.stem}")
     if count == 0:
         print("no (model, trace) pairs found", file=sys.stderr)
         return 2
-    print(f"{count} goldens, {bad} {'differ' if check else 'written'}")
-    return 1 if (check and bad) else 0
+    if check:
+        print(f"{count} goldens, {len(changed)} differ")
+        return 1 if changed else 0
+    if refused and not force:
+        print(f"refusing to overwrite {len(refused)} shipped golden(s) that would change ({', '.join(refused)}); "
+              f"nothing written. Rerun with --force to write them.", file=sys.stderr)
+        return 1
+    write_all(changed)
+    print(f"{count} goldens, {len(changed)} written")
+    return 0
 
 
 ZOO_ARCHS = ("bamba", "nemotron_h", "mamba2", "granitemoehybrid")
 
 
-def write_zoo(seed: int) -> int:
-    """Write goldens/models/zoo-<arch> for every architecture from oracle.zoo (deterministic in the seed)."""
+def _model_status(dest: Path, new_sha: str) -> str:
+    """'new', 'unchanged', 'CHANGED sha256 a -> b' or 'CORRUPT (...)' for an existing zoo folder."""
+    if not dest.exists():
+        return "new"
+    try:
+        old_sha = model_sha256(dest)
+    except OSError as e:
+        return f"CORRUPT ({type(e).__name__}: {str(e)[:80]})"
+    return "unchanged" if old_sha == new_sha else f"CHANGED sha256 {old_sha[:16]} -> {new_sha[:16]}"
+
+
+def _swap_folder(new: Path, dest: Path, trash: Path) -> None:
+    """Put folder `new` at `dest`: the old folder is renamed aside first and put back if the second rename fails."""
+    if dest.exists():
+        os.replace(dest, trash)
+    try:
+        os.replace(new, dest)
+    except OSError:
+        if trash.exists():
+            os.replace(trash, dest)
+        raise
+
+
+def write_zoo(seed: int, force: bool = False) -> int:
+    """Write goldens/models/zoo-<arch> for every architecture from oracle.zoo (deterministic in the seed).
+
+    All are built in a temp folder first; an existing model that would change is replaced only with `force`."""
     from oracle import zoo
-    for arch in ZOO_ARCHS:
-        folder = MODELS / f"zoo-{arch}"
-        zoo.write_hf_folder(folder, arch, seed=seed)
-        print(f"  wrote {folder.relative_to(ROOT)}  sha256 {model_sha256(folder)[:16]}")
+    MODELS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".zoo-", dir=MODELS.parent) as tmp:
+        plan, refused = [], []
+        for arch in ZOO_ARCHS:
+            staged, dest = Path(tmp) / f"zoo-{arch}", MODELS / f"zoo-{arch}"
+            zoo.write_hf_folder(staged, arch, seed=seed)
+            status = _model_status(dest, model_sha256(staged))
+            print(f"  {dest.name}: {status}")
+            plan.append((staged, dest, status))
+            if status.startswith("CHANGED"):
+                refused.append(dest.name)
+        if refused and not force:
+            print(f"refusing to overwrite {len(refused)} shipped zoo model(s) that would change ({', '.join(refused)}); "
+                  f"nothing written. Rerun with --force to write them.", file=sys.stderr)
+            return 1
+        written = [dest.name for staged, dest, status in plan if status != "unchanged"]
+        for staged, dest, status in plan:
+            if status != "unchanged":
+                _swap_folder(staged, dest, Path(tmp) / f"old-{dest.name}")
+    print(f"{len(ZOO_ARCHS)} zoo models, {len(written)} written")
+    if written:
+        print(f"goldens of {', '.join(written)} no longer match their model: run `goldens regen --force --model NAME`")
     return 0
 
 
@@ -152,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--check", action="store_true", help="regenerate in memory and fail on any difference")
     r.add_argument("--model", help="only this model folder name")
     r.add_argument("--trace", help="only this trace name (file stem)")
+    r.add_argument("--force", action="store_true", help="also overwrite shipped goldens that would change")
     z = sub.add_parser("zoo", help="(re)write the shipped random zoo models, one per architecture")
     z.add_argument("--seed", type=int, default=0)
+    z.add_argument("--force", action="store_true", help="also overwrite shipped zoo models that would change")
     args = ap.parse_args(argv)
     if args.cmd == "zoo":
-        return write_zoo(args.seed)
-    return regen(args.check, args.model, args.trace)
+        return write_zoo(args.seed, args.force)
+    return regen(args.check, args.model, args.trace, args.force)
 
 
 if __name__ == "__main__":

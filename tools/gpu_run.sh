@@ -22,11 +22,11 @@ unset TRITON_INTERPRET
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 DEFAULT_STEPS="gpu_tests bench_kernels"
-DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BENCH_ENGINE_TIMEOUT:-300}" $PY tools/bench_engine.py ${BENCH_ENGINE_ARGS:-} --out "$OUT/bench_engine.json" --summary "$OUT/bench_engine.summary"; }
+DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BENCH_ENGINE_TIMEOUT:-300}" $PY -m tools.bench_engine ${BENCH_ENGINE_ARGS:-} --out "$OUT/bench_engine.json" --summary "$OUT/bench_engine.summary"; }
 # Optional (name it in STEPS): the projection launch-rule sweep in CUDA graphs + batch-invariance cost.
-step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY tools/bench_gemm.py ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
+step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY -m tools.bench_gemm ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
 # Optional: one bs1 decode step as a CUDA graph with flag / rule / skip-a-kernel variants (where a step goes).
-step_bench_ablation() { timeout "${BENCH_ABLATION_TIMEOUT:-300}" $PY tools/bench_ablation.py ${BENCH_ABLATION_ARGS:-}; }
+step_bench_ablation() { timeout "${BENCH_ABLATION_TIMEOUT:-300}" $PY -m tools.bench_ablation ${BENCH_ABLATION_ARGS:-}; }
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
@@ -38,7 +38,7 @@ step_gpu_tests() {   # the gpu tier of the whole suite (kernels, engine, ...)
 }
 
 step_bench_kernels() {   # per-kernel time, TB/s, TFLOP/s, floors, mamba_ssm peer
-  timeout "${BENCH_TIMEOUT:-240}" $PY tools/bench_kernels.py ${BENCH_ARGS:-} --out "$OUT/bench_kernels.json" \
+  timeout "${BENCH_TIMEOUT:-240}" $PY -m tools.bench_kernels ${BENCH_ARGS:-} --out "$OUT/bench_kernels.json" \
     --summary "$OUT/bench_kernels.summary"
 }
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from tools import task
+from . import task
 
 TRACES = Path(__file__).resolve().parent.parent / "goldens" / "traces"
 

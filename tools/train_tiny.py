@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from tools import task
+from . import task
 
 DEFAULT_OUT = Path("goldens/models/tiny-sort")
 

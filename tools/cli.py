@@ -1,0 +1,74 @@
+"""The `hybridqual` console script: one entry point for the harness, installed or from a checkout.
+
+    hybridqual qualify [ARGS]          # = python -m tools.qualify (the main job)
+    hybridqual replay TRACE [ARGS]     # = python -m tools.replay
+    hybridqual goldens regen|zoo ...   # = python -m tools.goldens
+    hybridqual mutants [ARGS]          # = python -m tools.mutants (needs a source checkout: it mutates the sources)
+    hybridqual bench NAME [ARGS]       # = python -m tools.bench_NAME (NAME: engine, kernels, gemm, chain, ablation,
+                                       #   tp — run tp under torchrun: torchrun --nproc_per_node 2 -m hybridqual.bench_tp)
+
+`hybridqual SUBCOMMAND --help` prints that tool's own options.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+
+from . import paths
+
+TOOLS = {"qualify": "qualify", "replay": "replay", "goldens": "goldens", "mutants": "mutants.__main__"}
+BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "tp")
+
+
+def _usage() -> str:
+    return (__doc__ or "").strip() + f"\n\nversion: {_version()}"
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+def _call(module: str, prog: str, argv: list[str]) -> int:
+    """Run a tool's main(): with argv when it takes one, else through sys.argv (the benches parse sys.argv)."""
+    mod = importlib.import_module(f"{__package__}.{module}")
+    saved = sys.argv
+    sys.argv = [prog, *argv]
+    try:
+        rc = mod.main(argv) if inspect.signature(mod.main).parameters else mod.main()
+    finally:
+        sys.argv = saved
+        if hasattr(mod, "finish_distributed"):   # qualify under torchrun: every rank waits, then tears down
+            mod.finish_distributed()
+    return int(rc or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch `hybridqual SUBCOMMAND ARGS...`; returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"hybridqual {_version()}")
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "mutants" and paths.checkout_root() is None:
+        print("hybridqual mutants: the mutation zoo edits the project's sources and runs its test suite, so it needs a "
+              "source checkout (git clone the project, then `python -m tools.mutants` there); this is an installed "
+              f"copy at {paths.PACKAGE}", file=sys.stderr)
+        return 2
+    if cmd in TOOLS:
+        return _call(TOOLS[cmd], f"hybridqual {cmd}", rest)
+    if cmd == "bench":
+        if not rest or rest[0] not in BENCHES:
+            print(f"hybridqual bench NAME [ARGS]: NAME is one of {', '.join(BENCHES)}", file=sys.stderr)
+            return 2
+        return _call(f"bench_{rest[0]}", f"hybridqual bench {rest[0]}", rest[1:])
+    print(f"hybridqual: unknown subcommand {cmd!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
