@@ -3,12 +3,20 @@
 Every mutant's patch must still apply exactly once to the current tree (cheap; catches a stale zoo after a
 refactor), the runner must tell assertion kills from crashes, and every QUICK mutant must be KILLED by an
 assertion of the suite when applied to a temporary copy (the full zoo: `python -m tools.mutants --jobs 2`).
+The blind judge (issue 20) must count only a failed check as a kill: a patch that does not import is INVALID,
+a harness that dies or hangs without a failed check is a CRASH, and a stage stops at its first FAIL.
 """
 from __future__ import annotations
 
+import os
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+from tools.mutants.blind import CRASH, INVALID, KILLED, SURVIVED, Stage, judge, rotation, run_qualify
 from tools.mutants.runner import ROOT, Mutant, classify, run_one, stale_hunks
 from tools.mutants.zoo import MUTANTS, QUICK
 
@@ -58,3 +66,79 @@ def test_quick_mutants_are_killed_by_assertions():
         outcomes = list(pool.map(run_one, chosen))
     bad = [f"{o.mutant.name}: {o.status} {o.killed_by}" for o in outcomes if o.status != "KILLED"]
     assert not bad, "mutants not killed: " + "; ".join(bad)
+
+
+# A stand-in for `python -m tools.qualify` (report.json as the real one writes it), so the blind judge's reading of
+# qualify is tested in a second, not in the minutes a real main job takes.
+FAKE_QUALIFY = """
+import json, os, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+os.makedirs(out, exist_ok=True)
+mode = os.environ["FAKE_MODE"]
+def report(checks, status="running"):
+    json.dump({"status": status, "passed": sum(c["status"] == "PASS" for c in checks), "checks": checks},
+              open(os.path.join(out, "report.json"), "w"))
+ok = {"trace": "seed_compaction", "name": "legacy: engine runs the trace", "status": "PASS", "detail": ""}
+if mode == "crash":
+    raise RuntimeError("the harness itself broke")
+if mode == "pass":
+    report([ok], "finished"); sys.exit(0)
+detail = {"fail": "request r1 position 3: oracle token 5 vs engine 7",
+          "engine": "RuntimeError: row table invariant broken",
+          "nameerror": "NameError: name 'chunk' is not defined"}.get(mode)
+if detail:
+    report([ok, dict(ok, name="legacy: tokens match the truth", status="FAIL", detail=detail)])
+time.sleep(600)                         # the judge must stop us at the first FAIL (or at its timeout)
+"""
+
+
+@pytest.fixture
+def fake_tree(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tools").mkdir(parents=True)
+    (tree / "tools" / "__init__.py").write_text("")
+    (tree / "tools" / "qualify.py").write_text(FAKE_QUALIFY)
+    return tree
+
+
+@pytest.mark.parametrize("mode,status", [("fail", "FAIL"), ("engine", "FAIL"), ("nameerror", INVALID),
+                                         ("crash", CRASH), ("pass", "PASS"), ("hang", CRASH)])
+def test_blind_qualify_stage_kills_only_on_a_failed_check_and_stops_there(fake_tree, tmp_path, mode, status):
+    """A tokens FAIL and an engine crash reported as a FAIL line kill; a NameError from the patch is INVALID; a
+    harness that dies without a failed check, or hangs past the stage's limit, is a CRASH; the stage is stopped at
+    its first FAIL instead of running the rest of the plan."""
+    env = dict(os.environ, PYTHONPATH=str(fake_tree), FAKE_MODE=mode)
+    t0 = time.time()
+    r = run_qualify(Stage("qualify", "qualify", (), timeout=4), fake_tree, env, tmp_path)
+    assert r.status == status, r
+    assert time.time() - t0 < 60, "the stage was not stopped at its first failed check"
+
+
+def test_blind_patch_that_does_not_import_is_invalid_not_a_kill():
+    """A patch with a syntax error never reaches a stage: INVALID, before any qualify or pytest run."""
+    broken = Mutant("broken_syntax", "zoo", "a patch that does not parse", "fastpath/engine/rows.py",
+                    "        slot = self.free_slots.pop()\n", "        slot = self.free_slots.pop(\n",
+                    ("tests/test_engine_rows.py",))
+    o = judge(broken, [Stage("never", "qualify", ("--no-such-option",))])
+    assert o.status == INVALID and o.stages == [], o
+
+
+def test_blind_rotation_is_deterministic_and_covers_the_zoo():
+    """Consecutive windows of K are disjoint until they wrap, and ceil(N/K) of them cover every mutant."""
+    names = [m.name for m in MUTANTS]
+    k = 7
+    windows = [[m.name for m in rotation(MUTANTS, k, i)] for i in range(-(-len(names) // k))]
+    assert all(len(w) == k for w in windows) and rotation(MUTANTS, k, 3) == rotation(MUTANTS, k, 3)
+    assert set().union(*map(set, windows)) == set(names)
+    assert windows[0] != windows[1] and not set(windows[0]) & set(windows[1])
+
+
+@pytest.mark.slow
+def test_blind_cheap_mutant_dies_in_the_main_job_without_its_named_tests():
+    """One real blind judgement: the QUICK compaction mutant, judged only by qualify on one short trace."""
+    m = next(m for m in MUTANTS if m.name == "compact_slot_not_moved")
+    stage = Stage("qualify (seed_compaction on tiny-sort)", "qualify",
+                  ("--model", "goldens/models/tiny-sort", "--scenario", "seed_compaction", "--mode", "legacy"))
+    o = judge(m, [stage])
+    assert o.status == KILLED, o
+    assert judge(None, [stage]).status == SURVIVED

@@ -1,24 +1,133 @@
-"""python -m tools.mutants [--only NAME ...] [--quick] [--jobs N] [--list]: run the bug zoo, print the kill table."""
+"""python -m tools.mutants [--only NAME ...] [--quick] [--jobs N] [--list]: run the bug zoo, print the kill table.
+
+    python -m tools.mutants --blind [--only ...] [--jobs N] [--budget-s S] [--rotate K [--rotate-index I]]
+                                    [--stages qualify pytest] [--models M ...] [--no-control]
+
+--blind judges every mutant without its named tests (tools/mutants/blind.py): the qualify main job and qualify
+over every shipped model's corpus, then the whole CPU tier; first failing stage kills. Named and blind verdicts
+are kept in out/mutants/{named,blind}.json so each table can show the other's verdict.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from tools.mutants.runner import run_one
-from tools.mutants.zoo import MUTANTS, QUICK
+from .runner import ROOT, run_one
+from .zoo import MUTANTS, QUICK
+
+RESULTS = ROOT / "out" / "mutants"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.mutants", description=__doc__)
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def load_results(kind: str) -> dict[str, dict]:
+    """Recorded verdicts per mutant of `kind` ("named" | "blind"); empty when none were recorded."""
+    try:
+        return json.loads((RESULTS / f"{kind}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_results(kind: str, rows: dict[str, dict]) -> None:
+    """Merge this run's verdicts into out/mutants/<kind>.json (the newest verdict per mutant wins)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    merged = {**load_results(kind), **rows}
+    (RESULTS / f"{kind}.json").write_text(json.dumps(merged, indent=1, sort_keys=True))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tools.mutants", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", help="run only these mutants")
     ap.add_argument("--quick", action="store_true", help="the CI subset")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--gpu", action="store_true", help="also run GPU-only mutants (needs CUDA)")
     ap.add_argument("--list", action="store_true", help="list the zoo and exit")
     ap.add_argument("--markdown", action="store_true", help="print the zoo as a markdown table and exit")
-    args = ap.parse_args(argv)
+    ap.add_argument("--blind", action="store_true", help="judge without the named tests (qualify, then CPU tier)")
+    ap.add_argument("--stages", nargs="+", default=["qualify", "pytest"], choices=["qualify", "qualify-main", "pytest"],
+                    help="blind stages: qualify (main job + every model's corpus), qualify-main (main job only), "
+                         "pytest (the whole CPU tier)")
+    ap.add_argument("--models", nargs="+", help="blind: shipped models whose corpus qualify runs (default: all)")
+    ap.add_argument("--pytest-jobs", type=int, default=2, help="blind: xdist workers of the CPU-tier stage")
+    ap.add_argument("--rotate", type=int, metavar="K", help="blind: judge a rotating window of K mutants (CI)")
+    ap.add_argument("--rotate-index", type=int, metavar="I", help="the window (default: days since 1970-01-01)")
+    ap.add_argument("--budget-s", type=float, help="blind: start no mutant after this many seconds (rest SKIPPED)")
+    ap.add_argument("--stage-timeout", type=int, default=3600, help="blind: seconds per stage before it is a CRASH")
+    ap.add_argument("--no-control", action="store_true",
+                    help="blind: skip the unmutated control run (which must survive every stage)")
+    return ap.parse_args(argv)
+
+
+def run_blind(args: argparse.Namespace, chosen: list) -> int:
+    """--blind: judge `chosen` (or its rotating window) stage by stage; print verdicts next to the named ones."""
+    from .blind import KILLED, SKIPPED, BlindOutcome, default_stages, judge, junit_of, rotation
+    if args.rotate is not None:
+        chosen = rotation(chosen, args.rotate, args.rotate_index)
+    stages = [s.__class__(s.name, s.kind, s.argv, args.stage_timeout)
+              for s in default_stages(tuple(args.stages), args.models, args.pytest_jobs)]
+    named = load_results("named")
+    day, commit, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit(), time.time()
+    print(f"blind: {len(chosen)} mutants, stages: {' -> '.join(s.name for s in stages)}; --jobs {args.jobs}; "
+          f"commit {commit}, {day}", flush=True)
+    print(f"{'mutant':36s} {'named':9s} {'blind':9s} {'time':>6s}  stage: detail", flush=True)
+
+    def one(m):
+        if m is None:
+            return judge(None, stages)
+        if args.budget_s is not None and time.time() - t0 > args.budget_s:
+            return BlindOutcome(m.name, SKIPPED, "", f"not started: --budget-s {args.budget_s:g} spent", 0.0)
+        return judge(m, stages)
+    jobs = ([None] if not args.no_control else []) + list(chosen)
+    outcomes, control = [], None
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for m, o in zip(jobs, pool.map(one, jobs)):
+            if m is None:
+                control = o
+            else:
+                outcomes.append(o)
+            nv = named.get(o.name, {}).get("status", "-") if m is not None else "-"
+            print(f"{o.name:36s} {nv:9s} {o.status:9s} {o.seconds:5.0f}s  {o.stage or '-'}: {o.detail[:160]}",
+                  flush=True)
+    judged = [o for o in outcomes if o.status != SKIPPED]
+    save_results("blind", {o.name: {"status": o.status, "stage": o.stage, "detail": o.detail[:300],
+                                    "seconds": round(o.seconds), "date": day, "commit": commit,
+                                    "stages": [s.name for s in stages]} for o in judged})
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "blind-junit.xml").write_text(junit_of(judged))
+    killed = sum(o.status == KILLED for o in judged)
+    known = [named[o.name]["status"] for o in judged if o.name in named]
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("KILLED", "SURVIVED", "INVALID", "CRASH", "STALE",
+                                                               "SKIPPED")}
+    by_stage: dict[str, int] = {}
+    for o in judged:
+        if o.status == KILLED:
+            by_stage[o.stage] = by_stage.get(o.stage, 0) + 1
+    print(f"blind kill rate: {killed}/{len(judged)} = {100 * killed / max(1, len(judged)):.0f}% | named kill rate "
+          f"(same mutants, recorded): {sum(s == 'KILLED' for s in known)}/{len(known)} | "
+          + ", ".join(f"{k} {v}" for k, v in counts.items()) + " | killed by stage: "
+          + (", ".join(f"{k} {v}" for k, v in by_stage.items()) or "none")
+          + f" | {time.time() - t0:.0f} s wall")
+    if control is not None and control.status != "SURVIVED":
+        print(f"CONTROL FAILED: the unmutated tree is {control.status} at {control.stage}: {control.detail} — "
+              "no blind verdict above means anything until it passes", file=sys.stderr)
+        return 1
+    return 0 if judged and killed == len(judged) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     names = {m.name for m in MUTANTS}
     for n in args.only or []:
         if n not in names:
@@ -37,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in MUTANTS:
             print(f"{m.name:34s} {m.bug_class:22s} {'gpu ' if m.gpu_only else ''}{m.story}")
         return 0
+    if args.blind:
+        return run_blind(args, chosen)
     print(f"{'mutant':34s} {'class':22s} {'status':9s} {'time':>6s}  killed by")
     outcomes, t0 = [], time.time()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -44,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(o)
             print(f"{o.mutant.name:34s} {o.mutant.bug_class:22s} {o.status:9s} {o.seconds:5.0f}s  {o.killed_by}",
                   flush=True)
+    day, commit = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit()
+    save_results("named", {o.mutant.name: {"status": o.status, "by": o.killed_by, "seconds": round(o.seconds),
+                                           "date": day, "commit": commit} for o in outcomes})
     killed = sum(o.status == "KILLED" for o in outcomes)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("KILLED", "SURVIVED", "CRASH", "STALE")}
     print(f"kill rate: {killed}/{len(outcomes)} = {100 * killed / max(1, len(outcomes)):.0f}%"

@@ -101,24 +101,63 @@ def classify(junit_path: Path, rc: int) -> tuple[str, str]:
     return "CRASH", f"pytest exit {rc}"
 
 
+class NotRun(Exception):
+    """The mutant could not be judged: STALE (its patch does not apply), INVALID (the patched code does not even
+    compile or import) or CRASH (the copy is not what gets imported)."""
+
+    def __init__(self, status: str, detail: str):
+        super().__init__(f"{status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+def module_of(file: str) -> str | None:
+    """Dotted module name of a project .py file (None for other files)."""
+    return file[:-3].replace("/", ".").removesuffix(".__init__") if file.endswith(".py") else None
+
+
+def mutated_copy(m: Mutant | None, tmp: Path) -> tuple[Path, dict[str, str]]:
+    """Copy the project into tmp/tree, apply `m` (None: the unmutated control), check that the copy (and every
+    patched module) is what gets imported; returns (tree, env for subprocesses). Raises NotRun when the mutant
+    cannot be judged."""
+    tree = Path(tmp) / "tree"
+    shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
+    if m is not None and not apply(m, tree):
+        raise NotRun("STALE", "; ".join(stale_hunks(m, tree)))
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    if m is not None and m.gpu_only:   # compiled kernels on the device: the interpreter cannot reach 2^31 elements
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = "1"
+    files = sorted({f for f, _, _ in (m.hunks() if m is not None else []) if f.endswith(".py")})
+    for f in files:                        # a patch that does not even parse is caught here, in-process
+        try:
+            compile((tree / f).read_text(), f, "exec")
+        except SyntaxError as e:
+            raise NotRun("INVALID", f"the patched {f} does not compile: {type(e).__name__}: {e}") from None
+    mods = sorted(module_of(f) for f in files)
+    probe = ("import importlib, oracle, fastpath, tools\n"
+             f"for mod in {mods!r}:\n    importlib.import_module(mod)\n"
+             "print(oracle.__file__, fastpath.__file__, tools.__file__)")
+    where = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True)
+    if where.returncode != 0:
+        last = (where.stderr.strip().splitlines() or ["no output"])[-1]
+        if any(last.startswith(t) for t in CRASH_TYPES):
+            raise NotRun("INVALID", f"the patched code does not import: {last[:200]}")
+        raise NotRun("CRASH", f"the copy does not import: {last[:200]}")
+    if where.stdout.count(str(tree)) != 3:
+        raise NotRun("CRASH", f"the copy is not what gets imported: {where.stdout.strip()}")
+    return tree, env
+
+
 def run_one(m: Mutant, timeout: int = 900) -> Outcome:
     """Copy the project, apply the mutant, run its tests under the CPU tier settings."""
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=f"hq-mutant-{m.name}-") as tmp:
-        tree = Path(tmp) / "tree"
-        shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
-        if not apply(m, tree):
-            return Outcome(m, "STALE", "; ".join(stale_hunks(m, tree)), time.time() - t0)
-        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-        if m.gpu_only:            # compiled kernels on the device: the interpreter cannot reach 2^31 elements
-            env.pop("TRITON_INTERPRET", None)
-        else:
-            env["TRITON_INTERPRET"] = "1"
-        where = subprocess.run([sys.executable, "-c", "import oracle, fastpath; print(oracle.__file__, fastpath.__file__)"],
-                               cwd=tree, env=env, capture_output=True, text=True)
-        if where.returncode != 0 or where.stdout.count(str(tree)) != 2:
-            return Outcome(m, "CRASH", f"the copy is not what gets imported: {where.stdout or where.stderr}",
-                           time.time() - t0)
+        try:
+            tree, env = mutated_copy(m, Path(tmp))
+        except NotRun as e:
+            status = "CRASH" if e.status == "INVALID" else e.status     # named runs: an invalid patch is a crash
+            return Outcome(m, status, e.detail, time.time() - t0)
         junit = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
                "-p", "tools.mutants.no_shrink", f"--junitxml={junit}", *m.tests]

@@ -335,6 +335,105 @@ MUTANTS: list[Mutant] = [
            ORACLE_SCHED, "            slot, row = self.free_slots.pop(), self.active\n",
            "            slot, row = self.free_slots.pop(0), self.active\n",
            ("tests/test_scheduler_seed_scenario.py",)),
+    # ---------------------------------------------------------------- issue 20: classes the blind run found
+    # scheduling order
+    Mutant("admission_in_list_order", "scheduling order",
+           "waiting requests are admitted in submission order (a stable sort on arrival_step alone) instead of "
+           "(arrival_step, id): a trace whose request list is not in id order admits the wrong request first",
+           ENGINE, "key=lambda r: (r.arrival_step, r.id))", "key=lambda r: r.arrival_step)",
+           (T_CORPUS + "[request_order]", T_GEN)),
+    Mutant("request_ids_natural_order", "scheduling order",
+           "request ids compared as numbers (natural order: 'r2' before 'r10') instead of as strings",
+           ENGINE, "key=lambda r: (r.arrival_step, r.id))", "key=lambda r: (r.arrival_step, len(r.id), r.id))",
+           (T_CORPUS + "[request_order]",)),
+    Mutant("arrival_off_by_one", "scheduling order",
+           "a request counts as arrived only after its arrival_step (`<` for `<=`): every admission one step late",
+           ENGINE, "if r.arrival_step <= k and not self.requests[r.id].admitted]",
+           "if r.arrival_step < k and not self.requests[r.id].admitted]",
+           (T_GEN, T_CORPUS + "[request_order]")),
+    Mutant("prefill_pieces_in_id_order", "scheduling order",
+           "prefill pieces are handed the budget in request-id order instead of row order (after a compaction "
+           "the right-most row moved left, so the orders differ)",
+           ENGINE, "        used = len(batch)\n        for r, st in live:\n",
+           "        used = len(batch)\n        for r, st in sorted(live, key=lambda rs: rs[1].req.id):\n",
+           (T_CORPUS + "[request_order]", T_GEN)),
+    # budget edges of the piece splitter
+    Mutant("last_piece_equal_budget_split", "budget edge",
+           "the rest of a prompt is taken whole only when strictly shorter than the budget left: a remainder "
+           "exactly equal to it (not a chunk multiple) is cut back to whole chunks",
+           ENGINE, "    if prompt_len - start <= cap:\n", "    if prompt_len - start < cap:\n",
+           (T_CORPUS + "[piece_budget]", T_CORPUS + "[piece_chunk]", T_GEN)),
+    Mutant("piece_end_inclusive", "budget edge",
+           "a cut piece ends one token past the chunk boundary (`cap - cap % chunk + 1`, an inclusive end): pieces "
+           "no longer end on chunk multiples, and one a whole number of chunks long overruns the budget by one",
+           ENGINE, "    return cap - cap % chunk_size\n", "    return cap - cap % chunk_size + 1\n",
+           (T_TRACE + "::test_decode_rows_count_against_the_token_budget", T_GEN)),
+    # logit transforms (greedy tokens unchanged: only seeded sampling or a logits-level check can see them)
+    Mutant("logits_scaling_multiplied", "logit transform",
+           "Granite's logits_scaling multiplies the final logits instead of dividing them (argmax unchanged)",
+           MODEL, "return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits",
+           "return logits * c.logits_scaling if c.logits_scaling != 1.0 else logits",
+           (T_ARCH + "[granitemoehybrid]",)),
+    Mutant("final_logit_softcap", "logit transform",
+           "a Gemma-style final-logit softcap (30·tanh(x/30)) applied although no hybrid config asks for one "
+           "(monotone: greedy tokens unchanged)",
+           MODEL, "return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits",
+           "logits = 30.0 * torch.tanh(logits / 30.0)\n"
+           "        return logits / c.logits_scaling if c.logits_scaling != 1.0 else logits",
+           (T_CORPUS + "[seeded_sampling]", T_GEN)),
+    # sampler keys
+    Mutant("seeded_key_by_row", "sampler key",
+           "the seeded draw is keyed on the batch row instead of the absolute position: it depends on the batch",
+           "fastpath/engine/sample.py", "keys = torch.tensor([row_key(s[2], s[3]) for s in seeded]",
+           "keys = torch.tensor([row_key(s[2], s[0]) for s in seeded]",
+           ("tests/test_sampling_fastpath_agrees.py::test_fastpath_batched_draws_equal_oracle_per_row", T_GEN)),
+    Mutant("seeded_key_by_step", "sampler key",
+           "the seeded draw is keyed on the engine step instead of the sampled token's position",
+           ENGINE, "int(st.req.sampling.seed), b.pos + b.count))", "int(st.req.sampling.seed), self.k))",
+           (T_CORPUS + "[seeded_sampling]", T_GEN)),
+    Mutant("seeded_seed_of_first_row", "sampler key",
+           "every seeded row of a step draws with the first seeded row's seed (the seed not taken per request)",
+           "fastpath/engine/sample.py", "keys = torch.tensor([row_key(s[2], s[3]) for s in seeded]",
+           "keys = torch.tensor([row_key(seeded[0][2], s[3]) for s in seeded]",
+           ("tests/test_sampling_fastpath_agrees.py::test_fastpath_batched_draws_equal_oracle_per_row", T_GEN)),
+    # multipliers
+    Mutant("attention_multiplier_ignored", "multipliers",
+           "Granite's attention_multiplier is ignored: the fast path scales scores by the default head_dim^-0.5",
+           MODEL, "c.attn_scale, out=o[:n],", "c.attn_head_dim ** -0.5, out=o[:n],",
+           (T_ARCH + "[granitemoehybrid]",),
+           more=((MODEL, "c.attn_scale, out=o[n:]", "c.attn_head_dim ** -0.5, out=o[n:]"),)),
+    Mutant("embedding_multiplier_prefill_only", "multipliers",
+           "Granite's embedding_multiplier is applied to the prefill tokens only (decode rows' embeddings skip it)",
+           MODEL, "            h = h * c.embedding_multiplier\n",
+           "            h = torch.cat([h[:b.n_dec], h[b.n_dec:] * c.embedding_multiplier])\n",
+           (T_ARCH + "[granitemoehybrid]",)),
+    Mutant("residual_multiplier_on_sum", "multipliers",
+           "the fused add+norm applies the residual multiplier to the sum h + out instead of to the sublayer "
+           "output alone",
+           K + "fused_add_norm.py", "            d = (d * mult).to(d_ptr.dtype.element_ty).to(tl.float32)\n"
+                                    "        x = (x + d).to(hout_ptr.dtype.element_ty)\n",
+           "            x = x * mult\n            d = (d * mult).to(d_ptr.dtype.element_ty).to(tl.float32)\n"
+           "        x = (x + d).to(hout_ptr.dtype.element_ty)\n",
+           ("tests/test_kernel_fused_add_norm.py::test_add_rms_norm_matches_fp64_math",)),
+    # norm eps placement and grouping
+    Mutant("rms_eps_outside_sqrt", "norm eps",
+           "the fused add+RMSNorm adds eps outside the square root: 1/(sqrt(mean x²) + eps)",
+           K + "fused_add_norm.py", "normed = x * (1.0 / tl.sqrt(var + eps))", "normed = x * (1.0 / (tl.sqrt(var) + eps))",
+           ("tests/test_kernel_fused_add_norm.py",)),
+    Mutant("gated_norm_eps_outside_sqrt", "norm eps",
+           "the gated RMSNorm adds eps outside the square root: 1/(sqrt(mean g²) + eps)",
+           K + "gated_norm.py", "normed = g * (1.0 / tl.sqrt(var + eps))", "normed = g * (1.0 / (tl.sqrt(var) + eps))",
+           ("tests/test_kernel_gated_norm.py",)),
+    Mutant("gated_norm_per_head", "gated norm",
+           "the Mamba gated RMSNorm is normalised per head (n_heads groups) instead of per B/C group",
+           MODEL, "y, z, weight, c.mamba_n_groups, c.norm_eps", "y, z, weight, c.mamba_n_heads, c.norm_eps",
+           (T_ARCH + "[mamba2]", T_CORPUS + "[seed_compaction]")),
+    # head mapping
+    Mutant("gqa_decode_heads_modulo", "attention heads",
+           "the decode attention maps query head h to KV head h % n_kv (interleaved) instead of h // q_per_kv",
+           K + "attention_decode.py", "    qh = kvh * q_per_kv + qi\n", "    qh = qi * Hkv + kvh\n",
+           (T_ATTN_DEC, T_ATTN),
+           more=((K + "attention_decode.py", "        oh = kvh * q_per_kv + c\n", "        oh = c * Hkv + kvh\n"),)),
 ]
 
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.

@@ -1,0 +1,203 @@
+"""Blind judgement of a mutant (issue 20): no named tests, only what the suite runs anyway.
+
+Stage 1 is the qualification main job (`python -m tools.qualify`, its default plan) and then qualify over every
+shipped model's whole scenario corpus (`--model M`); stage 2 is the whole CPU tier (`pytest -x -q -n 2`, default
+markers). Each runs as a subprocess in the mutant's temporary copy of the tree with TRITON_INTERPRET=1, and the
+first stage that FAILS kills the mutant. What is not a kill: a patch that does not compile or import, or whose
+first failure is a NameError/ImportError/SyntaxError raised by the patched code (INVALID); a harness that dies
+without reporting a failed check, or runs past its time limit (CRASH for that stage; the next stage still runs).
+An engine that crashes on a trace IS a kill at qualify level: qualify reports it as a failed check.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runner import CRASH_TYPES, ROOT, Mutant, NotRun, classify, mutated_copy
+
+MODELS = ROOT / "goldens" / "models"
+KILLED, SURVIVED, INVALID, CRASH, STALE, SKIPPED = "KILLED", "SURVIVED", "INVALID", "CRASH", "STALE", "SKIPPED"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One blind stage: a qualify run (argv after `python -m tools.qualify`) or the CPU tier (kind "pytest")."""
+    name: str
+    kind: str                               # "qualify" | "pytest"
+    argv: tuple[str, ...] = ()
+    timeout: int = 3600
+
+
+@dataclass
+class StageResult:
+    """What one stage said: FAIL (a check saw the defect), PASS, INVALID, CRASH (harness died / timed out)."""
+    stage: str
+    status: str
+    detail: str
+    seconds: float
+
+
+@dataclass
+class BlindOutcome:
+    """A mutant's blind verdict, the stage that killed it (if any) and every stage's result."""
+    name: str
+    status: str
+    stage: str
+    detail: str
+    seconds: float
+    stages: list[StageResult] = field(default_factory=list)
+
+
+def shipped_models() -> list[str]:
+    """Names of the shipped models (goldens/models/*/config.json)."""
+    return sorted(p.parent.name for p in MODELS.glob("*/config.json"))
+
+
+def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[str] | None = None,
+                   jobs: int = 2) -> list[Stage]:
+    """`qualify-main` = the main job's default plan; `qualify` = that, then every shipped model's corpus;
+    `pytest` = the whole CPU tier."""
+    out: list[Stage] = []
+    if "qualify" in which or "qualify-main" in which:
+        out.append(Stage("qualify", "qualify"))
+    if "qualify" in which:
+        out += [Stage(f"qualify --model {m}", "qualify", ("--model", f"goldens/models/{m}"))
+                for m in (models if models is not None else shipped_models())]
+    if "pytest" in which:
+        out.append(Stage("pytest", "pytest", ("-x", "-q", "-n", str(jobs))))
+    return out
+
+
+def _invalid(detail: str) -> bool:
+    """A failure raised by the patch itself (bad name, import, syntax), not by a check that saw a defect:
+    qualify's engine-crash line starts `NameError: ...`, the runner's crash note ends `(NameError)`."""
+    return any(detail.startswith(t + ":") or f"({t}" in detail for t in CRASH_TYPES)
+
+
+def _failed_checks(report: Path) -> tuple[list[dict], dict | None]:
+    """(failed checks, the whole report) from qualify's report.json (empty while it does not exist yet)."""
+    try:
+        body = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return [], None
+    bad = [c for c in body.get("checks", []) if c.get("status") == "FAIL" or c.get("ok") is False]
+    return bad, body
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a stage we started (its own process group) and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> StageResult:
+    """Run qualify in the copy; stop at its first failed check (a FAIL line of the report) — that is the kill."""
+    out = work / ("q-" + stage.name.replace(" ", "_").replace("/", "_"))
+    log = work / (out.name + ".log")
+    cmd = [sys.executable, "-m", "tools.qualify", "--quiet", "--out", str(out), *stage.argv]
+    t0 = time.time()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if time.time() - t0 > stage.timeout:
+                    _stop(proc)
+                    return StageResult(stage.name, CRASH, f"timeout after {stage.timeout} s", time.time() - t0)
+                if _failed_checks(out / "report.json")[0]:
+                    _stop(proc)            # the first FAIL is the verdict; the rest of the run is not needed
+                    break
+                time.sleep(1)
+        finally:
+            _stop(proc)
+    bad, body = _failed_checks(out / "report.json")
+    took = time.time() - t0
+    if bad:
+        c = bad[0]
+        detail = f"{c.get('trace')}: {c.get('name')}: {c.get('detail', '')}"[:400]
+        return StageResult(stage.name, INVALID if _invalid(c.get("detail", "")) else "FAIL", detail, took)
+    tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])[-300:]
+    if proc.returncode == 0 and body is not None and body.get("passed", 0) > 0:
+        return StageResult(stage.name, "PASS", f"{body.get('passed')} checks passed", took)
+    return StageResult(stage.name, CRASH, f"qualify exit {proc.returncode} without a failed check: {tail}", took)
+
+
+def run_pytest(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> StageResult:
+    """The whole CPU tier in the copy (default markers; not the zoo's own tests, which would recurse)."""
+    junit = work / "blind-junit.xml"
+    cmd = [sys.executable, "-m", "pytest", *stage.argv, "-p", "no:cacheprovider", "-p", "tools.mutants.no_shrink",
+           "--ignore=tests/test_mutants.py", f"--junitxml={junit}"]
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=stage.timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return StageResult(stage.name, CRASH, f"timeout after {stage.timeout} s", time.time() - t0)
+    status, by = classify(junit, proc.returncode)
+    took = time.time() - t0
+    if status == "KILLED":
+        return StageResult(stage.name, "FAIL", by, took)
+    if status == "SURVIVED":
+        return StageResult(stage.name, "PASS", "the CPU tier passed", took)
+    return StageResult(stage.name, INVALID if _invalid(by) else CRASH, by, took)
+
+
+def judge(m: Mutant | None, stages: list[Stage], name: str | None = None) -> BlindOutcome:
+    """Judge `m` (None: the unmutated control, which must SURVIVE) by `stages` in order."""
+    label = name or (m.name if m is not None else "(control: no mutation)")
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix=f"hq-blind-{label[:40].replace(' ', '_')}-") as tmp:
+        try:
+            tree, env = mutated_copy(m, Path(tmp))
+        except NotRun as e:
+            return BlindOutcome(label, e.status, "import" if e.status != STALE else "", e.detail, time.time() - t0)
+        results: list[StageResult] = []
+        for st in stages:
+            r = (run_qualify if st.kind == "qualify" else run_pytest)(st, tree, env, Path(tmp))
+            results.append(r)
+            if r.status in ("FAIL", INVALID):
+                status = KILLED if r.status == "FAIL" else INVALID
+                return BlindOutcome(label, status, st.name, r.detail, time.time() - t0, results)
+        crashed = [r for r in results if r.status == CRASH]
+        status = CRASH if crashed else SURVIVED
+        return BlindOutcome(label, status, crashed[0].stage if crashed else "",
+                            crashed[0].detail if crashed else "every stage passed", time.time() - t0, results)
+
+
+def rotation(mutants: list[Mutant], k: int, index: int | None = None) -> list[Mutant]:
+    """A deterministic rotating subset of k mutants: window `index` (default: days since 1970-01-01 UTC) of the
+    zoo in its listed order, wrapping around, so consecutive CI days judge consecutive windows."""
+    if not mutants or k <= 0:
+        return []
+    k = min(k, len(mutants))
+    index = int(time.time() // 86400) if index is None else index
+    start = (index * k) % len(mutants)
+    return [mutants[(start + i) % len(mutants)] for i in range(k)]
+
+
+def junit_of(outcomes: list[BlindOutcome]) -> str:
+    """JUnit XML of a blind run: a mutant that was not killed is a failure."""
+    suite = ET.Element("testsuite", name="hybridqual.mutants.blind", tests=str(len(outcomes)),
+                       failures=str(sum(o.status != KILLED for o in outcomes)))
+    for o in outcomes:
+        case = ET.SubElement(suite, "testcase", classname="blind", name=o.name, time=f"{o.seconds:.1f}")
+        if o.status != KILLED:
+            ET.SubElement(case, "failure", message=f"{o.status}: {o.detail}"[:500])
+    return ET.tostring(suite, encoding="unicode")
