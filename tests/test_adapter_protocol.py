@@ -42,7 +42,8 @@ def test_user_adapter_qualifies_against_goldens():
     checks = check_trace(NaiveEngine, model, goldens.TRACES / "task_burst.json", ["legacy"],
                          oracle.load(model), "cpu", TAU[torch.float32])
     assert [c.name for c in checks if not c.ok] == [], checks
-    assert any("task accuracy" in c.name for c in checks)
+    assert any("task accuracy" in c.name and c.passed for c in checks)
+    assert [c.status for c in checks if "schedule log" in c.name] == ["SKIP"]   # it keeps none: not a pass
 
 
 def test_resolve_names_bad_engine_specs():
@@ -61,4 +62,30 @@ def test_builtin_reference_adapters_qualify_on_the_trained_model(engine):
     checks = check_trace(adapters.resolve(engine), model, goldens.TRACES / "seed_compaction.json", ["legacy"],
                          oracle.load(model), "cpu", TAU[torch.float32])
     assert checks and [c.name for c in checks if not c.ok] == [], checks
-    assert any("schedule log" in c.name for c in checks) == (engine == "oracle")
+    assert any("schedule log" in c.name and c.passed for c in checks) == (engine == "oracle")
+    assert any("schedule log" in c.name and c.skipped for c in checks) == (engine == "hf")
+
+
+ZEROS = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 2, "max_tokens_per_step": 16, "prefill_chunk": 16},
+         "requests": [{"id": "a", "arrival_step": 0, "prompt": [0, 0, 5, 9, 0], "max_new_tokens": 5},
+                      {"id": "b", "arrival_step": 0, "prompt": [0, 7], "max_new_tokens": 4, "stop_token_ids": [2]}]}
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf-batched"])
+def test_hf_adapters_keep_prompt_token_zero_and_skip_what_they_cannot_do(engine):
+    """Prompts full of token 0 (the config's pad id) and of different lengths (left padding in hf-batched) follow
+    the oracle; async, the schedule log and logits are SKIPs with reasons, never a run compared with itself."""
+    pytest.importorskip("transformers")
+    from oracle.trace import parse_trace
+    from tools.qualify_checks import check_instance
+    from tools.scenarios import Instance
+    model = goldens.MODELS / "zoo-bamba"
+    tr = parse_trace(ZEROS)
+    checks = {c.name.split(" (")[0]: c for c in check_instance(adapters.resolve(engine), model,
+              Instance("zeros", "test", tr, None, tr.to_json()), ["legacy", "async"], oracle.load(model), "cpu")}
+    assert checks["legacy: tokens match the truth"].passed, checks["legacy: tokens match the truth"].detail
+    assert "exact" in checks["legacy: tokens match the truth"].detail
+    for name in ("async: engine runs the trace", "async == legacy, bitwise", "legacy: schedule log matches the "
+                 "oracle's", "legacy: logits match the oracle's"):
+        assert checks[name].skipped and checks[name].detail.startswith("skipped: "), (name, checks[name].detail)
+    assert "compare a run with itself" in checks["async == legacy, bitwise"].detail

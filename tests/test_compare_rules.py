@@ -96,3 +96,48 @@ def test_seeded_requests_are_judged_in_the_samplers_decision_space():
     assert truth != greedy(M, PROMPT, N), "the draws must differ from greedy, or this test proves nothing"
     assert compare_tie_aware(M, "r", PROMPT, truth, [], N, tau=1e-3, sampling=s).ok
     assert not compare_tie_aware(M, "r", PROMPT, truth, [], N, tau=1e-3).ok       # judged as greedy: fails
+
+
+def test_every_emitted_token_is_judged_on_its_own_prefix_even_after_a_near_tie():
+    truth = greedy(M, PROMPT, N)
+    swapped = (truth[1] + 1) % V
+    own = greedy(M, PROMPT + truth[:1] + [swapped], N - 2)
+    cand = truth[:1] + [swapped] + own[:2] + [(own[2] + 1) % V] + own[3:]   # a non-tie error after the tie
+
+    def continue_from(prefix):                           # the continuation from the oracle's prefix is fine
+        return greedy(M, PROMPT + prefix, N - len(prefix))
+
+    v = compare_tie_aware(M, "r", PROMPT, cand, [], N, tau=1e-3, continue_from=continue_from)
+    assert not v.ok and v.failure.position == 4 and [m.position for m in v.near_ties] == [1]
+
+
+def test_forgiven_ties_carry_count_eligible_positions_and_smallest_margin():
+    truth = greedy(M, PROMPT, N)
+    swapped = (truth[1] + 1) % V
+    cand = truth[:1] + [swapped] + greedy(M, PROMPT + truth[:1] + [swapped], N - 2)
+    v = compare_tie_aware(M, "r", PROMPT, cand, [], N, tau=1e-3)
+    # the designed near ties sit where len(context) % 5 == 0: generated positions 1 and 6 of the own walk
+    assert v.eligible == 2 and len(v.near_ties) == 1 and abs(v.min_tie_margin - NEAR) < 1e-12
+
+
+def test_tie_bound_allows_rounding_flips_but_not_a_runner_up_bias():
+    from tools.compare import MEASURED_ERR, TAU, tie_bound
+    fp32, bf16 = torch.float32, torch.bfloat16
+    assert tie_bound(0, fp32, TAU[fp32]) == 1                       # one flip is always plausible
+    assert tie_bound(100, fp32, TAU[fp32]) < 10                     # p = 2E/τ ≈ 0.023
+    assert tie_bound(100, bf16, TAU[bf16]) < 100                    # an engine flipping every close call fails
+    assert tie_bound(100, bf16, 2 * MEASURED_ERR[bf16]) >= 100      # τ at 2E: every eligible flip is plausible
+
+
+def test_logits_check_fails_a_monotone_rescale_that_keeps_every_argmax():
+    from tools.compare import LOGITS_C, compare_logits
+    g = torch.Generator().manual_seed(0)
+    want = torch.randn(12, 96, generator=g, dtype=torch.float64) * 3
+    noise = (torch.rand(12, 96, generator=g, dtype=torch.float64) - 0.5) * 2e-5   # fp32-sized rounding
+    c = LOGITS_C[torch.float32]
+    assert compare_logits("r", (want + noise).float(), want, c).ok
+    scaled = want * 1.01
+    assert torch.equal(scaled.argmax(-1), want.argmax(-1))
+    v = compare_logits("r", scaled.float(), want, c)
+    assert not v.ok and v.worst_error > v.worst_bound
+    assert not compare_logits("r", want[:5].float(), want, c).ok                  # a missing row fails too

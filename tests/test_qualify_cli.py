@@ -1,4 +1,5 @@
-"""The main job's command line: it passes on the shipped model, refuses bad arguments by name, and runs under torchrun."""
+"""The main job's command line: it passes on the shipped model, reports as it goes (stale reports removed, skips
+counted apart from passes, versions and τ recorded), refuses bad arguments by name, and runs under torchrun."""
 import json
 import os
 import shutil
@@ -15,22 +16,50 @@ SEED = "goldens/traces/seed_compaction.json"
 def qualify(*args, launcher=(sys.executable, "-m")):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     return subprocess.run([*launcher, "tools.qualify", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=900)
 
 
 def test_qualify_passes_and_writes_json_and_junit(tmp_path):
     p = qualify("--trace", SEED, "--out", str(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["failed"] == 0 and report["passed"] == 5
+    assert report["failed"] == 0 and report["passed"] == 7 and report["skipped"] == 0, report["checks"]
+    assert report["status"] == "finished" and report["tau"] == 1e-3 and "float32" in report["tau_source"]
+    assert {"hybridqual", "torch", "triton", "transformers", "engine"} <= set(report["versions"])
+    assert report["instances"][0]["truth"].startswith("golden seed_compaction.json")
     assert "<testsuite" in (tmp_path / "junit.xml").read_text()
-    assert "5/5 checks passed" in p.stdout
+    assert "7/7 checks passed" in p.stdout
+    for mode in ("legacy", "async"):          # a progress line as each trace × mode starts and ends
+        assert f"▶ tiny-sort/seed_compaction · {mode}" in p.stdout
+        assert f"■ tiny-sort/seed_compaction · {mode} done in" in p.stdout
+
+
+def test_a_trace_that_does_not_fit_is_a_reported_skip_and_a_stale_report_is_removed(tmp_path):
+    (tmp_path / "report.json").write_text('{"stale": true, "failed": 0, "passed": 99}')
+    p = qualify("--engine", "oracle", "--trace", "goldens/traces/stop_tokens.json", "--out", str(tmp_path))
+    assert p.returncode == 1, p.stdout + p.stderr                  # nothing ran: not a pass
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "stale" not in report and report["status"] == "finished"
+    assert (report["passed"], report["failed"], report["skipped"], report["ran"]) == (0, 0, 1, 0)
+    [c] = report["checks"]
+    assert c["status"] == "SKIP" and "does not fit the model" in c["detail"] and "vocab" in c["detail"]
+    assert "SKIP  scenario runs on this model" in p.stdout and "0/1 checks passed, 0 failed, 1 skipped" in p.stdout
+
+
+def test_quiet_prints_only_the_summary(tmp_path):
+    p = qualify("--engine", "oracle", "--mode", "legacy", "--trace", SEED, "--out", str(tmp_path), "--quiet")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 2 and "checks passed" in lines[-1], p.stdout
 
 
 @pytest.mark.parametrize("args,words", [
     (["--model", "no/such/folder"], "--model no/such/folder: no config.json"),
     (["--engine", "nosuch"], "--engine 'nosuch'"),
     (["--tp", "2"], "--tp 2: needs torchrun"),
+    (["--device", "nosuch"], "--device 'nosuch'"),
+    (["--engine", "hf", "--graphs"], "apply to the fastpath engine only"),
+    (["--scenario", "seed_compaction"], "--scenario needs --model"),
 ])
 def test_qualify_refuses_bad_arguments_naming_them(args, words, tmp_path):
     p = qualify(*args, "--out", str(tmp_path))

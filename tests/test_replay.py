@@ -47,3 +47,36 @@ def test_log_difference_and_table_name_the_step():
     assert first_log_difference(bad, log).startswith("step 3: moves")
     table = step_table(log)
     assert "r2→r1(r2,s2)" in table and len(table.splitlines()) == len(log["steps"]) + 1
+
+
+def test_rel_diff_compares_across_devices_on_the_cpu():
+    from tools.replay import rel_diff
+    a = torch.ones(3, dtype=torch.float32)
+    assert rel_diff(a, a.double()) == 0.0 and rel_diff(a * 2, a) == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bisection_on_cuda_keeps_one_device_and_still_localises_the_defect(monkeypatch):
+    trace, omodel = oracle.load_trace(TRACE), oracle.load(MODEL, dtype=torch.float64)
+    engine = Engine.from_pretrained(MODEL, trace.engine, device="cuda", dtype=torch.float32)
+    assert bisect(engine, trace, "legacy", omodel, rtol=1e-4) is None
+    monkeypatch.setattr(RowTable, "compact", compact_without_moving_slots)
+    d = bisect(engine, trace, "legacy", omodel, rtol=1e-4)
+    assert d is not None and (d.step, d.request, d.slot) == (4, "r2", 2), d and d.describe()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replay_cli_runs_on_cuda_and_on_cpu_on_a_gpu_machine(capsys):
+    import subprocess
+    import sys
+    for device in ("cuda", "cpu"):
+        p = subprocess.run([sys.executable, "-m", "tools.replay", str(TRACE), "--model", str(MODEL), "--device",
+                            device, "--no-table"], cwd=goldens.ROOT, capture_output=True, text=True, timeout=600,
+                           env={k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"})
+        assert "Traceback" not in p.stderr, p.stderr[-3000:]
+        assert "== layer bisection (state rtol" in p.stdout, (device, p.stdout[-3000:])
+        # fp32 through the interpreter on the CPU is the CPU tier's arithmetic: it must pass; bf16 on cuda must
+        # reach a verdict (its state tolerance is the bf16 one)
+        assert "REPLAY PASSED" in p.stdout or device == "cuda", p.stdout[-3000:]

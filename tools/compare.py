@@ -23,9 +23,44 @@ import torch
 # bf16 qualification is therefore a much weaker check than fp32 (a flip across a gap of up to one logit is
 # accepted, and reported); run strict qualifications in fp32. fp16 is provisional (not measured). Large models may
 # need more: on anchor-3b random weights bf16 vs fp32 first-token logits differed by up to 0.49 (docs/tp.md).
+# qualify picks τ from the candidate's declared compute dtype (`tau_for`); `--tau` overrides it.
 TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.05}
 TAU_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}     # τ / largest measured |Δlogit|, at least
+MEASURED_ERR = {torch.float32: 1.17e-5, torch.bfloat16: 0.353}  # largest |Δlogit| measured (above), per dtype
 TOP_K = 5
+
+# The logits check (`compare_logits`): at every generated position, max|Δlogit| <= c · max(1, std(oracle row)).
+# Scaling by the row's spread makes the rule about the logit *scale*: a transform that keeps the argmax (logits × 1.01,
+# a multiplier applied the wrong way) moves every logit by ~1% of its size and fails, while rounding noise does not.
+# c per dtype: LOGITS_MIN_RATIO × the largest scaled error `python -m tools.measure_tau` measured (docs/qualification.md):
+#   fp32 (CPU, interpreter, every shipped model × fitting trace, 2026-12-01): see docs -> c = 2e-4;
+#   bf16: provisional (= τ(bf16)/1.0: the absolute 0.353 above bounds the scaled error, since max(1, std) >= 1);
+#   re-measure on the H200 with `python -m tools.measure_tau --dtype bfloat16`.
+LOGITS_C = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 1.0, torch.float16: 0.05}
+LOGITS_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}
+
+
+def tau_for(dtype: torch.dtype | None) -> float:
+    """The near-tie threshold for a candidate computing in `dtype` (float32's when undeclared: the strictest used)."""
+    return TAU[dtype or torch.float32]
+
+
+def tie_bound(eligible: int, dtype: torch.dtype | None, tau: float) -> int:
+    """Most forgiven near ties that are plausible among `eligible` positions (oracle margin <= τ) for `dtype`.
+
+    A position flips only if the candidate's error on the gap exceeds the oracle's margin there, i.e. margin <= 2E
+    (E = the dtype's largest measured |Δlogit|). With margins spread evenly over [0, τ], a fraction p = 2E/τ of the
+    eligible positions can flip at all; the bound is the binomial mean plus 3σ, plus one. An engine that takes the
+    runner-up whenever it is close (a bias, not rounding) flips nearly every eligible position and exceeds it.
+    """
+    e = MEASURED_ERR.get(dtype or torch.float32)
+    p = 1.0 if e is None else min(1.0, 2 * e / tau) if tau > 0 else 1.0
+    return int(p * eligible + 3 * (eligible * p * (1 - p)) ** 0.5) + 1
+
+
+def logit_scale(row: torch.Tensor) -> float:
+    """max(1, std(row)) of an oracle logits row: the unit the logits check measures errors in."""
+    return max(1.0, float(row.double().std()))
 
 
 @dataclass
@@ -42,13 +77,23 @@ class Mismatch:
 
 @dataclass
 class Verdict:
-    """Result of comparing one request's tokens."""
+    """Result of comparing one request's tokens.
+
+    `near_ties` are the forgiven flips (on the candidate's own tokens, then on its continuations from the oracle's
+    prefix); `eligible` counts the positions walked whose oracle margin is <= τ (where a flip could be forgiven).
+    """
     request: str
     ok: bool
     compared: int
     near_ties: list[Mismatch] = field(default_factory=list)
     failure: Mismatch | None = None
     note: str = ""
+    eligible: int = 0
+
+    @property
+    def min_tie_margin(self) -> float | None:
+        """The smallest oracle margin among the forgiven near ties (None without any)."""
+        return min((m.oracle_margin for m in self.near_ties), default=None)
 
 
 def top2_margin(logits: torch.Tensor) -> float:
@@ -93,50 +138,109 @@ def decision_row(row: torch.Tensor, sampling, position: int) -> torch.Tensor:
     return row / sampling.temperature + gumbel_noise(sampling.seed, position, row.numel())
 
 
+def _judge(request_id: str, row: torch.Tensor, tok: int, pos: int, tau: float, verdict: Verdict) -> Mismatch | None:
+    """None when the oracle's choice in decision row `row` is `tok`, else the Mismatch (near tie or not)."""
+    margin = top2_margin(row)
+    verdict.eligible += margin <= tau
+    o_tok = int(torch.argmax(row))
+    if o_tok == tok:
+        return None
+    gap = float(row[o_tok] - row[tok])
+    topk = torch.topk(row, min(TOP_K, row.numel())).indices.tolist()
+    return Mismatch(request_id, pos, o_tok, int(tok), gap, margin, gap <= tau and tok in topk)
+
+
+def _finish_rule(cand: list[int], stop_token_ids: Sequence[int], max_new_tokens: int) -> str:
+    """'' when `cand` obeys the finish rule (stop token last, or exactly max_new_tokens), else why not."""
+    stops = set(stop_token_ids)
+    if any(t in stops for t in cand[:-1]):
+        return "a stop token appears before the end of the output"
+    if len(cand) > max_new_tokens or (len(cand) < max_new_tokens and not (cand and cand[-1] in stops)):
+        return f"length {len(cand)} breaks the finish rule (max_new_tokens={max_new_tokens})"
+    return ""
+
+
 def compare_tie_aware(model, request_id: str, prompt: Sequence[int], candidate: Sequence[int],
                       stop_token_ids: Sequence[int], max_new_tokens: int, tau: float,
                       continue_from: Callable[[list[int]], list[int]] | None = None,
                       oracle_logits: torch.Tensor | None = None, sampling=None) -> Verdict:
     """Walk the candidate's tokens under the oracle, teacher-forced; see module docstring.
 
-    `continue_from(prefix)` returns the candidate's continuation after prompt+prefix (tokens after the
-    prefix); without it, the check stops at the first near tie and says so in `note`. `sampling` (a trace
-    request's) makes seeded requests compare in the sampler's decision space (`decision_row`).
+    Two walks: (1) every token the candidate emitted, on its own prefix (`oracle_logits`, if given, are the oracle's
+    rows for exactly that); (2) DESIGN §5: after the first near tie, the candidate's continuation from the oracle's
+    prefix, `continue_from(prefix)` (tokens after the prefix), again and again at every further tie. Without
+    `continue_from`, walk (2) is not done and `note` says so. `sampling` (a trace request's) makes seeded requests
+    compare in the sampler's decision space (`decision_row`).
     """
     cand = list(candidate)
     verdict = Verdict(request_id, ok=True, compared=0)
-    start = 0
-    while True:
-        logits = teacher_forced_logits(model, list(prompt) + cand[:start], cand[start:]) \
-            if (oracle_logits is None or start > 0) else oracle_logits
-        for i, tok in enumerate(cand[start:]):
-            pos = start + i
-            row = decision_row(logits[i], sampling, len(prompt) + pos)
-            o_tok = int(torch.argmax(row))
-            verdict.compared = pos + 1
-            if o_tok == tok:
-                continue
-            gap = float(row[o_tok] - row[tok])
-            topk = torch.topk(row, min(TOP_K, row.numel())).indices.tolist()
-            mm = Mismatch(request_id, pos, o_tok, int(tok), gap, top2_margin(row), gap <= tau and tok in topk)
-            if not mm.near_tie:
-                verdict.ok, verdict.failure = False, mm
-                return verdict
+    logits = oracle_logits if oracle_logits is not None else teacher_forced_logits(model, prompt, cand)
+    first_tie = None
+    for pos, tok in enumerate(cand):
+        mm = _judge(request_id, decision_row(logits[pos], sampling, len(prompt) + pos), tok, pos, tau, verdict)
+        verdict.compared = pos + 1
+        if mm is not None and not mm.near_tie:
+            verdict.ok, verdict.failure = False, mm
+            return verdict
+        if mm is not None:
             verdict.near_ties.append(mm)
-            if continue_from is None:
-                verdict.note = f"stopped at near tie, position {pos}: no teacher-forced continuation available"
+            first_tie = pos if first_tie is None else first_tie
+    why = _finish_rule(cand, stop_token_ids, max_new_tokens)
+    if why or first_tie is None:
+        verdict.ok, verdict.note = not why, why
+        return verdict
+    if continue_from is None:
+        verdict.note = (f"stopped at near tie, position {first_tie}: the continuation from the oracle's prefix was "
+                        "not checked (no teacher-forced continuation available)")
+        return verdict
+    tie = verdict.near_ties[0]
+    while tie is not None:
+        pos = tie.position
+        cand = cand[:pos] + [tie.oracle_token] + continue_from(cand[:pos] + [tie.oracle_token])
+        start, tie = pos + 1, None
+        logits = teacher_forced_logits(model, list(prompt) + cand[:start], cand[start:])
+        for i, tok in enumerate(cand[start:]):
+            p = start + i
+            mm = _judge(request_id, decision_row(logits[i], sampling, len(prompt) + p), tok, p, tau, verdict)
+            if mm is not None and not mm.near_tie:
+                verdict.ok, verdict.failure = False, mm
+                verdict.note = "after a near tie, the continuation from the oracle's prefix diverges"
                 return verdict
-            cand = cand[:pos] + [o_tok] + continue_from(cand[:pos] + [o_tok])
-            start = pos + 1
-            break
-        else:
-            break
-    # Length rule: the candidate must stop exactly where the oracle would on these tokens.
-    ends_on_stop = bool(cand) and cand[-1] in set(stop_token_ids)
-    if len(cand) > max_new_tokens or (len(cand) < max_new_tokens and not ends_on_stop):
-        verdict.ok = False
-        verdict.note = f"length {len(cand)} breaks the finish rule (max_new_tokens={max_new_tokens})"
-    if any(t in set(stop_token_ids) for t in cand[:-1]):
-        verdict.ok = False
-        verdict.note = "a stop token appears before the end of the output"
+            if mm is not None:
+                verdict.near_ties.append(mm)
+                tie = mm
+                break
+    why = _finish_rule(cand, stop_token_ids, max_new_tokens)
+    verdict.ok, verdict.note = not why, why and f"continuation from the oracle's prefix: {why}"
     return verdict
+
+
+@dataclass
+class LogitsVerdict:
+    """Result of the logits check for one request: the worst position and its error against the bound."""
+    request: str
+    ok: bool
+    positions: int
+    worst_position: int = -1
+    worst_error: float = 0.0          # max|Δlogit| at worst_position
+    worst_bound: float = 0.0          # c · max(1, std(oracle row)) there
+    note: str = ""
+
+
+def compare_logits(request_id: str, got: torch.Tensor, want: torch.Tensor, c: float) -> LogitsVerdict:
+    """Candidate logits rows `got` [n, V] vs the oracle's teacher-forced rows `want` [n, V] for the same tokens:
+    at every position max|Δ| <= c · max(1, std(want row)); the worst position (largest error/bound) is reported."""
+    if got.shape != want.shape:
+        return LogitsVerdict(request_id, False, 0, note=f"shape {tuple(got.shape)} vs oracle {tuple(want.shape)}")
+    v = LogitsVerdict(request_id, True, got.shape[0])
+    worst = -1.0
+    for i in range(got.shape[0]):
+        row = want[i].double()
+        err = float((got[i].double() - row).abs().max())
+        bound = c * logit_scale(row)
+        if not err <= bound:          # NaN fails too
+            v.ok = False
+        if not err / bound <= worst:
+            worst = err / bound if err == err else float("inf")
+            v.worst_position, v.worst_error, v.worst_bound = i, err, bound
+    return v

@@ -47,10 +47,22 @@ def trace_fits(trace, vocab_size: int) -> bool:
 def golden_for(model, model_dir: Path, trace_path: Path) -> dict:
     """Run the oracle on one (model, trace) in both modes and build the golden record."""
     import oracle
+    return golden_for_trace(model, model_dir, oracle.load_trace(trace_path), trace_path.stem)
+
+
+def trace_sha256(trace) -> str:
+    """sha256 of the canonical dump of a Trace: what a golden's "trace_sha256" is."""
+    from oracle.trace import dump_trace
+    return hashlib.sha256(dump_trace(trace).encode()).hexdigest()
+
+
+def golden_for_trace(model, model_dir: Path, trace, name: str) -> dict:
+    """The golden record of golden_for for a Trace object (e.g. a scenario instance) named `name`."""
+    import oracle
     from oracle.trace import dump_trace
     from .compare import teacher_forced_logits, top2_margin
 
-    trace = oracle.load_trace(trace_path)
+    trace_path = Path(f"{name}.json")
     results = {mode: oracle.run_trace(model, trace, mode=mode) for mode in ("legacy", "async")}
     legacy = results["legacy"]
     if legacy.tokens != results["async"].tokens:

@@ -1,11 +1,14 @@
-"""Measure the fast path's logit error against the oracle (fp64) on the shipped corpus — the basis of τ.
+"""Measure the fast path's logit error against the oracle (fp64) on the shipped corpus — the basis of τ and of the
+logits check's constant c (tools/compare.py).
 
-    python -m tools.measure_tau [--dtype float32]
+    python -m tools.measure_tau [--dtype float32|bfloat16] [--device cpu|cuda] [--model NAME ...]
 
 For every (shipped model, fitting trace) it runs the fast-path engine, records the logits row of every sampled
 position, and compares it with the oracle's fp64 logits for the same tokens (teacher-forced on the engine's own
-tokens). Prints the largest |Δlogit| per model and overall; τ in tools/compare.py must stay ≥ TAU_MIN_RATIO × the
-overall maximum for the dtype (10× fp32, 2.5× bf16: a flip needs a gap ≤ 2× the error; exit 1 otherwise).
+tokens). Per position it records the absolute error e = max|Δlogit| and the scaled error e / max(1, std(oracle
+row)). Prints, per model and overall, the largest and the 50th/99th percentiles of both (the distribution the
+tables come from). Exit 1 when τ < TAU_MIN_RATIO × the largest absolute error, or when LOGITS_C < LOGITS_MIN_RATIO ×
+the largest scaled error, for the dtype (a flip needs a gap ≤ 2× the error).
 """
 from __future__ import annotations
 
@@ -14,19 +17,20 @@ import sys
 
 import torch
 
-import tools  # noqa: F401  (turns on the Triton interpreter without CUDA)
 
-
-def measure(dtype: torch.dtype, device: str) -> dict[str, float]:
-    """Largest |fast-path logit − oracle fp64 logit| per shipped model, over every fitting corpus trace."""
+def measure(dtype: torch.dtype, device: str, models: list[str] | None = None) -> dict[str, tuple[list, list]]:
+    """Per shipped model: (absolute errors, scaled errors), one per sampled position over every fitting trace."""
     import oracle
     from fastpath.batch_invariant import run_recording_logits
     from fastpath.engine.engine import Engine
-    from tools import goldens
-    from tools.compare import teacher_forced_logits
-    worst: dict[str, float] = {}
+    from . import goldens
+    from .compare import logit_scale, teacher_forced_logits
+    out: dict[str, tuple[list, list]] = {}
     for mdir in sorted(p for p in goldens.MODELS.iterdir() if (p / "config.json").exists()):
+        if models and mdir.name not in models:
+            continue
         omodel = oracle.load(mdir, dtype=torch.float64)
+        absolute, scaled = out.setdefault(mdir.name, ([], []))
         for tpath in sorted(goldens.TRACES.glob("*.json")):
             trace = oracle.load_trace(tpath)
             if not goldens.trace_fits(trace, omodel.config.vocab_size):
@@ -39,8 +43,16 @@ def measure(dtype: torch.dtype, device: str) -> dict[str, float]:
                 for i in range(len(toks)):
                     got = rows[(req.id, len(req.prompt) + i)].double()
                     d = float((got - ref[i]).abs().max())
-                    worst[mdir.name] = max(worst.get(mdir.name, 0.0), d)
-    return worst
+                    absolute.append(d)
+                    scaled.append(d / logit_scale(ref[i]))
+    return out
+
+
+def percentiles(xs: list[float]) -> str:
+    """'max M, p99 A, p50 B' of a list (fp64)."""
+    t = torch.tensor(xs, dtype=torch.float64)
+    return (f"max {float(t.max()):.3e}, p99 {float(torch.quantile(t, 0.99)):.3e}, "
+            f"p50 {float(torch.quantile(t, 0.5)):.3e}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,17 +60,24 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", nargs="+", help="only these shipped model names")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    from tools.compare import TAU, TAU_MIN_RATIO
-    worst = measure(dtype, args.device)
-    for name, d in worst.items():
-        print(f"  {name:24s} max |Δlogit| {d:.3e}")
-    overall = max(worst.values())
-    ratio = TAU_MIN_RATIO[dtype]
-    print(f"overall max |Δlogit| {overall:.3e} ({args.dtype}, {args.device}); τ = {TAU[dtype]:g} "
-          f"= {TAU[dtype] / overall:.1f}× the largest error (required: >= {ratio:g}×)")
-    return 0 if TAU[dtype] >= ratio * overall else 1
+    from .compare import LOGITS_C, LOGITS_MIN_RATIO, TAU, TAU_MIN_RATIO
+    per_model = measure(dtype, args.device, args.model)
+    for name, (absolute, scaled) in per_model.items():
+        print(f"  {name:24s} {len(absolute):4d} positions  |Δlogit|: {percentiles(absolute)}")
+        print(f"  {'':24s} {'':4s}            scaled:  {percentiles(scaled)}")
+    absolute = [x for a, _ in per_model.values() for x in a]
+    scaled = [x for _, s in per_model.values() for x in s]
+    print(f"overall ({args.dtype}, {args.device}, {len(absolute)} positions): |Δlogit| {percentiles(absolute)}; "
+          f"scaled {percentiles(scaled)}")
+    worst, worst_scaled = max(absolute), max(scaled)
+    print(f"τ = {TAU[dtype]:g} = {TAU[dtype] / worst:.1f}× the largest error (required: >= {TAU_MIN_RATIO[dtype]:g}×)")
+    print(f"logits check c = {LOGITS_C[dtype]:g} = {LOGITS_C[dtype] / worst_scaled:.1f}× the largest scaled error "
+          f"(required: >= {LOGITS_MIN_RATIO[dtype]:g}×)")
+    return 0 if (TAU[dtype] >= TAU_MIN_RATIO[dtype] * worst
+                 and LOGITS_C[dtype] >= LOGITS_MIN_RATIO[dtype] * worst_scaled) else 1
 
 
 if __name__ == "__main__":

@@ -1,197 +1,226 @@
-"""The main job: replay the trace corpus through an engine and check it against the goldens / the oracle.
+"""The main job: run scenario instances through an engine and check it against the goldens / the oracle.
 
-    python -m tools.qualify [--model goldens/models/tiny-sort] [--engine fastpath|oracle|hf|module:Class]
-                            [--mode legacy async] [--trace PATH ...] [--out out/qualify] [--batch-invariant]
-    torchrun --nproc_per_node 2 -m tools.qualify --tp 2 ...        # tensor parallel fast path
+    python -m tools.qualify                                   # the default plan (tools.scenarios.default_plan)
+    python -m tools.qualify --model M [--scenario NAME ...]   # every scenario instantiated for model M
+    python -m tools.qualify [--model M] --trace T.json ...    # these trace files (one instance each)
+        [--engine fastpath|oracle|hf|hf-batched|module:Class] [--mode legacy async] [--device cpu|cuda]
+        [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
+    torchrun --nproc_per_node 2 -m tools.qualify --tp 2 ...   # tensor parallel fast path
 
-Checks, a line each: tokens vs the truth (tie-aware, DESIGN §5), schedule-log digest vs the oracle's (engines
-that emit a log), legacy == async bitwise. The truth is the shipped golden when one exists for this exact model
-and trace (sha256-checked), else the oracle (fp64) run now. Writes report.json and junit.xml under --out.
+Checks, a line each (PASS / FAIL / SKIP with its reason; tools/qualify_checks.py): tokens vs the truth
+(tie-aware, τ from the engine's compute dtype unless --tau), schedule log vs the oracle's, logits vs the oracle's,
+legacy == async bitwise, task accuracy. The truth is the shipped golden when its model sha256 and trace sha256
+match, else the oracle (fp64) run now; the report says which. report.json and junit.xml under --out are removed
+at start and rewritten after every check. Exit 0 when nothing failed and at least one check passed (--strict:
+and nothing was skipped).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
-import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from tools import adapters, goldens, task_traces
-from tools.compare import TAU, compare_bitwise, compare_tie_aware
+from . import adapters, goldens, scenarios
+from .compare import tau_for
+from .qualify_checks import check_instance, dtype_name, truth_for
+from .report import Check, Progress, Report, versions
 
 DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
 
 
-@dataclass
-class Check:
-    """One line of the report."""
-    trace: str
-    name: str
-    ok: bool
-    detail: str = ""
-    seconds: float = 0.0
-
-
-def truth_for(model_dir: Path, trace_path: Path, oracle_model) -> dict:
-    """The golden record for (model, trace) if shipped and current, else one computed by the oracle now."""
-    path = goldens.OUTPUTS / model_dir.name / f"{trace_path.stem}.json"
-    if path.exists():
-        g = json.loads(path.read_text())
-        if g.get("model_sha256") == goldens.model_sha256(model_dir):
-            g["source"] = f"golden {path.relative_to(goldens.ROOT)}"
-            return g
-    g = goldens.golden_for(oracle_model, model_dir, trace_path)
-    g["source"] = "oracle (computed now; no shipped golden for this model/trace)"
-    return g
-
-
-def continuation(adapter_cls, model_dir: Path, trace, req, device: str):
-    """Teacher forcing for the tie-aware check: the engine's own continuation after prompt + the oracle's prefix,
-    from a one-request trace through the same engine (its prefix becomes part of the prompt)."""
-    from oracle.trace import parse_trace
-
-    def run(prefix: list[int]) -> list[int]:
-        left = req.max_new_tokens - len(prefix)
-        if left <= 0 or (prefix and prefix[-1] in req.stop_token_ids):
-            return []
-        one = parse_trace({"schema": "hybridqual.trace/1", "engine": trace.engine.to_json(),
-                           "requests": [{"id": req.id, "arrival_step": 0, "prompt": list(req.prompt) + list(prefix),
-                                         "max_new_tokens": left, "stop_token_ids": list(req.stop_token_ids),
-                                         "sampling": req.sampling.to_json()}]})
-        return adapter_cls(model_dir, one, "legacy", device).run_trace().tokens[req.id]
-    return run
-
-
-def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str], oracle_model,
-                device: str, tau: float) -> list[Check]:
-    """Every check for one trace."""
+def instance_from_file(path: Path, config) -> scenarios.Instance:
+    """A trace file as one instance (scenario = file stem); a TraceError for a malformed file, a skip (with the
+    reason) when it does not fit the model."""
     import oracle
-    trace = oracle.load_trace(trace_path)
-    name = trace_path.stem
-    truth = truth_for(model_dir, trace_path, oracle_model)
-    checks, runs = [], {}
-    for mode in modes:
-        t0 = time.time()
+    from oracle.trace import TraceError, check_against_model
+    trace = oracle.load_trace(path)
+    try:
+        check_against_model(trace, config.vocab_size, config.chunk_size)
+    except TraceError as e:
+        return scenarios.Instance(path.stem, "trace file", None, f"does not fit the model: {e}", trace.to_json())
+    return scenarios.Instance(path.stem, "trace file", trace, None, trace.to_json())
+
+
+def instances_for(model_dir: Path, config, names: list[str] | None, label: str) -> list:
+    """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash."""
+    error = getattr(scenarios, "ScenarioError", ValueError)
+    out = []
+    for name in names if names is not None else list(scenarios.SCENARIOS):
         try:
-            run = adapter_cls(model_dir, trace, mode, device).run_trace()
-        except Exception as e:  # an engine crash is a failed check with its message, not a traceback
-            checks.append(Check(name, f"{mode}: engine runs the trace", False, f"{type(e).__name__}: {e}",
-                                time.time() - t0))
-            continue
-        runs[mode] = run
-        bad, ties = [], []
-        for req in trace.requests:
-            want = truth["requests"][req.id]["tokens"]
-            got = run.tokens.get(req.id, [])
-            if got == want:
-                continue
-            v = compare_tie_aware(oracle_model, req.id, req.prompt, got, req.stop_token_ids,
-                                  req.max_new_tokens, tau, sampling=req.sampling,
-                                  continue_from=continuation(adapter_cls, model_dir, trace, req, device))
-            ties += [f"{m.request}@{m.position}: oracle {m.oracle_token} vs {m.candidate_token}, "
-                     f"gap {m.oracle_gap:.2e}, margin {m.oracle_margin:.2e}" for m in v.near_ties]
-            if not v.ok:
-                f = v.failure
-                bad.append(f"request {req.id} position {f.position}: oracle token {f.oracle_token} "
-                           f"(margin {f.oracle_margin:.3g}) vs engine {f.candidate_token} (oracle gap {f.oracle_gap:.3g})"
-                           if f else f"request {req.id}: {v.note}")
-        detail = "; ".join(bad) or (f"near ties: {'; '.join(ties)}" if ties else f"{len(trace.requests)} requests exact")
-        checks.append(Check(name, f"{mode}: tokens match the truth (tie-aware, τ={tau:g})", not bad, detail,
-                            time.time() - t0))
-        if run.digest is not None and not getattr(adapter_cls, "batch_invariant", False):
-            want = truth["schedule_digest"][mode]
-            checks.append(Check(name, f"{mode}: schedule log matches the oracle's", run.digest == want,
-                                f"digest {run.digest[:12]} vs {want[:12]}"))
-    if "legacy" in runs and "async" in runs:
-        diffs = compare_bitwise(runs["legacy"].tokens, runs["async"].tokens)
-        checks.append(Check(name, "async == legacy, bitwise", not diffs, "; ".join(diffs) or "identical"))
-    if runs and task_traces.is_task_trace(trace):
-        want = task_traces.task_accuracy(trace, {r: g["tokens"] for r, g in truth["requests"].items()})
-        got = {mode: task_traces.task_accuracy(trace, run.tokens) for mode, run in runs.items()}
-        checks.append(Check(name, "task accuracy identical in every mode and to the oracle's",
-                            all(a == want for a in got.values()),
-                            f"oracle {want:.3f}; " + ", ".join(f"{m} {a:.3f}" for m, a in got.items())))
-    return checks
+            out += scenarios.instantiate(model_dir, config, [name])
+        except error as e:
+            out.append(Check.of(label, f"scenario {name} instantiates", False, str(e)))
+    return out
 
 
-def junit(checks: list[Check]) -> str:
-    """JUnit XML for CI dashboards."""
-    suite = ET.Element("testsuite", name="hybridqual.qualify", tests=str(len(checks)),
-                       failures=str(sum(not c.ok for c in checks)))
-    for c in checks:
-        case = ET.SubElement(suite, "testcase", classname=c.trace, name=c.name, time=f"{c.seconds:.3f}")
-        if not c.ok:
-            ET.SubElement(case, "failure", message=c.detail[:500]).text = c.detail
-    return ET.tostring(suite, encoding="unicode")
+def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str], oracle_model, device: str,
+                tau: float | None = None) -> list[Check]:
+    """Every check for one trace file (an instance of its own); `tau` None follows the engine's compute dtype."""
+    return check_instance(adapter_cls, Path(model_dir), instance_from_file(Path(trace_path), oracle_model.config),
+                          modes, oracle_model, device, tau)
 
 
-def main(argv: list[str] | None = None) -> int:
+def prepare_device(device: str) -> str | None:
+    """Check --device; on a GPU machine, `cpu` needs the Triton interpreter, which must be on before triton is
+    imported (set here when possible). Returns an error message, or None."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"--device {device!r}: not a torch device ({e})"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: CUDA is not available on this machine"
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            return ("--device cpu: the fast path's Triton kernels need TRITON_INTERPRET=1 on CPU, and triton is "
+                    "already imported; set TRITON_INTERPRET=1 in the environment")
+        os.environ["TRITON_INTERPRET"] = "1"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--device {device}: only cpu and cuda are supported"
+    return None
+
+
+def configured_adapter(args) -> type[adapters.Adapter]:
+    """The adapter class, with --tp / --batch-invariant / --dtype / --graphs applied (fast path only)."""
+    cls = adapters.resolve(args.engine)
+    if args.tp > 1 or args.batch_invariant or args.dtype or args.graphs:
+        if not issubclass(cls, adapters.FastpathAdapter):
+            raise ValueError("--tp / --batch-invariant / --dtype / --graphs apply to the fastpath engine only")
+        cls = type("FastpathAdapterConfigured", (cls,),
+                   {"tp": args.tp, "batch_invariant": args.batch_invariant, "graphs": args.graphs,
+                    "dtype": getattr(torch, args.dtype) if args.dtype else None})
+    return cls
+
+
+def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
+    """(model folder, scenario names or None = all, trace files or None) per model, from the arguments."""
+    if args.trace:
+        return [(args.model or DEFAULT_MODEL, None, list(args.trace))]
+    if args.model:
+        return [(args.model, args.scenario, None)]
+    return [(Path(m), names, None) for m, names in scenarios.default_plan()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m tools.qualify", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="HF-format model folder")
-    ap.add_argument("--engine", default="fastpath", help="fastpath | oracle | hf | module:Class")
+    ap.add_argument("--model", type=Path, help="HF-format model folder (default: the default plan's models)")
+    ap.add_argument("--scenario", nargs="+", help="only these scenarios (with --model)")
+    ap.add_argument("--engine", default="fastpath", help="fastpath | oracle | hf | hf-batched | module:Class")
     ap.add_argument("--mode", nargs="+", default=["legacy", "async"], choices=["legacy", "async"])
-    ap.add_argument("--trace", nargs="+", type=Path, help="trace files (default: goldens/traces/*.json)")
+    ap.add_argument("--trace", nargs="+", type=Path, help="trace files, one instance each")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tau", type=float, default=TAU[torch.float32], help="near-tie threshold on the oracle logit gap")
+    ap.add_argument("--tau", type=float, default=None,
+                    help="near-tie threshold on the oracle logit gap (default: compare.TAU of the engine's dtype)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="fast path compute dtype (default: bf16 on "
+                                                                     "cuda, fp32 on cpu)")
+    ap.add_argument("--graphs", action="store_true", help="fast path with CUDA graphs for decode-only steps")
     ap.add_argument("--out", type=Path, default=Path("out/qualify"))
+    ap.add_argument("--quiet", action="store_true", help="no progress lines: failures and the summary only")
+    ap.add_argument("--strict", action="store_true", help="a skipped check makes the run fail too")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
-                         "schedule log is not the default policy's and is not compared)")
-    args = ap.parse_args(argv)
-    import os
+                         "schedule log is not the default policy's: that check is skipped)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.tp < 1 or (args.tp > 1 and int(os.environ.get("WORLD_SIZE", "1")) != args.tp):
         print(f"--tp {args.tp}: needs torchrun --nproc_per_node {args.tp} (WORLD_SIZE="
               f"{os.environ.get('WORLD_SIZE', 'unset')})", file=sys.stderr)
         return 2
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    if not rank0:   # every rank runs the same traces; only rank 0 reports
+    if not rank0:   # every rank runs the same instances; only rank 0 reports
         sys.stdout = open(os.devnull, "w")
-
-    import oracle
-    if not (args.model / "config.json").exists():
-        print(f"--model {args.model}: no config.json there", file=sys.stderr)
-        return 2
-    try:
-        adapter_cls = adapters.resolve(args.engine)
-    except ValueError as e:
-        print(e, file=sys.stderr)
-        return 2
-    if args.tp > 1 or args.batch_invariant:
-        if not issubclass(adapter_cls, adapters.FastpathAdapter):
-            print("--tp / --batch-invariant apply to the fastpath engine only", file=sys.stderr)
+    for m in ([args.model] if args.model else []):
+        if not (m / "config.json").exists():
+            print(f"--model {m}: no config.json there", file=sys.stderr)
             return 2
-        adapter_cls = type("FastpathAdapterConfigured", (adapter_cls,),
-                           {"tp": args.tp, "batch_invariant": args.batch_invariant})
-    oracle_model = oracle.load(args.model, dtype=torch.float64)
-    traces = args.trace or sorted(goldens.TRACES.glob("*.json"))
-    traces = [t for t in traces if goldens.trace_fits(oracle.load_trace(t), oracle_model.config.vocab_size)]
-    print(f"hybridqual qualify: engine={args.engine} model={args.model} modes={','.join(args.mode)} "
-          f"traces={len(traces)}" + (f" tp={args.tp}" if args.tp > 1 else "")
-          + (" batch-invariant" if args.batch_invariant else ""))
-    checks: list[Check] = []
-    t0 = time.time()
-    for i, tpath in enumerate(traces, 1):
-        print(f"[{i}/{len(traces)}] {tpath.stem} ...", flush=True)
-        for c in check_trace(adapter_cls, args.model, tpath, args.mode, oracle_model, args.device, args.tau):
-            checks.append(c)
-            print(f"  {'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}", flush=True)
-    failed = sum(not c.ok for c in checks)
+    if args.scenario and not args.model:
+        print("--scenario needs --model (the default plan names its own scenarios)", file=sys.stderr)
+        return 2
+    problem = prepare_device(args.device)
+    try:
+        adapter_cls = configured_adapter(args)
+    except ValueError as e:
+        problem = problem or str(e)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    return run(args, adapter_cls, rank0)
+
+
+def run(args, adapter_cls, rank0: bool) -> int:
+    """Run the plan, reporting as it goes; the exit code."""
+    import oracle
+    from oracle.trace import TraceError
+    caps = adapter_cls.capabilities(args.device)
+    tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
+    tau_source = "--tau" if args.tau is not None else \
+        f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"
+    plan = build_plan(args)
+    header = {"engine": args.engine, "device": args.device, "modes": args.mode,
+              "models": [str(m) for m, _, _ in plan], "tau": tau, "tau_source": tau_source,
+              "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls)}
+    report = Report(args.out if rank0 else None, header)
+    progress = Progress(args.quiet)
+    print(f"hybridqual qualify: engine={args.engine} ({header['versions']['engine']}) device={args.device} "
+          f"modes={','.join(args.mode)} τ={tau:g} [{tau_source}]" + (f" tp={args.tp}" if args.tp > 1 else "")
+          + (" batch-invariant" if args.batch_invariant else ""), flush=True)
+    loud = Progress(False)
+
+    def on_check(c: Check) -> None:
+        report.add(c)
+        if args.quiet and c.status == "FAIL":
+            loud.check(c)
+    ran_instances, skipped_instances, families = 0, 0, set()
+    for model_dir, names, files in plan:
+        if not (model_dir / "config.json").exists():
+            on_check(Check.of(str(model_dir), "model folder exists", False, "no config.json there"))
+            continue
+        oracle_model = oracle.load(model_dir, dtype=torch.float64)
+        try:
+            insts = ([instance_from_file(p, oracle_model.config) for p in files] if files is not None
+                     else instances_for(model_dir, oracle_model.config, names, model_dir.name))
+        except (TraceError, OSError, ValueError) as e:
+            print(f"--trace: {e}", file=sys.stderr)
+            return 2
+        for i, inst in enumerate(insts, 1):
+            if isinstance(inst, Check):           # a scenario that failed to instantiate
+                on_check(inst)
+                continue
+            progress.say(f"[{model_dir.name} {i}/{len(insts)}] {inst.scenario} ({inst.family})")
+            info = {"model": str(model_dir), "scenario": inst.scenario, "family": inst.family,
+                    "skip_reason": inst.skip_reason, "concrete": inst.concrete}
+            truth = None
+            if inst.trace is not None:
+                truth = truth_for(model_dir, inst, oracle_model)
+                info["truth"] = truth["source"]
+                progress.say(f"  truth: {truth['source']}")
+            report.instance(info)
+            checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
+                                    progress, on_check, truth)
+            if inst.trace is None or all(c.skipped for c in checks):
+                skipped_instances += 1
+            else:
+                ran_instances += 1
+                families.add(inst.family)
+    counts = report.finish()
     if not rank0:
-        return 0 if (checks and not failed) else 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(
-        {"engine": args.engine, "model": str(args.model), "checks": [asdict(c) for c in checks],
-         "passed": len(checks) - failed, "failed": failed}, indent=1))
-    (args.out / "junit.xml").write_text(junit(checks))
-    print(f"{len(checks) - failed}/{len(checks)} checks passed, {failed} failed, {time.time() - t0:.0f} s; "
+        return 0 if counts["passed"] and not counts["failed"] else 1
+    total = sum(counts.values())
+    print(f"{counts['passed']}/{total} checks passed, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"({total - counts['skipped']} of {total} ran); {ran_instances} instances ran, {skipped_instances} skipped; "
+          f"families: {', '.join(sorted(families)) or 'none'}; {time.time() - report.t0:.0f} s; "
           f"report in {args.out}/report.json and junit.xml")
-    return 0 if (checks and not failed) else 1
+    bad = counts["failed"] or not counts["passed"] or (args.strict and counts["skipped"])
+    return 1 if bad else 0
 
 
 def finish_distributed() -> None:

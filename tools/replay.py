@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tools import adapters, goldens
+from . import adapters, goldens
 
 # Relative tolerance ‖engine − oracle‖ / ‖oracle‖ on a state tensor, by engine compute dtype.
 STATE_RTOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -68,8 +68,9 @@ def first_log_difference(a: dict, b: dict) -> str | None:
 
 
 def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
-    """‖got − want‖ / max(‖want‖, tiny), in fp64."""
-    got, want = got.double(), want.double()
+    """‖got − want‖ / max(‖want‖, tiny), in fp64 on the CPU (the engine's bank may live on cuda, the oracle's
+    state is on the CPU)."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
     if got.shape != want.shape:
         return float("inf")
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
@@ -132,18 +133,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="fastpath")
     ap.add_argument("--mode", default="legacy", choices=["legacy", "async"])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tau", type=float, default=None, help="near-tie threshold (default: the engine's dtype's)")
     ap.add_argument("--no-table", action="store_true", help="skip the per-step table")
     args = ap.parse_args(argv)
+    from .qualify import prepare_device
+    problem = prepare_device(args.device)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
 
     import oracle
-    from tools.compare import TAU, compare_tie_aware
+    from .compare import compare_tie_aware, tau_for
     model_dir = args.model or next(p for p in (goldens.MODELS / "tiny-sort", goldens.MODELS / "zoo-bamba")
                                    if (p / "config.json").exists())
     trace = oracle.load_trace(args.trace)
     omodel = oracle.load(model_dir, dtype=torch.float64)
     truth = oracle.run_trace(omodel, trace, mode=args.mode)
     try:
-        adapter = adapters.resolve(args.engine)(model_dir, trace, args.mode, args.device)
+        adapter_cls = adapters.resolve(args.engine)
+        tau = args.tau if args.tau is not None else tau_for(adapter_cls.capabilities(args.device).compute_dtype)
+        adapter = adapter_cls(model_dir, trace, args.mode, args.device)
         run = adapter.run_trace()
     except Exception as e:
         print(f"engine {args.engine} failed on {args.trace}: {type(e).__name__}: {e}")
@@ -162,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     print("== tokens vs oracle (tie-aware) ==")
     for req in trace.requests:
         v = compare_tie_aware(omodel, req.id, req.prompt, run.tokens.get(req.id, []), req.stop_token_ids,
-                              req.max_new_tokens, TAU[torch.float32], sampling=req.sampling)
+                              req.max_new_tokens, tau, sampling=req.sampling)
         if v.ok and not v.near_ties:
             print(f"  {req.id}: {len(run.tokens.get(req.id, []))} tokens exact")
             continue
