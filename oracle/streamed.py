@@ -69,8 +69,8 @@ class StreamedOracle:
             return to_canonical(self.config, self.index.read(self._parts.get(part, [])), part)
 
     def part_weights(self, part: int | str) -> dict[str, Tensor]:
-        """Canonical tensors of one part, cast to the compute dtype on the compute device."""
-        return {k: v.to(device=self.device, dtype=self.dtype) for k, v in self.raw_part(part).items()}
+        """Canonical tensors of one part, moved to the compute device in their stored dtype, then cast there."""
+        return {k: v.to(self.device).to(self.dtype) for k, v in self.raw_part(part).items()}
 
     # ------------------------------------------------------------------------------------------- scoring
     def sequence_logits(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
@@ -84,7 +84,7 @@ class StreamedOracle:
         top = self.raw_part("top")
         hs = []
         for s in seqs:           # embed rows only: casting the gathered rows is the same as gathering cast rows
-            rows = top["embed.weight"][torch.tensor(s, dtype=torch.long)].to(device=self.device, dtype=self.dtype)
+            rows = top["embed.weight"][torch.tensor(s, dtype=torch.long)].to(self.device).to(self.dtype)
             hs.append(embed(c, {"embed.weight": rows}, torch.arange(len(s), device=self.device), sd))
         del top
         for i in range(c.num_layers):
@@ -95,7 +95,7 @@ class StreamedOracle:
                 hs[r] = layer_forward(c, w, i, hs[r], old, OracleState(), positions, "chunked", self.dtype)
             del w
         top = self.raw_part("top")
-        w = {k: top[k].to(device=self.device, dtype=self.dtype) for k in ("final_norm.weight", "lm_head.weight")}
+        w = {k: top[k].to(self.device).to(self.dtype) for k in ("final_norm.weight", "lm_head.weight")}
         del top
         return [lm_head(c, w, h, self.dtype) for h in hs]
 

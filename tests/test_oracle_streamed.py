@@ -57,6 +57,21 @@ def test_streamed_equals_in_memory_on_a_sharded_bf16_anchor_variant(tmp_path):
     _assert_streamed_equals_in_memory(os.fspath(tmp_path / "a"), seed=5)
 
 
+def test_anchor_tool_refuses_to_overwrite_and_rejects_a_scale_that_does_not_divide(tmp_path, capsys):
+    """`tools.anchor write` into an existing folder needs --force; --scale must divide every width; `score` runs."""
+    from tools.anchor import anchor_config, main
+    out = os.fspath(tmp_path / "a")
+    assert main(["write", out, "--scale", "16", "--layers", "2"]) == 0
+    assert main(["write", out, "--scale", "16", "--layers", "2"]) == 2
+    assert "exists (use --force" in capsys.readouterr().err
+    assert main(["write", out, "--scale", "16", "--layers", "2", "--seed", "1", "--force"]) == 0
+    assert not os.path.exists(out + ".partial")
+    with pytest.raises(ValueError, match="--scale: 3 must be a positive integer dividing"):
+        anchor_config(scale=3)
+    assert main(["score", out, "--prompt", "3", "--tokens", "2"]) == 0
+    assert "logits finite True" in capsys.readouterr().out
+
+
 def test_streamed_reads_each_layer_once_and_only_that_layer(zoo_folder, monkeypatch):
     """One pass per batch: top tensors, then layer 0, 1, ... each read once, each read holding one part only."""
     folder = zoo_folder("nemotron_h")

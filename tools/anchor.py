@@ -1,7 +1,12 @@
 """Write anchor-3b (DESIGN §8) as a real HF folder: config.json + sharded bf16 safetensors, seeded random weights.
 
-    python -m tools.anchor /work/tmp_anchor/anchor-3b                 # 2,865,483,840 params, ~5.7 GB
-    python -m tools.anchor /tmp/anchor-s16 --scale 16 --layers 8      # a small variant with the same layout
+    python -m tools.anchor write /work/tmp_anchor/anchor-3b           # 2,865,483,840 params, ~5.7 GB
+    python -m tools.anchor write /tmp/anchor-s16 --scale 16 --layers 8   # a small variant with the same layout
+    python -m tools.anchor score /work/tmp_anchor/anchor-3b --prompt 64 --tokens 16 [--in-memory]
+
+`score` runs the fp64 oracle teacher-forced over one request (seeded prompt + seeded tokens: the cost does
+not depend on the token values) with the streamed oracle (default) or oracle.load, and prints the wall time
+and the process's peak RSS (run each in a fresh process: docs/performance.md).
 
 The config is fastpath.engine.configs' "anchor-3b" (Bamba layout, chunk 256), the one tools/bench_engine.py
 runs. `--scale k` divides every width by k (hidden, Mamba and attention heads, FFN, vocab; head dims, state
@@ -104,15 +109,60 @@ def write_anchor(path: str, config: HybridConfig, seed: int = 0, layers_per_shar
     return {"params": n_params(config), "bytes": total, "shards": len(groups)}
 
 
+def score(folder: str, prompt_len: int, n_tokens: int, in_memory: bool, seed: int = 0, device: str = "cpu") -> dict:
+    """Time one teacher-forced fp64 scoring of a seeded request; returns wall seconds, peak RSS, margins."""
+    import resource
+    import time
+
+    import oracle
+    from oracle.streamed import StreamedOracle, token_scores
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    if in_memory:
+        if device != "cpu":
+            raise ValueError("--device: the in-memory oracle runs on the CPU")
+        model = oracle.load(folder, dtype=torch.float64)
+        vocab = model.config.vocab_size
+    else:
+        so = StreamedOracle(folder, device=device)
+        vocab = so.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
+    tokens = torch.randint(0, vocab, (n_tokens,), generator=g).tolist()
+    rows = model.prefill(prompt + tokens)[0][prompt_len - 1:] if in_memory else so.score([(prompt, tokens)])[0]
+    if device != "cpu":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    s = token_scores(rows, tokens)
+    gpu = torch.cuda.max_memory_allocated() if device != "cpu" else 0
+    return {"wall_s": wall, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "gpu_peak": gpu, "rss_before_bytes": rss0, "min_margin": min(s.margins), "finite": bool(torch.isfinite(rows).all())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.anchor", description=__doc__.split("\n")[0])
-    ap.add_argument("out", help="folder to write")
-    ap.add_argument("--scale", type=int, default=1, help="divide every width by this (default 1: anchor-3b)")
-    ap.add_argument("--layers", type=int, default=32, help="number of layers (default 32)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers-per-shard", type=int, default=4)
-    ap.add_argument("--force", action="store_true", help="replace an existing folder")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write", help="write an anchor folder")
+    w.add_argument("out", help="folder to write")
+    w.add_argument("--scale", type=int, default=1, help="divide every width by this (default 1: anchor-3b)")
+    w.add_argument("--layers", type=int, default=32, help="number of layers (default 32)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--layers-per-shard", type=int, default=4)
+    w.add_argument("--force", action="store_true", help="replace an existing folder")
+    sc = sub.add_parser("score", help="time the fp64 oracle scoring one request (peak RSS)")
+    sc.add_argument("folder")
+    sc.add_argument("--prompt", type=int, default=64)
+    sc.add_argument("--tokens", type=int, default=16)
+    sc.add_argument("--in-memory", action="store_true", help="oracle.load instead of the streamed oracle")
+    sc.add_argument("--device", default="cpu", help="streamed oracle's device (cpu, cuda): fp64 either way")
     args = ap.parse_args(argv)
+    if args.cmd == "score":
+        r = score(args.folder, args.prompt, args.tokens, args.in_memory, device=args.device)
+        print(f"{'in-memory' if args.in_memory else 'streamed'} fp64 score of {args.prompt}+{args.tokens} tokens: "
+              f"{r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB (after imports "
+              f"{r['rss_before_bytes'] / 2**30:.2f} GiB), GPU peak {r['gpu_peak'] / 2**30:.2f} GiB, logits finite "
+              f"{r['finite']}, min margin {r['min_margin']:.4f}")
+        return 0
     try:
         cfg = anchor_config(args.scale, args.layers)
         if args.layers_per_shard < 1:
