@@ -7,8 +7,8 @@ by trace sha256 (tests/test_scenarios.py checks it). Prompt lengths that decide 
 """
 from __future__ import annotations
 
-from tools import task, task_traces
-from tools.scenario_units import Tokens, Units, request, seeded, seq, trace
+from . import task, task_traces
+from .scenario_units import Tokens, Units, request, seeded, seq, trace
 
 
 def seed_compaction(u: Units, tok: Tokens) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tools.scenario_units import Skip, Tokens, Units, request, seeded, trace
+from .scenario_units import Skip, Tokens, Units, request, seeded, trace
 
 MIN_CHUNK = 4     # below this the offsets of the boundary scenarios (+1 .. +5 tokens) wrap past a chunk
 

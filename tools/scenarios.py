@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tools.scenario_corpus import CORPUS
-from tools.scenario_edges import EDGES
-from tools.scenario_units import ScenarioError, Skip, Units, build_with_tokens
+from .scenario_corpus import CORPUS
+from .scenario_edges import EDGES
+from .scenario_units import ScenarioError, Skip, Units, build_with_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "goldens" / "traces"
