@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,7 +44,9 @@ def save_results(kind: str, rows: dict[str, dict]) -> None:
     """Merge this run's verdicts into out/mutants/<kind>.json (the newest verdict per mutant wins)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     merged = {**load_results(kind), **rows}
-    (RESULTS / f"{kind}.json").write_text(json.dumps(merged, indent=1, sort_keys=True))
+    tmp = RESULTS / f".{kind}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+    os.replace(tmp, RESULTS / f"{kind}.json")        # never a half-written file for a concurrent run to read
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -100,10 +103,11 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
             nv = named.get(o.name, {}).get("status", "-") if m is not None else "-"
             print(f"{o.name:36s} {nv:9s} {o.status:9s} {o.seconds:5.0f}s  {o.stage or '-'}: {o.detail[:160]}",
                   flush=True)
+            if m is not None and o.status != SKIPPED:        # kept as it comes: a run cut short keeps its verdicts
+                save_results("blind", {o.name: {"status": o.status, "stage": o.stage, "detail": o.detail[:300],
+                                                "seconds": round(o.seconds), "date": day, "commit": commit,
+                                                "stages": [s.name for s in stages]}})
     judged = [o for o in outcomes if o.status != SKIPPED]
-    save_results("blind", {o.name: {"status": o.status, "stage": o.stage, "detail": o.detail[:300],
-                                    "seconds": round(o.seconds), "date": day, "commit": commit,
-                                    "stages": [s.name for s in stages]} for o in judged})
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "blind-junit.xml").write_text(junit_of(judged))
     killed = sum(o.status == KILLED for o in judged)
@@ -150,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_blind(args, chosen)
     print(f"{'mutant':34s} {'class':22s} {'status':9s} {'time':>6s}  killed by")
     outcomes, t0 = [], time.time()
+    day, commit = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for o in pool.map(run_one, chosen):
             outcomes.append(o)
             print(f"{o.mutant.name:34s} {o.mutant.bug_class:22s} {o.status:9s} {o.seconds:5.0f}s  {o.killed_by}",
                   flush=True)
-    day, commit = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit()
-    save_results("named", {o.mutant.name: {"status": o.status, "by": o.killed_by, "seconds": round(o.seconds),
-                                           "date": day, "commit": commit} for o in outcomes})
+            save_results("named", {o.mutant.name: {"status": o.status, "by": o.killed_by, "seconds": round(o.seconds),
+                                                   "date": day, "commit": commit}})
     killed = sum(o.status == "KILLED" for o in outcomes)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("KILLED", "SURVIVED", "CRASH", "STALE")}
     print(f"kill rate: {killed}/{len(outcomes)} = {100 * killed / max(1, len(outcomes)):.0f}%"
