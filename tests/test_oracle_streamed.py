@@ -148,6 +148,22 @@ def test_streamed_teacher_forced_logits_match_prefill_decode(zoo_folder):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+def test_tie_aware_compare_accepts_the_streamed_oracle(zoo_folder):
+    """tools.compare.compare_tie_aware with a StreamedOracle in place of the model: the same verdicts (greedy
+    output passes; a flipped token fails at its position) as with the in-memory oracle."""
+    from tools.compare import compare_tie_aware
+    folder = zoo_folder("granitemoehybrid")
+    model, so = oracle.load(folder), StreamedOracle(folder)
+    prompt = [4, 8, 15, 16, 23, 42]
+    good = model.generate_greedy(prompt, 8)
+    bad = good[:3] + [(good[3] + 1) % 96] + good[4:]
+    for toks in (good, bad):
+        a, b = (compare_tie_aware(m, "r", prompt, toks, [], 8, tau=1e-9) for m in (model, so))
+        assert (a.ok, a.compared, a.failure and a.failure.position) == (b.ok, b.compared, b.failure and
+                                                                      b.failure.position)
+    assert b.failure is not None and b.failure.position == 3
+
+
 def test_token_scores_give_argmax_margins_and_gaps(zoo_folder):
     """score_tokens: top-1 = argmax, margin = tools.compare.top2_margin, gap 0 exactly where the token is top-1."""
     folder = zoo_folder("nemotron_h")
