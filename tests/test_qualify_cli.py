@@ -53,6 +53,24 @@ def test_quiet_prints_only_the_summary(tmp_path):
     assert len(lines) == 2 and "checks passed" in lines[-1], p.stdout
 
 
+def test_report_is_on_disk_after_every_check_and_skips_are_not_passes(tmp_path):
+    from tools.report import Check, Report
+    (tmp_path / "junit.xml").write_text("stale")
+    r = Report(tmp_path, {"engine": "x"})
+    read = lambda: json.loads((tmp_path / "report.json").read_text())   # noqa: E731
+    assert read()["status"] == "running" and read()["checks"] == [] and "stale" not in (tmp_path / "junit.xml").read_text()
+    r.add(Check.of("m/t", "a", True, "fine"))
+    assert (read()["passed"], read()["ran"]) == (1, 1)
+    r.add(Check.skip("m/t", "b", "the adapter cannot"))
+    body = read()
+    assert (body["passed"], body["skipped"], body["failed"], body["ran"]) == (1, 1, 0, 1)
+    assert body["checks"][1]["status"] == "SKIP" and body["checks"][1]["detail"] == "skipped: the adapter cannot"
+    assert '<skipped message="skipped: the adapter cannot"' in (tmp_path / "junit.xml").read_text()
+    r.add(Check.of("m/t", "c", False, "broken"))
+    assert read()["failed"] == 1 and r.finish() == {"passed": 1, "failed": 1, "skipped": 1}
+    assert read()["status"] == "finished"
+
+
 @pytest.mark.parametrize("args,words", [
     (["--model", "no/such/folder"], "--model no/such/folder: no config.json"),
     (["--engine", "nosuch"], "--engine 'nosuch'"),

@@ -106,7 +106,7 @@ class Adapter:
 class OracleAdapter(Adapter):
     """The oracle scheduler itself (fp64 by default): the truth, with its schedule log."""
     CAPABILITIES = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True,
-                                compute_dtype=torch.float64,
+                                compute_dtype=torch.float64, prefix_cache_reporting=True, speculation_reporting=True,
                                 notes=(("logits", "the oracle adapter is the truth itself"),))
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
@@ -136,7 +136,7 @@ class FastpathAdapter(Adapter):
     def capabilities(cls, device: str) -> Capabilities:
         dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
         return Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
-                            compute_dtype=dtype)
+                            compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True)
 
     @classmethod
     def version(cls) -> str:

@@ -131,6 +131,11 @@ def check_schedule(label: str, mode: str, trace, truth: dict, run, oracle_model,
     if batch_invariant:
         return Check.skip(label, name, "batch-invariant mode cuts prefill pieces per request, not by the default "
                                        "policy (docs/tp.md), so its log is not the oracle's")
+    for field, flag, what in (("prefix_cache", "prefix_cache_reporting", "prefix-cache hits, stores and evictions"),
+                              ("speculative", "speculation_reporting", "speculative proposals and acceptance")):
+        if getattr(trace.engine, field, None) is not None and not getattr(caps, flag):
+            return Check.skip(label, name, f"the trace uses engine.{field} and the adapter does not report {what} "
+                                           "in its log")
     if run.digest is None:
         if caps.schedule_log:
             return Check.of(label, name, False, "the adapter declares a schedule log but returned none")
@@ -210,6 +215,14 @@ def check_task(label: str, trace, truth: dict, runs: dict) -> Check | None:
                     f"oracle {want:.3f}; " + ", ".join(f"{m} {a:.3f}" for m, a in got.items()))
 
 
+def guarded(label: str, name: str, fn, *args) -> Check:
+    """fn(*args), or a FAIL line with the exception when it raises (e.g. the engine crashing on a continuation)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001  (a check that cannot finish is a failed check, not a lost report)
+        return Check.of(label, name, False, f"the check raised {type(e).__name__}: {e}")
+
+
 def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_model, device: str,
                    tau: float | None = None, progress: Progress | None = None,
                    on_check: Callable[[Check], None] | None = None, truth: dict | None = None) -> list[Check]:
@@ -255,10 +268,12 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
             else:
                 runs[mode] = run
                 cont = lambda req: continuation(adapter_cls, model_dir, trace, req, device)  # noqa: E731
-                add(check_tokens(label, mode, trace, truth, run, rows, cont, tau, caps.compute_dtype))
-                add(check_schedule(label, mode, trace, truth, run, oracle_model, caps,
-                                   getattr(adapter_cls, "batch_invariant", False)))
-                add(check_logits(label, mode, trace, run, rows, caps))
+                add(guarded(label, f"{mode}: tokens match the truth", check_tokens, label, mode, trace, truth, run,
+                            rows, cont, tau, caps.compute_dtype))
+                add(guarded(label, f"{mode}: schedule log matches the oracle's", check_schedule, label, mode, trace,
+                            truth, run, oracle_model, caps, getattr(adapter_cls, "batch_invariant", False)))
+                add(guarded(label, f"{mode}: logits match the oracle's", check_logits, label, mode, trace, run, rows,
+                            caps))
         progress.end(f"{label} · {mode}", started, checks[before:])
     add(check_modes_equal(label, runs, caps, modes))
     add(check_task(label, trace, truth, runs))
