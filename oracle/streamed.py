@@ -45,6 +45,19 @@ def _check_ids(c: HybridConfig, ids: Sequence[int], what: str) -> list[int]:
     return out
 
 
+def _device(device: torch.device | str | None) -> torch.device:
+    """The compute device; ValueError naming `device` for a bad name or an absent CUDA."""
+    try:
+        d = torch.device(device if device is not None else "cpu")
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {device!r} is not a torch device ({e})") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r} is not supported (cpu or cuda)")
+    return d
+
+
 class StreamedOracle:
     """An HF folder scored layer by layer from its safetensors files, in fp64 on `device` (default CPU)."""
 
@@ -54,7 +67,9 @@ class StreamedOracle:
         if not os.path.isdir(self.path):
             raise CheckpointError(f"{self.path}: not a directory")
         self.config = from_hf_config(self.path)
-        self.dtype, self.device = dtype, torch.device(device if device is not None else "cpu")
+        self.dtype, self.device = dtype, _device(device)
+        if dtype not in (torch.float64, torch.float32):
+            raise ValueError(f"dtype: the streamed oracle computes in float64 (or float32), got {dtype!r}")
         self.index = SafetensorsIndex(self.path)
         with in_folder(self.path):   # the whole checkpoint checked by name, shape and dtype, no data read
             to_canonical(self.config, self.index.meta())

@@ -136,6 +136,15 @@ def test_streamed_rejects_bad_token_ids_naming_the_request(zoo_folder, reqs, pat
         so.score(reqs)
 
 
+@pytest.mark.parametrize("kw,pattern", [({"device": "bogus"}, r"device: 'bogus' is not a torch device"),
+                                        ({"device": "meta"}, r"device: 'meta' is not supported"),
+                                        ({"dtype": torch.bfloat16}, r"dtype: the streamed oracle computes in float64")])
+def test_streamed_rejects_a_bad_device_or_dtype(zoo_folder, kw, pattern):
+    """Bad device names and non-fp64/fp32 dtypes are ValueErrors naming the argument, not torch tracebacks."""
+    with pytest.raises(ValueError, match=pattern):
+        StreamedOracle(zoo_folder("mamba2"), **kw)
+
+
 def test_streamed_teacher_forced_logits_match_prefill_decode(zoo_folder):
     """The one-pass rows equal tools.compare.teacher_forced_logits (prefill + decode, the recurrence) to 1e-12:
     the same truth computed by the chunked scan instead of token-by-token."""
