@@ -421,7 +421,8 @@ def _nemotron_h(f: _Fields) -> dict:
                    moe_intermediate_size=f.int("moe_intermediate_size"),
                    moe_shared_intermediate_size=f.int("moe_shared_expert_intermediate_size"),
                    moe_norm_topk_prob=f.bool("norm_topk_prob", True),
-                   moe_routed_scaling_factor=f.float("routed_scaling_factor", 1.0, positive=True), moe_n_group=ng, moe_topk_group=tg)
+                   moe_routed_scaling_factor=f.float("routed_scaling_factor", 1.0, positive=True), moe_n_group=ng,
+                   moe_topk_group=tg)
     return out
 
 

@@ -10,7 +10,8 @@ and the process's peak RSS (run each in a fresh process: docs/performance.md).
 
 The config is fastpath.engine.configs' "anchor-3b" (Bamba layout, chunk 256), the one tools/bench_engine.py
 runs. `--scale k` divides every width by k (hidden, Mamba and attention heads, FFN, vocab; head dims, state
-and chunk kept; KV heads at least 1); `--layers n` keeps the first n layers (attention at 7, 15, 23, 31 as far as they exist).
+and chunk kept; KV heads at least 1); `--layers n` keeps the first n layers (attention at 7, 15, 23, 31 as
+far as they exist).
 The model is written part by part (the top tensors, then `--layers-per-shard` layers per shard), each tensor
 from its own generator seeded by (seed, name), so memory holds one shard and the bytes do not depend on the
 sharding. The folder is written under a temporary name and renamed at the end; an existing one needs --force.
@@ -136,7 +137,8 @@ def score(folder: str, prompt_len: int, n_tokens: int, in_memory: bool, seed: in
     s = token_scores(rows, tokens)
     gpu = torch.cuda.max_memory_allocated() if device != "cpu" else 0
     return {"wall_s": wall, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "gpu_peak": gpu, "rss_before_bytes": rss0, "min_margin": min(s.margins), "finite": bool(torch.isfinite(rows).all())}
+            "gpu_peak": gpu, "rss_before_bytes": rss0, "min_margin": min(s.margins),
+            "finite": bool(torch.isfinite(rows).all())}
 
 
 def main(argv: list[str] | None = None) -> int:
