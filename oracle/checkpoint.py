@@ -458,6 +458,8 @@ def read_safetensors(path: str) -> dict[str, Tensor]:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[HybridConfig, dict[str, Tensor]]:
     """Load an HF folder -> (HybridConfig, canonical tensors in their stored dtype)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"path: expected a folder path, got {type(path).__name__} {path!r}")
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory")

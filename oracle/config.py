@@ -445,6 +445,8 @@ def from_hf_config(path_or_dict: str | os.PathLike | dict) -> HybridConfig:
     """Read an HF config.json (a folder, a file path, or the parsed dict) into a HybridConfig."""
     if isinstance(path_or_dict, dict):
         d = path_or_dict
+    elif not isinstance(path_or_dict, (str, os.PathLike)):
+        raise ConfigError(f"config.json: expected a folder, a file path or a dict, got {type(path_or_dict).__name__}")
     else:
         p = os.fspath(path_or_dict)
         if os.path.isdir(p):

@@ -63,6 +63,8 @@ class StreamedOracle:
 
     def __init__(self, path: str | os.PathLike, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float64):
+        if not isinstance(path, (str, os.PathLike)):
+            raise CheckpointError(f"path: expected a folder path, got {type(path).__name__} {path!r}")
         self.path = os.fspath(path)
         if not os.path.isdir(self.path):
             raise CheckpointError(f"{self.path}: not a directory")

@@ -194,6 +194,13 @@ def test_missing_or_corrupt_files_are_reported(zoo_folder, tmp_path):
         oracle.load(folder)
     with pytest.raises(CheckpointError, match="not a directory"):
         oracle.load(os.path.join(folder, "nope"))
+    for bad in (None, 3, b"folder"):
+        with pytest.raises(CheckpointError, match="path: expected a folder path"):
+            oracle.load(bad)
+        with pytest.raises(CheckpointError, match="path: expected a folder path"):
+            StreamedOracle(bad)
+        with pytest.raises(ConfigError, match="config.json: expected a folder, a file path or a dict"):
+            from_hf_config(bad)
 
 
 @pytest.mark.parametrize("index,pattern", [
