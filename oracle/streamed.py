@@ -75,6 +75,7 @@ class StreamedOracle:
         self.index = SafetensorsIndex(self.path)
         with in_folder(self.path):   # the whole checkpoint checked by name, shape and dtype, no data read
             to_canonical(self.config, self.index.meta())
+        self._cache: dict[tuple[int, ...], Tensor] = {}          # sequence -> logits, filled by prefetch()
         self._parts: dict[int | str, list[str]] = {}
         for name, stored in normalised_names(self.config, self.index.entries).items():
             self._parts.setdefault(hf_part_of(self.config, name), []).append(stored)
@@ -128,9 +129,26 @@ class StreamedOracle:
         logits = self.sequence_logits(prompts)
         return [lg[len(p) - 1:] for lg, (p, _) in zip(logits, requests)]
 
+    def prefetch(self, requests: Sequence[Request]) -> None:
+        """Score every request in one pass and keep each sequence's logits, so the teacher_forced_logits calls
+        that follow (one per request in tools.compare) do not each read the whole model again."""
+        seqs = [tuple(_check_ids(self.config, list(p) + list(t), f"requests[{r}]")) for r, (p, t) in
+                enumerate(requests)]
+        todo = sorted({s for s in seqs if s not in self._cache})
+        for s, lg in zip(todo, self.sequence_logits(todo)):
+            self._cache[s] = lg
+
+    def clear(self) -> None:
+        """Drop the logits kept by prefetch()."""
+        self._cache.clear()
+
     def teacher_forced_logits(self, prompt: Sequence[int], tokens: Sequence[int]) -> Tensor:
         """[len(tokens), vocab]: the rows that predicted each of `tokens` (tools.compare.teacher_forced_logits'
-        contract, computed in one chunked pass instead of prefill + decode)."""
+        contract, computed in one chunked pass instead of prefill + decode; from prefetch() when it has them:
+        the same bits, as a sequence's logits do not depend on where prompt and tokens are split)."""
+        seq = tuple(list(prompt) + list(tokens))
+        if seq in self._cache and prompt:
+            return self._cache[seq][len(prompt) - 1:len(prompt) - 1 + len(tokens)]
         return self.score([(prompt, tokens)])[0][:len(tokens)]
 
 

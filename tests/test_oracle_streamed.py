@@ -173,6 +173,23 @@ def test_tie_aware_compare_accepts_the_streamed_oracle(zoo_folder):
     assert b.failure is not None and b.failure.position == 3
 
 
+def test_prefetch_serves_teacher_forced_logits_bitwise_in_one_pass(zoo_folder, monkeypatch):
+    """prefetch(requests) reads the weights once; teacher_forced_logits then returns the same bits as a fresh
+    pass, for any split of the sequence into prompt + tokens, without reading again."""
+    so = StreamedOracle(zoo_folder("bamba"))
+    reqs = _requests(96, 7)
+    fresh = [so.teacher_forced_logits(p, t) for p, t in reqs]
+    fresh_split = so.teacher_forced_logits(reqs[2][0] + reqs[2][1][:4], reqs[2][1][4:])
+    so.prefetch(reqs)
+    monkeypatch.setattr(so.index, "read", lambda names: pytest.fail("read after prefetch"))
+    for (p, t), want in zip(reqs, fresh):
+        assert torch.equal(so.teacher_forced_logits(p, t), want)
+    assert torch.equal(so.teacher_forced_logits(reqs[2][0] + reqs[2][1][:4], reqs[2][1][4:]), fresh_split)
+    so.clear()
+    with pytest.raises(pytest.fail.Exception, match="read after prefetch"):
+        so.teacher_forced_logits(*reqs[0])
+
+
 def test_token_scores_give_argmax_margins_and_gaps(zoo_folder):
     """score_tokens: top-1 = argmax, margin = tools.compare.top2_margin, gap 0 exactly where the token is top-1."""
     folder = zoo_folder("nemotron_h")
