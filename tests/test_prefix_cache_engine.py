@@ -4,6 +4,7 @@ qualification checks (an inert cache fails them), bad input named by field."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,17 +14,18 @@ if not torch.cuda.is_available():
 
 from fastpath import Engine, FastModel  # noqa: E402
 from fastpath.batch_invariant import BatchInvariantEngine, BatchInvariantModel, run_recording_logits  # noqa: E402
-from fastpath.engine import ops  # noqa: E402
 from fastpath.engine.prefix_cache import block_keys  # noqa: E402
 from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run_trace  # noqa: E402
-from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace, TraceError  # noqa: E402
+from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace, TraceError, load_trace  # noqa: E402
 from tools.prefix_checks import engine_runner, prefix_cache_checks  # noqa: E402
 
 SYS = tuple(16 + (7 * i + 3) % 48 for i in range(16))
 HYBRID = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
 GPU = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX_TRACES = sorted((ROOT / "goldens" / "traces").glob("prefix_*.json"))
 
 
 def _weights(device="cpu", dtype=torch.float32, cls=FastModel):
@@ -85,11 +87,44 @@ def test_cache_on_equals_cache_off_bitwise_in_batch_invariant_mode_while_the_own
     _same_logits(on_rows, off_rows)
 
 
+def _follows_oracle(engine: Engine, oracle_model, trace: Trace, mode: str) -> None:
+    got, want = engine.run_trace(trace, mode), oracle_run_trace(oracle_model, trace, mode)
+    g, w = got.schedule_log.to_json()["steps"], want.schedule_log.to_json()["steps"]
+    for a, b in zip(g, w):
+        assert a == b, f"{mode}: schedule log differs at step {b['step']}"
+    assert len(g) == len(w) and got.tokens == want.tokens
+
+
+@pytest.mark.parametrize("path", PREFIX_TRACES, ids=[p.stem for p in PREFIX_TRACES])
+def test_prefix_traces_follow_the_oracle_on_the_torch_stand_ins(hybrid, path):
+    """The corpus prefix traces, both modes, on the plain-torch kernels (fast; the Triton run is the corpus test of
+    test_engine_trace.py): cache events, pieces and tokens equal the oracle's."""
+    oracle_model, fast = hybrid
+    trace = load_trace(path)
+    eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=_max_len(trace))
+    for mode in ("legacy", "async"):
+        _follows_oracle(eng, oracle_model, trace, mode)
+
+
+def test_hit_admitted_without_a_piece_survives_the_eviction_of_its_entry(hybrid):
+    """'late' hits the 16-block at step 2 but the budget leaves it no piece until step 4, while 'long' stores a
+    block every step and (capacity 1) evicts the entry 'late' hit: the copy made at admission is what it resumes
+    from, not the pool slot as it is when its first piece runs."""
+    oracle_model, fast = hybrid
+    long = tuple(16 + (5 * i + 1) % 48 for i in range(32))
+    t = _trace([("long", 0, long, 2), ("late", 2, long[:16] + (50, 51, 52), 2)], budget=9, M=1)
+    eng = Engine(fast.with_options(backend="torch"), t.engine, max_len=_max_len(t))
+    _follows_oracle(eng, oracle_model, t, "legacy")
+    steps = eng.log.to_json()["steps"]
+    assert steps[2]["admit"][0]["cached_tokens"] == 16 and [b["request"] for b in steps[2]["batch"]] == ["long"]
+    assert steps[2]["prefix_cache"]["evicted"] == [{"request": "long", "pos": 16}]
+
+
 def test_checkpoints_live_in_the_bank_pool_which_never_moves(hybrid):
     oracle_model, fast = hybrid
     t = _trace([("a", 0, SYS + (20,), 2), ("b", 3, SYS + (41,), 2), ("c", 4, SYS[:8] + (30,) * 8 + (31,), 2)],
                M=1)
-    eng = Engine(fast, t.engine, max_len=_max_len(t))
+    eng = Engine(fast.with_options(backend="torch"), t.engine, max_len=_max_len(t))
     bank, R = eng.bank, t.engine.max_requests
     assert bank.conv_state.shape[1] == bank.ssm_state.shape[1] == bank.k_cache.shape[1] == R + 1
     ptrs = bank.data_ptrs()
@@ -107,8 +142,7 @@ def test_checkpoints_live_in_the_bank_pool_which_never_moves(hybrid):
             assert torch.equal(bank.k_cache[:, slot, :p], bank.k_cache[:, src, :p])
             restored.append((st.req.id, p))
     eng.prefix.admit = admit
-    with ops.use_backend("torch"):
-        got = eng.run_trace(t)
+    got = eng.run_trace(t)
     want = oracle_run_trace(oracle_model, t)
     assert got.tokens == want.tokens and got.digest == want.digest
     assert restored == [("b", 16)]             # capacity 1: a's 16-block evicted its 8-block, so c misses
@@ -134,14 +168,13 @@ def test_inert_cache_fails_the_policy_check_with_zero_of_n_hits(hybrid):
 
     def build(inert):
         def make(trace):
-            eng = Engine(fast, trace.engine, max_len=_max_len(trace))
+            eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=_max_len(trace))
             if inert and eng.prefix is not None:
                 eng.prefix.lookup = lambda prompt, step: (0, None)
             return eng
         return make
-    with ops.use_backend("torch"):
-        good = prefix_cache_checks("t", t, oracle_model, engine_runner(build(False)))
-        inert = prefix_cache_checks("t", t, oracle_model, engine_runner(build(True)))
+    good = prefix_cache_checks("t", t, oracle_model, engine_runner(build(False)))
+    inert = prefix_cache_checks("t", t, oracle_model, engine_runner(build(True)))
     assert [c.status for c in good] == ["PASS", "PASS"], [c.detail for c in good]
     assert inert[0].status == "PASS" and inert[1].status == "FAIL"
     assert "0 of 2 expected hits" in inert[1].detail

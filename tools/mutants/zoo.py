@@ -438,6 +438,99 @@ MUTANTS: list[Mutant] = [
            more=((K + "attention_decode.py", "        oh = kvh * q_per_kv + c\n", "        oh = c * Hkv + kvh\n"),)),
 ]
 
+# ---------------------------------------------------------------- prefix cache (issue 17, DESIGN §12)
+PC, BANK, ORACLE_PC = "fastpath/engine/prefix_cache.py", "fastpath/engine/bank.py", "oracle/prefix_cache.py"
+T_PC = "tests/test_prefix_cache_engine.py"
+T_PC_TRACES = T_PC + "::test_prefix_traces_follow_the_oracle_on_the_torch_stand_ins"
+T_PC_POOL = T_PC + "::test_checkpoints_live_in_the_bank_pool_which_never_moves"
+T_PC_LOOKUP = T_PC + "::test_lookup_always_leaves_a_prompt_token_to_compute"
+T_PC_LATE = T_PC + "::test_hit_admitted_without_a_piece_survives_the_eviction_of_its_entry"
+T_PC_INERT = T_PC + "::test_inert_cache_fails_the_policy_check_with_zero_of_n_hits"
+_RESTORE = "            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)\n"
+
+MUTANTS += [
+    Mutant("pc_restore_wrong_block", "prefix cache",
+           "a hit restores pool slot 0 (the first checkpoint's) whatever entry the key found",
+           PC, _RESTORE, "            self.bank.copy_state(self.bank.pool_slot(0), slot, p)\n",
+           (T_PC_TRACES, T_PC_POOL)),
+    Mutant("pc_block_off_by_one", "prefix cache",
+           "the checkpoint taken at p is filed under the key of p + block_size (keys[j] for keys[j-1])",
+           PC, "        key = block_keys(prompt[:pos], self.block_size)[-1]\n",
+           "        key = block_keys(prompt[:pos + self.block_size], self.block_size)[-1]\n",
+           (T_PC_TRACES,)),
+    Mutant("pc_hit_whole_prompt", "prefix cache",
+           "the lookup accepts p = len(prompt): a prompt equal to a cached prefix has no token left to compute",
+           PC, "        for j in range((len(prompt) - 1) // self.block_size, 0, -1):\n",
+           "        for j in range(len(prompt) // self.block_size, 0, -1):\n",
+           (T_PC_LOOKUP,)),
+    Mutant("pc_restore_at_first_piece", "prefix cache",
+           "the restore copy is made when the request's first piece runs, not at admission, and nothing pins the "
+           "entry: a store in between (capacity reached) evicts and overwrites the entry being restored",
+           PC, _RESTORE, "            st.restore_from = (entry.index, p)        # copied when its first piece runs\n",
+           (T_PC_LATE,),
+           more=((ENGINE, "        rec.batch = batch\n",
+                  "        rec.batch = batch\n"
+                  "        for b in batch:\n"
+                  "            src = getattr(self.requests[b.request], 'restore_from', None)\n"
+                  "            if src is not None and b.kind == 'prefill':\n"
+                  "                self.bank.copy_state(self.bank.pool_slot(src[0]), b.slot, src[1])\n"
+                  "                self.requests[b.request].restore_from = None\n"),)),
+    Mutant("pc_never_consulted", "prefix cache",
+           "admission never looks the prompt up: the cache stores checkpoints but is inert (0% hits, no warning)",
+           PC, "        p, entry = self.lookup(st.req.prompt, step)\n", "        p, entry = 0, None\n",
+           (T_PC_INERT, T_PC_TRACES)),
+    Mutant("pc_kv_prefix_not_copied", "prefix cache",
+           "store and restore copy the Mamba conv/SSM state only: the attention layers' K/V for [0, p) is not "
+           "copied, so a hit attends to whatever its slot held",
+           BANK, "        if self.k_cache.numel() and kv_len:\n"
+                 "            self.k_cache[:, dst, :kv_len].copy_(self.k_cache[:, src, :kv_len])\n"
+                 "            self.v_cache[:, dst, :kv_len].copy_(self.v_cache[:, src, :kv_len])\n", "",
+           (T_PC_POOL, T_PC_TRACES)),
+    Mutant("pc_ssm_state_not_restored", "prefix cache",
+           "store and restore copy conv windows and K/V but not the SSM state (a hit resumes from a zero state)",
+           BANK, "        self.ssm_state[:, dst].copy_(self.ssm_state[:, src])\n", "",
+           (T_PC_POOL, T_PC_TRACES)),
+    Mutant("pc_conv_window_wrong_position", "prefix cache",
+           "the conv window is copied one position late (oldest-first window shifted by one): the state of "
+           "positions p-4..p-2 where p-3..p-1 belong",
+           BANK, "        self.conv_state[:, dst].copy_(self.conv_state[:, src])\n",
+           "        self.conv_state[:, dst, :, 1:].copy_(self.conv_state[:, src, :, :-1])\n",
+           (T_PC_TRACES, T_PC_POOL)),
+    Mutant("pc_miss_slot_not_zeroed", "prefix cache",
+           "with a cache, zeroing moved into the restore path: a miss keeps the previous occupant's state",
+           ENGINE, "            self.bank.zero_slot(slot)\n",
+           "            if self.prefix is None:\n                self.bank.zero_slot(slot)\n",
+           (T_PC_TRACES, T_PC_POOL)),
+    Mutant("pc_stale_checkpoint_kv", "prefix cache",
+           "a store into a reused pool slot (after an eviction) rewrites the recurrent state but not the K/V: the "
+           "checkpoint keeps the evicted prefix's keys and values",
+           PC, "        self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos)\n",
+           "        self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos if evicted is None else 0)\n",
+           (T_PC_POOL, T_PC_TRACES)),
+    Mutant("pc_lru_evicts_most_recent", "prefix cache",
+           "eviction takes the most recently used checkpoint instead of the least recently used",
+           PC, "            evicted = min(self.entries.values(), key=lambda e: (e.last_use, e.stored_seq))\n",
+           "            evicted = max(self.entries.values(), key=lambda e: (e.last_use, e.stored_seq))\n",
+           (T_PC_TRACES,)),
+    Mutant("pc_store_before_forward", "prefix cache",
+           "checkpoints are copied when the step is built, before its forward: the state at the piece's start "
+           "is filed under the boundary the piece ends on",
+           ENGINE, "                self.pending = self.launch(batch, rec, tokens_on_device=False)\n"
+                   "                if self.prefix is not None:            # checkpoints of pieces that ended on a "
+                   "block boundary\n"
+                   "                    self.prefix.after_launch(batch, self.requests, rec, self.k)\n",
+           "                if self.prefix is not None:\n"
+                   "                    self.prefix.after_launch(batch, self.requests, rec, self.k)\n"
+                   "                self.pending = self.launch(batch, rec, tokens_on_device=False)\n",
+           (T_PC_TRACES,)),
+    Mutant("oracle_prefix_piece_not_cut", "spec: prefix cache",
+           "the truth lets a prefill piece run past a block boundary, so it stores only the boundaries pieces "
+           "happen to end on (and the fast path's cut pieces disagree with it)",
+           ORACLE_PC, "    return min(prefill_chunk, nxt - start) if nxt < prompt_len else prefill_chunk\n",
+           "    return prefill_chunk\n",
+           ("tests/test_prefix_cache_oracle.py", T_PC_TRACES)),
+]
+
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.
 QUICK = {
     "compact_slot_not_moved", "hole_fill_off_by_one", "pending_outputs_not_compacted", "async_extra_token_appended",
