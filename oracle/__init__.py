@@ -20,7 +20,11 @@ __all__ = ["load", "OracleModel", "OracleState", "HybridConfig", "LayerSpec", "f
 
 
 def load(path: str | os.PathLike, dtype: torch.dtype = torch.float64) -> OracleModel:
-    """Load an HF-format folder (config.json + safetensors) as an OracleModel computing in `dtype`."""
+    """Load an HF-format folder (config.json + safetensors) as an OracleModel computing in `dtype`; refuses
+    (CheckpointError) before allocating when that needs more memory than is available (oracle.streamed)."""
+    from .streamed import require_fits
+    if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+        require_fits(path, dtype)
     config, tensors = load_checkpoint(path)
     return OracleModel(config, tensors, dtype=dtype)
 

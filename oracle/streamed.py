@@ -207,10 +207,23 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def fits_in_memory(path: str | os.PathLike, dtype: torch.dtype = torch.float64, headroom: float = 1.5) -> bool:
-    """Whether oracle.load(path, dtype) fits: weights in `dtype` plus the stored copy during load, times
-    `headroom`, against MemAvailable (True when unknown). Callers use StreamedOracle when it does not."""
-    c = from_hf_config(path)
+def load_bytes(path: str | os.PathLike, dtype: torch.dtype = torch.float64) -> int:
+    """Peak bytes of oracle.load(path, dtype): the weights in `dtype` plus the stored copy while casting."""
     stored = sum(e[2].itemsize * math.prod(e[1]) for e in SafetensorsIndex(path).entries.values())
+    return in_memory_bytes(from_hf_config(path), dtype) + stored
+
+
+def fits_in_memory(path: str | os.PathLike, dtype: torch.dtype = torch.float64, headroom: float = 1.5) -> bool:
+    """Whether oracle.load(path, dtype) fits: load_bytes times `headroom` against MemAvailable (True when
+    unknown). Callers use StreamedOracle when it does not."""
     avail = available_memory_bytes()
-    return avail is None or (in_memory_bytes(c, dtype) + stored) * headroom <= avail
+    return avail is None or load_bytes(path, dtype) * headroom <= avail
+
+
+def require_fits(path: str | os.PathLike, dtype: torch.dtype = torch.float64) -> None:
+    """CheckpointError before allocating when oracle.load(path, dtype) needs more than MemAvailable."""
+    need, avail = load_bytes(path, dtype), available_memory_bytes()
+    if avail is not None and need > avail:
+        raise CheckpointError(f"{os.fspath(path)}: oracle.load in {str(dtype).replace('torch.', '')} needs "
+                              f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available; score with "
+                              f"oracle.streamed.StreamedOracle (memory ≈ one layer) instead")

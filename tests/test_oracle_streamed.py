@@ -208,12 +208,21 @@ def test_token_scores_give_argmax_margins_and_gaps(zoo_folder):
         token_scores(torch.zeros(2, 1, dtype=torch.float64), [0])
 
 
-def test_fits_in_memory_counts_fp64_weights(zoo_folder):
-    """in_memory_bytes is 8 bytes per parameter (tied lm_head once); a tiny model fits."""
+def test_fits_in_memory_counts_fp64_weights(zoo_folder, monkeypatch):
+    """in_memory_bytes is 8 bytes per parameter (tied lm_head once); a tiny model fits; oracle.load refuses a
+    model that needs more than MemAvailable before allocating, pointing at the streamed oracle."""
+    import oracle.streamed as streamed
     folder = zoo_folder("mamba2")
     cfg = oracle.from_hf_config(folder)
     n = sum(t.numel() for k, t in oracle.load_checkpoint(folder)[1].items() if k != "lm_head.weight")
     assert in_memory_bytes(cfg) == 8 * n and fits_in_memory(folder)
+    assert streamed.load_bytes(folder) == 8 * n + 4 * n              # + the stored fp32 copy while casting
+    monkeypatch.setattr(streamed, "available_memory_bytes", lambda: 12 * n - 1)
+    assert not fits_in_memory(folder)
+    monkeypatch.setattr(oracle.checkpoint, "read_safetensors", lambda p: pytest.fail("allocated"))
+    with pytest.raises(CheckpointError, match=r"needs 0\.0 GiB, 0\.0 GiB available; score with oracle\.streamed"):
+        oracle.load(folder)
+    StreamedOracle(folder).score([([1], [2])])
 
 
 @pytest.mark.gpu
