@@ -1,6 +1,8 @@
 """Hypothesis drives the scheduler step by step (random arrivals, lengths, budgets, bank sizes) and checks the
 DESIGN §4 invariants after every step; generated traces give identical tokens in legacy and async, equal to
-each request alone, and logs that differ only where docs/scheduler.md §5 says they may."""
+each request alone, and logs that differ only where docs/scheduler.md §5 says they may. Request lists are shuffled
+relative to ids and arrivals (ids whose string order is not their numeric order, same-step arrivals), and prompt
+lengths often sit on the piece splitter's edges (the budget left, prefill_chunk, +-1), issue 20.2."""
 from __future__ import annotations
 
 import math
@@ -15,6 +17,24 @@ from test_scheduler_fake import FakeModel
 
 VOCAB = 16
 CI = settings(derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+EDGES = st.sampled_from([None, None, "budget", "chunk", "left", "one"])   # None: any length in range
+OFFSETS = st.sampled_from([-1, 0, 1])
+
+
+def edge_length(edge: str, offset: int, budget: int, prefill_chunk: int, decoders: int) -> int:
+    """A prompt length on an edge of the piece splitter (docs/scheduler.md §3.3): the whole budget, prefill_chunk,
+    or the budget left beside `decoders` decode rows, plus `offset` (-1, 0, +1); "one": 1-2 tokens (a short last
+    piece that still fits after a row that got none)."""
+    base = {"budget": budget, "chunk": prefill_chunk, "left": budget - decoders, "one": 1}[edge]
+    return max(1, base + offset)
+
+
+@st.composite
+def shuffled_ids(draw, n: int) -> list[str]:
+    """n distinct request ids in shuffled order whose string order often differs from their numeric order."""
+    nums = draw(st.lists(st.integers(0, 30), min_size=n, max_size=n, unique=True))
+    prefixes = draw(st.lists(st.sampled_from(["r", "r", "R", "q"]), min_size=n, max_size=n))
+    return [f"{p}{x}" for p, x in zip(prefixes, nums)]
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -34,11 +54,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(plen=st.integers(1, 14), max_new=st.integers(1, 6), delay=st.integers(0, 3),
           stops=st.lists(st.integers(0, VOCAB - 1), max_size=3), temp=st.sampled_from([None, 0.7, 2.0]),
-          first=st.integers(0, VOCAB - 1))
-    def submit(self, plen, max_new, delay, stops, temp, first):
+          first=st.integers(0, VOCAB - 1), edge=EDGES, offset=OFFSETS, prefix=st.sampled_from(["q", "Q", "r"]))
+    def submit(self, plen, max_new, delay, stops, temp, first, edge, offset, prefix):
         sampling = Sampling() if temp is None else Sampling("seeded", temp, self.n)
+        if edge is not None:   # ids submitted in order q0, r1, Q2, ...: admission order is (arrival, id string)
+            plen = edge_length(edge, offset, self.s.budget, self.s.prefill_chunk, self.s.active)
         prompt = tuple((first + 5 * j) % VOCAB for j in range(plen))
-        req = Request(f"q{self.n}", self.s.k + delay, prompt, max_new, tuple(stops), sampling)
+        req = Request(f"{prefix}{self.n}", self.s.k + delay, prompt, max_new, tuple(stops), sampling)
         self.s.add_request(req)
         self.n += 1
         # Serialised worst case: every request alone, one chunk per step, plus the waiting and async drains.
@@ -53,6 +75,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not self.s.step():
             return False
         self.check_batch(self.s.log.steps[-1])
+        self.check_admission_order(self.s.log.steps[-1])
         self.check_slots_travel()
         self.check_lifo()
         assert self.s.k <= self.bound, f"starvation: step {self.s.k} > bound {self.bound}"
@@ -84,6 +107,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert decode_rows == {r for r, _ in live} - set(prefilling)
         if prefilling:
             assert any(b.row == prefilling[0] and b.kind == "prefill" for b in rec.batch)
+
+    def check_admission_order(self, rec):
+        """Admissions are in (arrival_step, id) order and none is passed over for a later key (docs §3.2)."""
+        s = self.s
+        key = lambda rid: (s.requests[rid].req.arrival_step, rid)  # noqa: E731
+        admitted = [a["request"] for a in rec.admit]
+        assert admitted == sorted(admitted, key=key), f"admitted out of (arrival, id) order: {admitted}"
+        waiting = [rid for rid, st_ in s.requests.items() if not st_.admitted and st_.req.arrival_step <= rec.step]
+        if admitted and waiting:
+            assert max(map(key, admitted)) < min(map(key, waiting)), f"{admitted} admitted before {waiting}"
 
     def check_lifo(self):
         """Replay the log on a shadow stack: frees of step k-1 push (ascending row), admissions of step k pop."""
@@ -136,14 +169,24 @@ TestSchedulerMachine.settings = settings(CI, max_examples=150, stateful_step_cou
 
 
 @st.composite
+def prompt_of(draw, vocab: int, max_len: int, budget: int, prefill_chunk: int, R: int) -> tuple[int, ...]:
+    """A prompt of any length up to max_len, or (often) of a length on an edge of the piece splitter."""
+    edge = draw(EDGES)
+    if edge is None:
+        return tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=max_len)))
+    n = edge_length(edge, draw(OFFSETS), budget, prefill_chunk, draw(st.integers(0, R - 1)))
+    return tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n)))
+
+
+@st.composite
 def traces(draw):
     R, C = draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4]))
     engine = EngineConfig(R, R - 1 + C + draw(st.integers(0, 6)), C + draw(st.integers(0, 9)), "legacy")
     reqs = []
-    for i in range(draw(st.integers(1, 6))):
+    for i, rid in enumerate(draw(shuffled_ids(draw(st.integers(1, 6))))):
         temp = draw(st.sampled_from([None, 0.5, 1.5]))
-        reqs.append(Request(f"r{i}", draw(st.integers(0, 6)),
-                            tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=14))),
+        reqs.append(Request(rid, draw(st.integers(0, 4)),
+                            draw(prompt_of(VOCAB, 14, engine.max_tokens_per_step, engine.prefill_chunk, R)),
                             draw(st.integers(1, 6)), tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=2))),
                             Sampling() if temp is None else Sampling("seeded", temp, i)))
     return Trace(engine, tuple(reqs)), C, draw(st.integers(0, 3))
@@ -180,11 +223,11 @@ def test_generated_traces_async_matches_legacy_and_alone(case):
 def zoo_traces(draw, vocab: int, C: int):
     R = draw(st.integers(1, 3))
     engine = EngineConfig(R, R - 1 + C + draw(st.integers(0, 8)), C + draw(st.integers(0, 12)), "legacy")
-    reqs = [Request(f"z{i}", draw(st.integers(0, 4)),
-                    tuple(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=2 * C + 3))),
+    reqs = [Request(rid, draw(st.integers(0, 3)),
+                    draw(prompt_of(vocab, 2 * C + 3, engine.max_tokens_per_step, engine.prefill_chunk, R)),
                     draw(st.integers(1, 4)), tuple(draw(st.lists(st.integers(0, vocab - 1), max_size=8))),
                     Sampling() if draw(st.booleans()) else Sampling("seeded", 1.0, i))
-            for i in range(draw(st.integers(1, 4)))]
+            for i, rid in enumerate(draw(shuffled_ids(draw(st.integers(1, 4)))))]
     return Trace(engine, tuple(reqs))
 
 
@@ -208,3 +251,25 @@ def test_generated_traces_on_zoo_model_async_matches_legacy_and_alone(trace):
     assert legacy.tokens == asyn.tokens
     for req in trace.requests:
         assert legacy.tokens[req.id] == run_request_alone(model, req)[0]
+
+
+def test_generated_traces_hit_the_piece_boundaries_and_shuffled_admissions():
+    """The strategies above reach the piece-splitter edges (tools/scenario_edges.piece_census; skip_then_fit, which
+    needs three prefilling rows in one step, is left to the piece_budget scenario) and lists whose file order is
+    not the admission order."""
+    from tools.scenario_edges import ScheduleModel, census_of
+    hits, shuffled = set(), 0
+
+    @settings(CI, max_examples=200, database=None)
+    @given(traces())
+    def collect(case):
+        nonlocal shuffled
+        trace, C, _ = case
+        keys = [(r.arrival_step, r.id) for r in trace.requests]
+        ids = [r.id for r in trace.requests]
+        shuffled += keys != sorted(keys) and sorted(ids) != sorted(ids, key=lambda i: int(i[1:]))
+        hits.update(census_of(trace, C, VOCAB))
+    collect()
+    assert shuffled >= 20
+    assert hits >= {"last_eq_budget", "last_less_budget", "cut_more_budget", "last_eq_chunk", "last_less_chunk",
+                    "cut_more_chunk", "multi_piece_nonmultiple"}, hits

@@ -114,7 +114,38 @@ def task_burst(u: Units, tok: Tokens) -> dict:
                  "(LIFO reuse of a just-freed slot).", u, tok)
 
 
-# name -> (family, builder); the family of a shipped scenario is its own name.
+def _short_task(R: int, B: int, P: int, arrivals: list[int], digits: int, description: str, u: Units,
+                tok: Tokens) -> dict:
+    """Sorting prompts cut to their first `digits` digits (answers recomputed by task_traces.answer_for): the task
+    families' shapes at a fraction of the decode steps, for the main job's time budget."""
+    stop = [u.eos] if u.eos is not None else tok([task.EOS])
+    reqs = []
+    for i, (a, ex) in enumerate(zip(arrivals, task.heldout(len(arrivals)))):
+        prompt = (task.BOS, *ex.prompt[1:1 + digits], task.SEP)
+        reqs.append(request(f"q{i}", a, tok(prompt), len(task_traces.answer_for(prompt)) + 2, stop))
+    return trace(description, R, B, P, "legacy", reqs)
+
+
+def task_burst_short(u: Units, tok: Tokens) -> dict:
+    """task_burst's shape, short: three 7-digit sorting prompts at once under budget C+4, one late arrival."""
+    C = u.chunk
+    return _short_task(3, C + 4, C, [0, 0, 0, 2], 7,
+                       f"Short task burst: three 9-token sorting prompts (7 digits) at once under a {C + 4}-token "
+                       f"budget with prefill_chunk {C}, so prefills wait or are split while others decode; a late "
+                       "arrival waits for a freed slot (LIFO reuse). EOS stop tokens.", u, tok)
+
+
+def task_staggered_short(u: Units, tok: Tokens) -> dict:
+    """task_staggered's shape, short: 2 slots for 4 staggered 7-digit sorting prompts, prefill_chunk C."""
+    C = u.chunk
+    return _short_task(2, 2 * C, C, [0, 1, 3, 4], 7,
+                       f"Short staggered task: 9-token sorting prompts (7 digits; prefill_chunk {C}), 2 slots for 4 "
+                       "staggered requests (bank exhaustion), EOS stop tokens, compactions.", u, tok)
+
+
+# name -> (family, builder); the family of a shipped scenario is its own name, short variants join it.
 CORPUS = {f.__name__: (f.__name__, f) for f in (
     seed_compaction, async_drain, chunked_prefill, seeded_sampling, slot_exhaustion, stop_tokens, task_burst,
     task_staggered)}
+CORPUS.update({"task_burst_short": ("task_burst", task_burst_short),
+               "task_staggered_short": ("task_staggered", task_staggered_short)})
