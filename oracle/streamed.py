@@ -87,8 +87,12 @@ class StreamedOracle:
             return to_canonical(self.config, self.index.read(self._parts.get(part, [])), part)
 
     def part_weights(self, part: int | str) -> dict[str, Tensor]:
-        """Canonical tensors of one part, moved to the compute device in their stored dtype, then cast there."""
-        return {k: v.to(self.device).to(self.dtype) for k, v in self.raw_part(part).items()}
+        """Canonical tensors of one part, moved to the compute device in their stored dtype, then cast there
+        (tensor by tensor, each stored copy dropped once cast)."""
+        raw, out = self.raw_part(part), {}
+        for k in sorted(raw):
+            out[k] = raw.pop(k).to(self.device).to(self.dtype)
+        return out
 
     # ------------------------------------------------------------------------------------------- scoring
     def sequence_logits(self, sequences: Sequence[Sequence[int]]) -> list[Tensor]:
