@@ -336,6 +336,9 @@ def main() -> None:
     ap.add_argument("--bs1-only", action="store_true", help="only the async+graphs bs1 rows (fused and unfused)")
     ap.add_argument("--long-only", action="store_true", help="only the 131k-token long prefill + memory prediction")
     ap.add_argument("--batch-only", action="store_true", help="only the 32k-context batch decode, hybrid vs attention")
+    ap.add_argument("--spec", action="store_true", help="only speculative bs1 (tools/bench_spec.py): none vs ngram vs "
+                    "a 4-layer draft, k in --spec-k, async + graphs; acceptance and verify vs decode step times")
+    ap.add_argument("--spec-k", default="1,2,4,8", help="k values for --spec (comma-separated)")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="only: TTFT of a 100-token suffix after a 32k shared prefix, prefix-cache hit vs cold")
     ap.add_argument("--gemv-variants", action="store_true",
@@ -400,6 +403,11 @@ def main() -> None:
         cases, args.skip_batch = [], True
     if args.batch_only:
         cases, args.skip_long = [], True
+    if args.spec:
+        from tools.bench_spec import spec_bench
+        report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl)
+        lines += spec_lines
+        cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
     for mode, graphs, fused, gv in cases:
         FastModel.fused, FastModel.gemv = fused, gv
         try:

@@ -85,3 +85,21 @@ def acceptance_rate(log: ScheduleLog | dict) -> tuple[int, int]:
     """(accepted drafts, proposed drafts) over every verify row of a log."""
     rows = verify_rows(log)
     return sum(v["accepted"] for v in rows), sum(len(v["proposals"]) for v in rows)
+
+
+def unfit_reason(trace: Trace, vocab_size: int) -> str | None:
+    """Why a speculative trace cannot run on a model of this vocab (scripted ids or the draft's vocab), or None."""
+    spec = trace.engine.speculative
+    if spec is None:
+        return None
+    if spec.proposer.kind == "scripted":
+        top = max((t for _, per in spec.proposer.proposals for _, toks in per for t in toks), default=-1)
+        if top >= vocab_size:
+            return f"scripted proposals use token id {top} >= vocab_size {vocab_size}"
+    if spec.proposer.kind == "draft":
+        import json
+        from oracle.speculative import model_path
+        v = json.loads((model_path(spec) / "config.json").read_text()).get("vocab_size")
+        if v != vocab_size:
+            return f"the draft model's vocab_size {v} != {vocab_size}"
+    return None

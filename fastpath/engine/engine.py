@@ -100,6 +100,10 @@ class Engine:
         if graphs or pad_decode:
             from .graphs import DecodeGraphs
             self.graphs = DecodeGraphs(self, capture=graphs)
+        self.spec = None                               # speculative decoding (DESIGN §13): verify rows, rollback
+        if engine_config.speculative is not None:
+            from .speculative import Speculator
+            self.spec = Speculator(self, engine_config.speculative)
         self.reset(engine_config.mode)
 
     @classmethod
@@ -130,6 +134,8 @@ class Engine:
         if self.prefix is not None:
             self.prefix.reset()
             self.log.prefix_cache = True
+        if self.spec is not None:
+            self.spec.reset()
         self.k = 0
         self._flip = 0
         self.emitted: dict[str, list[int]] = {}
@@ -165,6 +171,7 @@ class Engine:
         p = self.pending
         return (self.mode == "async" and p is not None and p.decode_only and self.rows.active > 0
                 and not self.waiting(self.k)
+                and self.spec is None                  # speculative: never overlapped (docs/scheduler.md §10)
                 and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
 
     def step(self) -> bool:
@@ -218,14 +225,18 @@ class Engine:
         """Decode rows first (row order), then prefill pieces (row order) within the token budget."""
         rt, batch = self.rows, []
         live = [(r, self.requests[rt.row_request[r]]) for r in range(rt.active)]
+        if self.spec is not None:
+            self.spec.prepare(live)                    # the draft proposer's batched pass
         for r, st in live:
             if not st.prefilling:
-                batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "decode",
+                batch.append(self.spec.row(r, st, rt.row_to_slot[r]) if self.spec is not None else
+                             BatchRow(r, st.req.id, rt.row_to_slot[r], "decode",
                                       len(st.req.prompt) + len(st.output) - 1, 1))
+        spec_extra = sum(b.count - 1 for b in batch)   # a verify row costs its m+1 tokens
         used = len(batch)
         for r, st in live:
             if st.prefilling:
-                n = self.piece_for(st, self.ec.max_tokens_per_step - used)
+                n = self.piece_for(st, self.ec.max_tokens_per_step - used - spec_extra)
                 if n > 0:
                     batch.append(BatchRow(r, st.req.id, rt.row_to_slot[r], "prefill", st.done, n))
                     used += n
@@ -243,6 +254,8 @@ class Engine:
     def launch(self, batch: list[BatchRow], rec: StepRecord, tokens_on_device: bool) -> Launched:
         """Pack, forward, sample into `sampled`, start the token copy to the host; returns the pending step."""
         from fastpath.model import StepBatch
+        if self.spec is not None and any(b.kind == "verify" for b in batch):
+            return self.spec.launch(batch, rec)        # eager and synchronous; see fastpath/engine/speculative.py
         rec.batch = batch
         dec = [b for b in batch if b.kind == "decode"]
         pre = [b for b in batch if b.kind == "prefill"]
@@ -332,6 +345,8 @@ class Engine:
             b = p.batch[j]
             if not p.samples[j]:                                                      # non-final prefill piece
                 continue
+            if self.requests[b.request].finish_reason is not None:       # a verify row's tokens after its stop
+                continue
             st, tok = self.requests[b.request], toks[j]
             st.output.append(tok)
             self.emitted.setdefault(b.request, []).append(tok)
@@ -342,6 +357,8 @@ class Engine:
                 st.finish_reason = "length"
             if st.finish_reason is not None:
                 finished.append(r)
+        if self.spec is not None:
+            self.spec.rollback()                       # rows that rejected a draft: restore + replay
         finished.sort()
         for (rid, slot), r in zip(rt.release(finished), finished):
             rec.free.append({"request": rid, "row": r, "slot": slot, "reason": self.requests[rid].finish_reason})
@@ -368,8 +385,9 @@ class Engine:
         """Run a whole trace (engine limits must match this engine's); returns tokens, reasons, log, digest."""
         trace = check_against_model(trace, self.config.vocab_size, self.config.chunk_size)    # normalised
         e = trace.engine
-        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache) != \
-                (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk, self.ec.prefix_cache):
+        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache, e.speculative) != \
+                (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk, self.ec.prefix_cache,
+                 self.ec.speculative):
             raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
         self.reset(mode or e.mode)
         for req in trace.requests:

@@ -537,3 +537,78 @@ QUICK = {
     "ties_highest_index", "argmax_after_bf16_cast", "chunk_offsets_int32", "chunk_table_restarts_at_piece",
     "graph_pad_rows_slot_zero", "ssm_step_pad_aliases_slot0", "chunked_drops_initial_state",
 }
+
+# ---------------------------------------------------------------- speculative decoding (issue 18, DESIGN §13)
+SPEC, ORACLE_SPEC = "fastpath/engine/speculative.py", "oracle/speculative.py"
+T_SPEC = "tests/test_speculative_engine.py"
+T_SPEC_STATE = T_SPEC + "::test_state_after_each_step_is_the_state_of_the_accepted_tokens"
+T_SPEC_LOG = T_SPEC + "::test_speculative_log_and_tokens_equal_oracle_async_equals_legacy"
+T_SPEC_CORPUS = T_SPEC + "::test_corpus_spec_traces_on_the_torch_stand_ins_equal_the_oracle"
+T_SPEC_BUDGET = T_SPEC + "::test_verify_rows_and_prefill_pieces_share_the_budget"
+_REPLAY = ("            self.snap.restore(v.snap, b.slot)\n"
+           "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))\n")
+
+MUTANTS += [
+    Mutant("spec_state_at_last_draft", "speculative rollback",
+           "after a rejection the slot keeps the state the verify forward left: conv and SSM state (and KV) at the "
+           "last draft instead of the last accepted token",
+           SPEC, _REPLAY, "",
+           (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_conv_not_rolled_back", "speculative rollback",
+           "the rollback restores the SSM state from the snapshot but not the conv window, so the replay continues "
+           "a window that already holds the rejected drafts",
+           SPEC, "        self.bank.conv_state[:, slot].copy_(self.conv[:, j])\n", "",
+           (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_stale_state_after_full_accept", "speculative rollback",
+           "a row that accepted every draft is reset to its pre-verify snapshot with nothing replayed: the next "
+           "(zero-draft) step reads a stale state (the vLLM Nemotron-H/Qwen3.5 report)",
+           SPEC, "            if v.accepted == len(b.proposals):             # every draft accepted: the forward "
+                 "left the right state\n                continue\n",
+           "            if v.accepted == len(b.proposals):\n                self.snap.restore(v.snap, b.slot)\n"
+           "                continue\n",
+           (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_bonus_from_wrong_position", "speculative verify",
+           "after a rejected draft the bonus token is taken from the logits row after the rejected draft instead "
+           "of the one after the last accepted token",
+           SPEC, "                host.append(choices[i])\n",
+           "                host.append(choices[min(i + (i == a), len(choices) - 1)])\n",
+           (T_SPEC_LOG,)),
+    Mutant("spec_accepted_off_by_one", "speculative verify",
+           "the accepted count includes the first rejected draft (the bonus counted as an accepted draft)",
+           SPEC, "            while a < len(b.proposals) and b.proposals[a] == choices[a]:\n                a += 1\n",
+           "            while a < len(b.proposals) and b.proposals[a] == choices[a]:\n                a += 1\n"
+           "            a = min(a + 1, len(b.proposals))\n",
+           (T_SPEC_LOG,)),
+    Mutant("spec_kv_length_not_cut", "speculative rollback",
+           "the row's KV length after a rejection counts every fed token: the replay writes the accepted inputs' K/V "
+           "(and RoPE) after the rejected drafts' positions instead of over them",
+           SPEC, "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))\n",
+           "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos + len(b.proposals) - v.accepted, b.slot))\n",
+           (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_stop_inside_drafts_ignored", "speculative finishing",
+           "a stop token (or max_new_tokens) reached inside the accepted drafts does not cut the emitted list: the "
+           "drafts after it are appended too",
+           ENGINE, "            if self.requests[b.request].finish_reason is not None:       # a verify row's tokens "
+                   "after its stop\n                continue\n", "",
+           (T_SPEC_CORPUS,)),
+    Mutant("spec_seeded_key_by_step", "speculative sampler key",
+           "every verify position of a seeded row is sampled with the row's step key (its first position) instead "
+           "of its own absolute position: seeded requests are no longer speculation-invariant",
+           SPEC, "int(sp.seed), first_pos + i))", "int(sp.seed), first_pos))",
+           (T_SPEC_LOG,)),
+    Mutant("spec_verify_rows_not_in_budget", "speculative batch building",
+           "a verify row is counted as one token of the budget instead of m+1: prefill pieces overrun the step",
+           ENGINE, "        spec_extra = sum(b.count - 1 for b in batch)", "        spec_extra = 0",
+           (T_SPEC_BUDGET,)),
+    Mutant("spec_draft_state_not_restored", "speculative draft",
+           "the draft model's own state is left after its drafting steps, so its next catch-up continues from "
+           "drafted tokens that were never emitted",
+           SPEC, "            for j, (_, s, _, _) in enumerate(rows):\n                self.snap.restore(j, s)\n", "",
+           (T_SPEC_LOG + "[draft]",)),
+    Mutant("oracle_spec_overlapped", "spec: speculative async",
+           "the truth overlaps speculative async steps like plain ones, launching decode rows from unresolved "
+           "tokens (no proposals) so async and legacy schedules part",
+           ORACLE_SCHED, "                and self.spec is None                            # speculative: never "
+                         "overlapped (§13)\n", "",
+           ("tests/test_speculative_oracle.py::test_scripted_speculation_gives_the_non_speculative_tokens",)),
+]

@@ -1,0 +1,318 @@
+"""Speculative decoding in the fast-path engine (DESIGN §13, docs/engine.md "Speculative decoding").
+
+A verify row [last token, d_1..d_m] at positions [p, p+m] runs as a prefill piece of m+1 tokens through every layer
+(varlen conv / SSD / attention continue from bank[slot] at any position) with logits at all m+1 positions.
+Recurrent-state rollback is *snapshot + replay*: before the forward the verify slots' conv windows and SSM states
+are copied into a snapshot buffer (allocated once); when the row accepted a < m drafts, resolve copies the snapshot
+back and replays the a+1 accepted inputs as one piece (logits discarded). Attention KV needs no rollback: K/V are
+indexed by position and a row only ever reads positions below its own, so the rejected positions are rewritten
+before they are read. Verify steps run eager and synchronously (the host needs the tokens to decide the replay),
+and a step with verify rows is never overlapped in async mode (the oracle's rule: speculative traces never
+overlap). Written independently of oracle/speculative.py: only oracle's trace/log types are imported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from oracle.schedule_log import BatchRow
+from oracle.trace import TraceError
+
+from . import ops
+from .bank import StateBank
+from .sample import sample_rows
+
+
+@dataclass
+class Piece:
+    """One packed sequence: tokens at positions [start, start+len) continued from bank[slot]."""
+    tokens: list[int]
+    start: int
+    slot: int
+    all_logits: bool = False     # logits at every position (verify rows), else only at the last
+
+
+def _kw(model) -> dict:
+    """The kernel-backend keyword of the ops calls for this model (FastOptions.backend)."""
+    return {"backend": model.backend} if hasattr(model, "backend") else {}
+
+
+def pack(device, chunk_size: int, dec: list[tuple[int, int, int]], pieces: list[Piece],
+         dec_ids: Tensor | None = None, kw: dict | None = None):
+    """StepBatch for decode rows (token, pos, slot) then pieces; returns (batch, logits row ranges per sequence).
+    dec_ids: the decode rows' tokens already on the device (the draft loop), instead of the host values."""
+    from fastpath.model import StepBatch
+    n = len(dec)
+    ids = [t for t, _, _ in dec] + [t for p in pieces for t in p.tokens]
+    pos = [q for _, q, _ in dec] + [q for p in pieces for q in range(p.start, p.start + len(p.tokens))]
+    cu, last, ranges = [0], list(range(n)), [(j, j + 1) for j in range(n)]
+    for p in pieces:
+        lo, hi = n + cu[-1], n + cu[-1] + len(p.tokens)
+        cu.append(cu[-1] + len(p.tokens))
+        rows = list(range(lo, hi)) if p.all_logits else [hi - 1]
+        ranges.append((len(last), len(last) + len(rows)))
+        last.extend(rows)
+    starts = [p.start for p in pieces]
+    meta = (ids + pos + [s for _, _, s in dec] + cu + [p.slot for p in pieces] + starts
+            + [int(s > 0) for s in starts] + last)
+    dev = torch.tensor(meta, dtype=torch.int64).to(device)
+    T, o = len(ids), 0
+
+    def take(m: int) -> Tensor:
+        nonlocal o
+        o += m
+        return dev[o - m:o]
+    ids_t, pos_t = take(T), take(T)
+    if dec_ids is not None:
+        ids_t[:n].copy_(dec_ids)
+    dec_slot = take(n).to(torch.int32)
+    pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pieces)).to(torch.int32)
+    pre_start, pre_init, last_t = take(len(pieces)), take(len(pieces)).to(torch.int32), take(len(last))
+    sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
+    if pieces:
+        sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, **(kw or {}))
+    return sb, ranges
+
+
+class Snapshot:
+    """Conv windows and SSM states of up to R slots, copied out before a verify forward and back for a replay."""
+
+    def __init__(self, bank: StateBank, R: int):
+        self.bank = bank
+        self.conv = torch.zeros_like(bank.conv_state[:, :R])
+        self.ssm = torch.zeros_like(bank.ssm_state[:, :R])
+
+    def save(self, slots: list[int]) -> None:
+        """snapshot[:, j] := bank[:, slots[j]]."""
+        idx = torch.tensor(slots, dtype=torch.int64, device=self.bank.device)
+        self.conv[:, :len(slots)] = self.bank.conv_state.index_select(1, idx)
+        self.ssm[:, :len(slots)] = self.bank.ssm_state.index_select(1, idx)
+
+    def restore(self, j: int, slot: int) -> None:
+        """bank[:, slot] := snapshot[:, j] (conv window and SSM state of every Mamba layer)."""
+        self.bank.conv_state[:, slot].copy_(self.conv[:, j])
+        self.bank.ssm_state[:, slot].copy_(self.ssm[:, j])
+
+
+# ------------------------------------------------------------------------------------------------- proposers
+
+def ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Prompt lookup (DESIGN §13): longest n whose suffix occurred before; the <= k tokens after its latest match."""
+    L = len(tokens)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        tail = tokens[L - n:]
+        for i in range(L - n - 1, -1, -1):
+            if tokens[i:i + n] == tail:
+                return tokens[i + n:i + n + k]
+    return []
+
+
+class DraftModel:
+    """The draft proposer: a FastModel with its own StateBank (slot = the request's slot), greedy. Each request's
+    draft state covers its tokens seen so far; drafting past them runs on the bank and is undone from a snapshot."""
+
+    def __init__(self, model, R: int, max_len: int):
+        self.model, self.R = model, R
+        self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
+        self.snap = Snapshot(self.bank, R)
+        self.seen: dict[str, int] = {}
+
+    def propose(self, rows: list[tuple[str, int, list[int], int]]) -> dict[str, list[int]]:
+        """rows (request, slot, tokens, room): catch each draft state up on the new tokens, then `room` greedy
+        drafts per row (all rows decoded together; one host sync at the end)."""
+        if not rows:
+            return {}
+        m, dev = self.model, self.model.device
+        pieces = [Piece(list(t[self.seen.get(rid, 0):]), self.seen.get(rid, 0), s) for rid, s, t, _ in rows]
+        sb, _ = pack(dev, m.config.chunk_size, [], pieces, kw=_kw(m))
+        tok = torch.empty(len(rows), dtype=torch.int64, device=dev)
+        ops.greedy_sample(m.forward(sb, self.bank), tok, **_kw(m))
+        for rid, _, t, _ in rows:
+            self.seen[rid] = len(t)
+        out, k = [tok.clone()], max(r[3] for r in rows)
+        if k > 1:
+            self.snap.save([s for _, s, _, _ in rows])
+            for i in range(1, k):
+                dec = [(0, len(t) + i - 1, s) for _, s, t, _ in rows]
+                sb, _ = pack(dev, m.config.chunk_size, dec, [], dec_ids=out[-1], kw=_kw(m))
+                nxt = torch.empty(len(rows), dtype=torch.int64, device=dev)
+                ops.greedy_sample(m.forward(sb, self.bank), nxt, **_kw(m))
+                out.append(nxt)
+            for j, (_, s, _, _) in enumerate(rows):
+                self.snap.restore(j, s)
+        drafts = torch.stack(out, 1).tolist()
+        return {rid: drafts[j][:room] for j, (rid, _, _, room) in enumerate(rows)}
+
+    def forget(self, rid: str) -> None:
+        """A finished request's draft state is dropped (its slot is reused from zero: first piece has no state)."""
+        self.seen.pop(rid, None)
+
+
+def load_draft(path, target_config, R: int, max_len: int, device, dtype, options=None) -> DraftModel:
+    """The draft folder as a FastModel on the target's device and dtype; another vocab is an error naming the field."""
+    from oracle.checkpoint import load_checkpoint
+    from fastpath.model import FastModel
+    cfg, tensors = load_checkpoint(path)
+    if cfg.vocab_size != target_config.vocab_size:
+        raise TraceError("engine.speculative.proposer.model", f"draft vocab_size {cfg.vocab_size} != the target's "
+                         f"{target_config.vocab_size}: a draft must share the target's vocabulary")
+    return DraftModel(FastModel(cfg, tensors, device, dtype, options), R, max_len)
+
+
+# ----------------------------------------------------------------------------------------- the engine's hooks
+
+@dataclass
+class Verified:
+    """A verify row's outcome: the sampler's choices c_0..c_m, the accepted count, its snapshot index, its inputs."""
+    choices: list[int]
+    accepted: int
+    snap: int
+    inputs: list[int]
+
+
+class Speculator:
+    """Engine hooks: `row` (proposals when building a decode row), `launch` (a step with verify rows), `tokens`
+    (what a resolved row emits), `rollback` (restore + replay rows that rejected a draft)."""
+
+    def __init__(self, engine, spec):
+        self.engine, self.spec, self.k = engine, spec, spec.k
+        bank, R = engine.bank, engine.R
+        if self.k + 1 > bank.max_len:
+            raise TraceError("engine.speculative.k", f"k + 1 = {self.k + 1} positions exceed the engine's max_len "
+                             f"{bank.max_len}")
+        self.snap = Snapshot(bank, R)
+        self.out = torch.zeros(R * (self.k + 1), dtype=torch.int64, device=engine.device)   # verify-step tokens
+        self.verified: list[tuple[BatchRow, Verified]] = []     # the last verify step's rows, until resolved
+        p = spec.proposer
+        self.draft = None
+        self.table = p.table() if p.kind == "scripted" else {}
+        if p.kind == "draft":
+            from oracle.speculative import model_path
+            self.draft = load_draft(model_path(spec), engine.config, R, bank.max_len + self.k, engine.device,
+                                    engine.model.dtype, getattr(engine.model, "options", None))
+        self._drafts: dict[str, list[int]] = {}
+
+    def reset(self) -> None:
+        """Forget per-request state (a new run)."""
+        self.verified, self._drafts = [], {}
+        if self.draft is not None:
+            self.draft.seen = {}
+
+    # ---- batch building ------------------------------------------------------------------------------------
+    def prepare(self, live) -> None:
+        """Draft proposer: one batched draft pass for every decoding row before the batch is built."""
+        if self.draft is None:
+            return
+        rows = []
+        for r, st in live:
+            if not st.prefilling:
+                room = min(self.k, st.req.max_new_tokens - len(st.output))
+                rows.append((st.req.id, self.engine.rows.row_to_slot[r], list(st.req.prompt) + st.output, room))
+        self._drafts = self.draft.propose(rows)
+
+    def proposals(self, st) -> list[int]:
+        """At most min(k, tokens left) proposals for a decoding request."""
+        room = min(self.k, st.req.max_new_tokens - len(st.output))
+        p = self.spec.proposer
+        if p.kind == "ngram":
+            props = ngram(list(st.req.prompt) + st.output, room, p.min_n, p.max_n)
+        elif p.kind == "scripted":
+            props = list(self.table.get(st.req.id, {}).get(len(st.output), ()))
+        else:
+            props = self._drafts.get(st.req.id, [])
+        return props[:room]
+
+    def row(self, r: int, st, slot: int) -> BatchRow:
+        """A decode row, or a verify row of m+1 tokens carrying its m proposals."""
+        pos = len(st.req.prompt) + len(st.output) - 1
+        props = self.proposals(st)
+        if not props:
+            return BatchRow(r, st.req.id, slot, "decode", pos, 1)
+        return BatchRow(r, st.req.id, slot, "verify", pos, len(props) + 1, proposals=list(props))
+
+    # ---- the verify step -----------------------------------------------------------------------------------
+    def launch(self, batch: list[BatchRow], rec):
+        """Snapshot the verify slots, forward decode rows + verify pieces + prefill pieces, sample every verify
+        position (seeded: keyed by each absolute position), decide acceptance on the host. The returned pending
+        step lists each verify row as m+1 one-token rows (pos+i), of which the first a+1 sample, so resolve
+        appends them in order and stops at a stop token or max_new_tokens like any other token."""
+        from .engine import Launched
+        eng = self.engine
+        rec.batch = batch
+        dec = [b for b in batch if b.kind == "decode"]
+        ver = [b for b in batch if b.kind == "verify"]
+        pre = [b for b in batch if b.kind == "prefill"]
+        self.snap.save([b.slot for b in ver])
+        pieces = [Piece([eng.requests[b.request].output[-1]] + list(b.proposals), b.pos, b.slot, all_logits=True)
+                  for b in ver]
+        for b in pre:
+            pieces.append(Piece(list(eng.requests[b.request].req.prompt[b.pos:b.pos + b.count]), b.pos, b.slot))
+            eng.requests[b.request].done = b.pos + b.count
+        sb, ranges = pack(eng.device, eng.config.chunk_size,
+                          [(eng.requests[b.request].output[-1], b.pos, b.slot) for b in dec], pieces,
+                          kw=_kw(eng.model))
+        logits = eng.model.forward(sb, eng.bank)
+        order = dec + ver + pre                            # the model's packing order
+        seeded = []
+        for b, (lo, hi) in zip(order, ranges):
+            sp = eng.requests[b.request].req.sampling
+            if sp.kind == "seeded":
+                first_pos = b.pos + b.count - (hi - lo) + 1     # the token logits row lo predicts
+                for i in range(hi - lo):                        # each verify position keyed by its own position
+                    seeded.append((lo + i, float(sp.temperature), int(sp.seed), first_pos + i))
+        L = logits.shape[0]
+        sample_rows(logits, self.out[:L], seeded, **_kw(eng.model))
+        if eng.on_logits is not None:                      # one pseudo decode row per logits row
+            eng.on_logits(self._expand(order, ranges), logits)
+        toks = self.out[:L].tolist()                       # verify steps are synchronous
+        span = {id(b): r for b, r in zip(order, ranges)}
+        rows, samples, host = [], [], []
+        rec.verify, self.verified = [], []
+        for b in batch:
+            lo, hi = span[id(b)]
+            if b.kind != "verify":
+                rows.append(b)
+                samples.append(b.kind == "decode" or not eng.requests[b.request].prefilling)
+                host.append(toks[lo])
+                continue
+            choices = toks[lo:hi]
+            a = 0
+            while a < len(b.proposals) and b.proposals[a] == choices[a]:
+                a += 1
+            rec.verify.append({"request": b.request, "accepted": a})
+            inputs = [eng.requests[b.request].output[-1]] + list(b.proposals)
+            self.verified.append((b, Verified(choices, a, ver.index(b), inputs)))
+            for i in range(len(choices)):                  # emitted: c_0..c_a (accepted drafts, then the bonus)
+                rows.append(BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1))
+                samples.append(i <= a)
+                host.append(choices[i])
+        return Launched(eng.k, rows, rec, samples, torch.tensor(host, dtype=torch.int64), None)
+
+    @staticmethod
+    def _expand(order: list[BatchRow], ranges) -> list[BatchRow]:
+        rows = []
+        for b, (lo, hi) in zip(order, ranges):
+            if b.kind == "verify":
+                rows.extend(BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1) for i in range(hi - lo))
+            else:
+                rows.append(b)
+        return rows
+
+    # ---- resolve -------------------------------------------------------------------------------------------
+    def rollback(self) -> None:
+        """Rows that rejected a draft and go on: bank[slot] := snapshot, then replay the a+1 accepted inputs as
+        one piece per row (one forward for all of them), so conv and SSM state end at the last accepted input."""
+        eng, pieces = self.engine, []
+        verified, self.verified = self.verified, []
+        for b, v in verified:
+            if eng.requests[b.request].finish_reason is not None:
+                continue
+            if v.accepted == len(b.proposals):             # every draft accepted: the forward left the right state
+                continue
+            self.snap.restore(v.snap, b.slot)
+            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))
+        if pieces:
+            sb, _ = pack(eng.device, eng.config.chunk_size, [], pieces, kw=_kw(eng.model))
+            eng.model.forward(sb, eng.bank)
