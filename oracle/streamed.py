@@ -16,6 +16,7 @@ changes MKL's blocking and the last bits) and requests are never concatenated.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -37,7 +38,7 @@ def _check_ids(c: HybridConfig, ids: Sequence[int], what: str) -> list[int]:
         raise ValueError(f"{what}: expected a list of token ids, got {type(ids).__name__}")
     out = []
     for j, t in enumerate(ids):
-        if isinstance(t, bool) or not isinstance(t, int):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise ValueError(f"{what}[{j}]: token id must be an integer, got {t!r}")
         if not 0 <= t < c.vocab_size:
             raise ValueError(f"{what}[{j}]: token id {t} is out of range for vocab_size={c.vocab_size}")
@@ -125,7 +126,10 @@ class StreamedOracle:
         """Per request (prompt, tokens): rows [len(tokens) + 1, vocab]; row k predicts tokens[k], the last row
         follows the last token (rows = logits of prompt + tokens from the prompt's last position on)."""
         prompts = []
-        for r, (prompt, tokens) in enumerate(requests):
+        for r, req in enumerate(requests):
+            if not isinstance(req, (tuple, list)) or len(req) != 2:
+                raise ValueError(f"requests[{r}]: expected a (prompt, tokens) pair, got {type(req).__name__}")
+            prompt, tokens = req
             p = _check_ids(self.config, prompt, f"requests[{r}].prompt")
             if not p:
                 raise ValueError(f"requests[{r}].prompt: empty prompt")

@@ -128,6 +128,7 @@ def test_streamed_names_a_nan_weight_when_its_layer_is_read(zoo_folder, tmp_path
     ([([True], [3])], r"requests\[0\]\.prompt\[0\]: token id must be an integer, got True"),
     ([([], [3])], r"requests\[0\]\.prompt: empty prompt"),
     ([("abc", [3])], r"requests\[0\]\.prompt: expected a list of token ids"),
+    ([([1, 2], [3]), [1, 2, 3]], r"requests\[1\]: expected a \(prompt, tokens\) pair"),
 ])
 def test_streamed_rejects_bad_token_ids_naming_the_request(zoo_folder, reqs, pattern):
     """Token ids are checked (no truncation of floats, no bools, in range) with the request and position named."""
