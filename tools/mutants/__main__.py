@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     chosen = [m for m in MUTANTS if (not args.only or m.name in args.only) and (not args.quick or m.name in QUICK)
               and (args.gpu or not m.gpu_only)]
+    if args.only:                                   # in the order asked for (most interesting first)
+        chosen.sort(key=lambda m: args.only.index(m.name))
     if args.markdown:
         print("| mutant | class | story | file | expected killer(s) |\n|---|---|---|---|---|")
         for m in MUTANTS:
