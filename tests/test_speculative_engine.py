@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -249,3 +250,69 @@ def test_gpu_bf16_graphs_speculative_equals_non_speculative(name):
     want = oracle_run(oracle_model, trace, "legacy")
     if legacy.tokens == want.tokens:
         assert legacy.schedule_log.to_json() == want.schedule_log.to_json()
+
+
+def test_speculation_composes_with_the_prefix_cache(models):
+    """A trace with both engine.speculative and engine.prefix_cache: hits, stores, verify rows; log and tokens ==
+    the oracle's (which models both exactly), tokens == no speculation and no cache."""
+    oracle_model, fast = models
+    shared = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+    obj = {"schema": "hybridqual.trace/1",
+           "engine": {"max_requests": 2, "max_tokens_per_step": 24, "prefill_chunk": 16,
+                      "prefix_cache": {"block_size": 8, "capacity": 2}},
+           "requests": [{"id": "p0", "arrival_step": 0, "prompt": shared + [1, 2], "max_new_tokens": 6},
+                        {"id": "p1", "arrival_step": 3, "prompt": shared + [4], "max_new_tokens": 6}]}
+    plain = oracle_run(oracle_model, _trace(None, {**obj, "engine": {k: v for k, v in obj["engine"].items()
+                                                                     if k != "prefix_cache"}})).tokens
+    trace = _trace({"kind": "ngram", "min_n": 1, "max_n": 2}, obj)
+    for mode in ("legacy", "async"):
+        got, _ = _run(fast, trace, mode)
+        want = oracle_run(oracle_model, trace, mode)
+        assert got.tokens == want.tokens == plain
+        assert got.schedule_log.to_json() == want.schedule_log.to_json()
+    j = got.schedule_log.to_json()
+    assert any(s["prefix_cache"]["hits"] for s in j["steps"])
+
+
+@st.composite
+def scripted(draw):
+    """A trace over BASE's requests with random scripted proposals: each (request, n) entry is either the true
+    next tokens with one optional corruption, or random tokens, or absent."""
+    k = draw(st.integers(1, 4))
+    table = {}
+    for rid, n_max in (("a", 9), ("b", 4), ("c", 6)):
+        per = {}
+        for n in range(1, n_max):
+            kind = draw(st.sampled_from(["none", "true", "corrupt", "random"]))
+            if kind != "none":
+                per[str(n)] = [kind, draw(st.integers(1, k)), draw(st.integers(0, k - 1)),
+                               draw(st.lists(st.integers(0, 95), min_size=k, max_size=k))]
+        table[rid] = per
+    return k, table
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scripted())
+def test_generated_scripted_proposals_keep_tokens_and_follow_the_oracle(models, spec):
+    oracle_model, fast = models
+    k, table = spec
+    obj = {**BASE, "engine": dict(BASE["engine"], max_tokens_per_step=max(24, 2 * (k + 1) + 8))}
+    plain = oracle_run(oracle_model, _trace(None, obj)).tokens
+    V = fast.config.vocab_size
+    props = {}
+    for rid, per in table.items():
+        props[rid] = {}
+        for n, (kind, m, bad, rnd) in per.items():
+            true = plain[rid][int(n):int(n) + m] or [0]
+            if kind == "true":
+                props[rid][n] = true
+            elif kind == "corrupt":
+                props[rid][n] = [(t + 1) % V if i == min(bad, len(true) - 1) else t for i, t in enumerate(true)]
+            else:
+                props[rid][n] = rnd[:m]
+    trace = _trace({"kind": "scripted", "proposals": props}, obj, k=k)
+    got, _ = _run(fast, trace, "legacy")
+    want = oracle_run(oracle_model, trace, "legacy")
+    assert got.tokens == want.tokens == plain
+    assert got.schedule_log.to_json() == want.schedule_log.to_json()
+    assert log_consistency(got.schedule_log) == []

@@ -47,12 +47,15 @@ def step_table(log: dict) -> str:
     lines = [f"{'step':>4} {'ov':>2}  batch (row:request@slot kind pos+count) | admit | sampled | free | moves"]
     for s in log["steps"]:
         batch = " ".join(f"{b['row']}:{b['request']}@{b['slot']} {b['kind'][0]}{b['pos']}+{b['count']}"
+                         + (f"[{','.join(map(str, b['proposals']))}]" if "proposals" in b else "")   # verify rows
                          for b in s["batch"]) or "-"
         admit = " ".join(f"{a['request']}→r{a['row']}/s{a['slot']}" for a in s["admit"]) or "-"
         sampled = " ".join(f"{x['request']}:{x['token']}" for x in s["sampled"]) or "-"
         free = " ".join(f"{f['request']}(s{f['slot']},{f['reason']})" for f in s["free"]) or "-"
         moves = " ".join(f"r{m['from_row']}→r{m['to_row']}({m['request']},s{m['slot']})" for m in s["moves"]) or "-"
-        lines.append(f"{s['step']:>4} {s['overlap']:>2}  {batch} | {admit} | {sampled} | {free} | {moves}")
+        accepted = (" | accepted " + " ".join(f"{v['request']}:{v['accepted']}" for v in s["verify"])
+                    if "verify" in s else "")                                    # speculative steps (DESIGN §13)
+        lines.append(f"{s['step']:>4} {s['overlap']:>2}  {batch} | {admit} | {sampled} | {free} | {moves}{accepted}")
     return "\n".join(lines)
 
 
