@@ -3,5 +3,6 @@ from __future__ import annotations
 
 from fastpath.engine.engine import Engine
 from fastpath.model import FastModel
+from fastpath.options import FastOptions
 
-__all__ = ["Engine", "FastModel"]
+__all__ = ["Engine", "FastModel", "FastOptions"]

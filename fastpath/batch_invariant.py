@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from fastpath.kernels.matmul import matmul
 from fastpath.engine.engine import Engine, piece_length
+from fastpath.kernels.matmul import matmul
 from fastpath.model import FastModel
+from fastpath.options import FastOptions, check_options
 
 
 class _RouteMatmuls(TorchFunctionMode):
@@ -50,27 +51,18 @@ class _RouteMatmuls(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class BatchInvariantMixin:
-    """Overrides FastModel's GEMMs with the batch-invariant matmul (mix in before FastModel)."""
-
-    batch_invariant = True
-
-    def _gemv_ok(self, x: Tensor) -> bool:
-        """Never: a one-row GEMV would give a request alone other bits than the same request in a batch."""
-        return False
-
-    def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-        """Every projection of FastModel (q/k/v/o, in/out, MLP, lm_head) on the fixed-tile matmul."""
-        return matmul(x, w, b)
-
-    def moe(self, x: Tensor, p: str) -> Tensor:
-        """FastModel.moe with its router and expert matmuls on the fixed-tile kernel."""
-        with _RouteMatmuls():
-            return super().moe(x, p)
+def route_matmuls() -> TorchFunctionMode:
+    """A context in which F.linear / x @ W run on the fixed-tile matmul (FastModel.moe in batch-invariant mode)."""
+    return _RouteMatmuls()
 
 
-class BatchInvariantModel(BatchInvariantMixin, FastModel):
-    """FastModel in batch-invariant mode (same constructor)."""
+class BatchInvariantModel(FastModel):
+    """FastModel with `options.batch_invariant` set (same constructor): every projection, the MoE router and
+    experts on the fixed-tile matmul, never the one-row GEMV (FastModel._dense, _gemv_ok, moe read the option)."""
+
+    def __init__(self, config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
+                 options: FastOptions | None = None):
+        super().__init__(config, tensors, device, dtype, check_options(options).replace(batch_invariant=True))
 
 
 class BatchInvariantEngine(Engine):
@@ -84,9 +76,15 @@ class BatchInvariantEngine(Engine):
 
 
 def make_model(config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
-               batch_invariant: bool = False) -> FastModel:
-    """FastModel, or its batch-invariant variant when `batch_invariant`."""
-    return (BatchInvariantModel if batch_invariant else FastModel)(config, tensors, device, dtype)
+               options: FastOptions | None = None) -> FastModel:
+    """FastModel, or its batch-invariant variant when `options.batch_invariant`."""
+    options = check_options(options)
+    return (BatchInvariantModel if options.batch_invariant else FastModel)(config, tensors, device, dtype, options)
+
+
+def engine_class(options: FastOptions | None) -> type:
+    """The engine that goes with these options: BatchInvariantEngine (request-only pieces) or Engine."""
+    return BatchInvariantEngine if check_options(options).batch_invariant else Engine
 
 
 def run_recording_logits(engine, trace, mode: str | None = None):

@@ -9,6 +9,7 @@ of every sequence.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,8 @@ from torch import Tensor
 
 from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
+from fastpath.kernels.matmul import matmul
+from fastpath.options import FastOptions, OptionsError, check_options
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
 from fastpath.kernels.gemv import ConvStep, ResidualAdd, gemv as _gemv
@@ -40,20 +43,14 @@ class StepBatch:
 
 
 class FastModel:
-    """Weights on the device in the compute dtype, and `forward(batch, bank) -> logits [S, V]`."""
-
-    fused: bool = True   # Triton backend: residual add + norm and act·mul as one kernel each (False: torch ops)
-    gemv: bool = True    # CUDA + Triton backend: one-row projections through the Triton GEMV (False: cuBLAS)
-    gemv_on_cpu: bool = False   # tests: take the one-row GEMV path (and its folds) on CPU as well
-    fold_act: bool = True   # with the GEMV: the MLP's act·mul is done in the down GEMV's x load (no act_mul kernel)
-    fold_conv: bool = True  # with the GEMV: a one-row decode step's conv step is in_proj's epilogue
-    fold_gains: bool = True  # at load: a norm gain read only by projections is folded into their weight columns
-    fold_norm: bool = True   # with the GEMV and folded gains: a one-row decode step normalises in the projections'
-    #                          x loads and adds the residual in their epilogues (no add_rms_norm/rms_norm_gated)
+    """Weights on the device in the compute dtype, and `forward(batch, bank) -> logits [S, V]`; how it runs (kernel
+    backend, fusions, folds, batch invariance) is the frozen `options` (fastpath/options.py)."""
 
     def __init__(self, config, tensors: dict[str, Tensor], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, options: FastOptions | None = None):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
+        self.options = o = check_options(options)
+        self.backend = o.backend
         f32 = ("A_log", "D", "dt_bias")
         self.w: dict[str, Tensor] = {}
         for k, v in tensors.items():
@@ -73,7 +70,7 @@ class FastModel:
                     self.w[p + "qkv.bias"] = torch.cat([self.w.pop(n + ".bias") for n in names])
         if "lm_head.weight" not in self.w:          # tied embeddings
             self.w["lm_head.weight"] = self.w["embed.weight"]
-        self.gains_folded = self._fold_gains() if self.fold_gains else set()
+        self.gains_folded = self._fold_gains() if o.fold_gains else set()
         self.A = {i: -torch.exp(self.w[f"layers.{i}.mamba.A_log"]) for i in config.mamba_layer_ids}
         c = config
         self.stream_dtype = torch.float32 if (c.residual_in_fp32 and dtype != torch.float32) else dtype
@@ -109,11 +106,21 @@ class FastModel:
         return done
 
     # ------------------------------------------------------------------------------------------- blocks
+    def with_options(self, **changes) -> "FastModel":
+        """The same weights (shared, not copied) under other run options (not fold_gains: it is applied to the
+        weights at load)."""
+        o = self.options.replace(**changes)
+        if o.fold_gains != self.options.fold_gains:
+            raise OptionsError("options.fold_gains: applied to the weights at load; build a new FastModel")
+        m = copy.copy(self)
+        m.options, m.backend = o, o.backend
+        return m
+
     def _norm(self, h: Tensor, name: str) -> Tensor:
-        return ops.rms_norm_gated(h.to(self.dtype), None, self.w[name], 1, self.config.norm_eps)
+        return ops.rms_norm_gated(h.to(self.dtype), None, self.w[name], 1, self.config.norm_eps, backend=self.backend)
 
     def _fusing(self) -> bool:
-        return self.fused and ops.BACKEND == "triton"
+        return self.options.fused and self.backend == "triton"
 
     def _add_norm(self, h: Tensor, out: Tensor | None, name: str,
                   rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -130,8 +137,9 @@ class FastModel:
     def _gemv_ok(self, x: Tensor) -> bool:
         """One row on CUDA with the Triton backend: projections go through the Triton GEMV (gemv_on_cpu: on CPU
         too, through the interpreter — the CPU tier's way to test the folded path's wiring)."""
-        return (self.gemv and x.shape[0] == 1 and (x.is_cuda or self.gemv_on_cpu) and ops.BACKEND == "triton"
-                and x.stride(-1) == 1)
+        o = self.options
+        return (o.gemv and not o.batch_invariant and x.shape[0] == 1 and (x.is_cuda or o.gemv_on_cpu)
+                and self.backend == "triton" and x.stride(-1) == 1)
 
     def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None, act: str | None = None,
               conv: ConvStep | None = None, rms_eps: float | None = None,
@@ -147,8 +155,8 @@ class FastModel:
         return self._dense(x, w, b)
 
     def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-        """A projection off the one-row GEMV path (the hook batch-invariant mode overrides)."""
-        return F.linear(x, w, b)
+        """A projection off the one-row GEMV path; batch-invariant: the fixed-tile matmul (tiles keyed on N, K)."""
+        return matmul(x, w, b) if self.options.batch_invariant else F.linear(x, w, b)
 
     def _linear(self, x: Tensor, name: str, act: str | None = None, conv: ConvStep | None = None,
                 rms_eps: float | None = None, residual: ResidualAdd | None = None) -> Tensor:
@@ -161,7 +169,7 @@ class FastModel:
         eps = c.norm_eps if res is not None else None
         conv_w, conv_b = self.w[p + "conv1d.weight"], self.w.get(p + "conv1d.bias")
         conv = None
-        if self._fusing() and self.fold_conv and n == 1 and b.ids.shape[0] == 1 and self._gemv_ok(u):
+        if self._fusing() and self.options.fold_conv and n == 1 and b.ids.shape[0] == 1 and self._gemv_ok(u):
             xbc = torch.empty(1, c.conv_dim, dtype=self.dtype, device=self.device)
             conv = ConvStep(conv_w, conv_b, bank.conv(i), b.dec_slot, xbc, c.d_inner)   # in in_proj's epilogue
         zxbcdt = self._linear(u, p + "in_proj", conv=conv, rms_eps=eps)
@@ -170,10 +178,10 @@ class FastModel:
         if conv is None:                        # not folded: the decode rows' conv step as its own kernel
             xbc = torch.empty(T, c.conv_dim, dtype=zxbcdt.dtype, device=zxbcdt.device)
             if n:
-                ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n])
+                ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n], backend=self.backend)
         if T > n:
             ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
-                                     out=xbc[n:])
+                                     out=xbc[n:], validate=b.table is None, backend=self.backend)
         x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
         x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
         A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
@@ -181,11 +189,12 @@ class FastModel:
         gate_in_step = res is not None and G == 1 and T == n   # the whole gated norm folded: y·silu(z) in ssm_step
         if n:
             ops.ssm_step(bank.ssm(i), x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, b.dec_slot,
-                         z=z[:n].reshape(n, H, P) if gate_in_step else None, dt_limit=c.dt_limit, out=y[:n])
+                         z=z[:n].reshape(n, H, P) if gate_in_step else None, dt_limit=c.dt_limit, out=y[:n],
+                         backend=self.backend)
         if T > n:
             ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
                            b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
-                           table=b.table)
+                           table=b.table, backend=self.backend)
         if gate_in_step:                        # its RMS in out_proj's x load, its gain folded into out_proj
             return self._linear(y.reshape(T, c.d_inner), p + "out_proj", rms_eps=eps, residual=res)
         y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
@@ -194,7 +203,7 @@ class FastModel:
     def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
         """Gated RMSNorm over groups of d_inner / n_groups (the hook TP overrides for groups spanning ranks)."""
         c = self.config
-        return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps)
+        return ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps, backend=self.backend)
 
     def attention(self, i: int, u: Tensor, b: StepBatch, bank: StateBank, res: ResidualAdd | None = None) -> Tensor:
         """GQA attention of layer i (RoPE, KV written to bank[slot] at the tokens' positions); res as in mamba."""
@@ -214,17 +223,18 @@ class FastModel:
         o = torch.empty(T, Hq, d, dtype=q.dtype, device=q.device)
         if n:                                              # decode rows: RoPE inside the decode kernel
             ops.attention_decode(q[:n], k[:n], v[:n], kc, vc, b.dec_slot, b.pos[:n], c.attn_scale, out=o[:n],
-                                 rope_dim=c.rope_dim, rope_theta=c.rope_theta)
+                                 rope_dim=c.rope_dim, rope_theta=c.rope_theta, backend=self.backend)
         if T > n:
             qp, kp = q[n:], k[n:]
             if c.rope_dim:                                 # prefill rows: q and k heads rotated in one launch
                 if p + "qkv.weight" in self.w:
-                    qk = ops.rope(qk[n:], b.pos[n:], c.rope_dim, c.rope_theta)
+                    qk = ops.rope(qk[n:], b.pos[n:], c.rope_dim, c.rope_theta, backend=self.backend)
                     qp, kp = qk[:, :Hq], qk[:, Hq:]
                 else:
-                    qp, kp = (ops.rope(t, b.pos[n:], c.rope_dim, c.rope_theta) for t in (qp, kp))
+                    qp, kp = (ops.rope(t, b.pos[n:], c.rope_dim, c.rope_theta, backend=self.backend)
+                              for t in (qp, kp))
             ops.attention_prefill_varlen(qp, kp, v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
-                                         c.attn_scale, out=o[n:])
+                                         c.attn_scale, out=o[n:], backend=self.backend)
         return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj", residual=res)
 
     def _residual(self, h: Tensor, out: Tensor) -> Tensor:
@@ -239,7 +249,7 @@ class FastModel:
         eps = self.config.norm_eps if res is not None else None
         if p + "gate_up.weight" in self.w:                  # gate and up in one GEMM
             gu = self._linear(x, p + "gate_up", rms_eps=eps)
-            if self._fusing() and self.fold_act and self._gemv_ok(gu):   # act·mul folded into the down GEMV's x load
+            if self._fusing() and self.options.fold_act and self._gemv_ok(gu):   # act·mul folded into the down GEMV's x load
                 return self._linear(gu, p + "down_proj", act=self.config.mlp_act, residual=res)
             if self._fusing():
                 hidden = _act_mul(gu, self.config.mlp_act)
@@ -254,7 +264,15 @@ class FastModel:
         return self._linear(hidden, p + "down_proj", residual=res)
 
     def moe(self, x: Tensor, p: str) -> Tensor:
-        """Routed experts (dense over experts, gate weight 0 where not chosen) plus the shared expert."""
+        """Routed experts (dense over experts, gate weight 0 where not chosen) plus the shared expert;
+        batch-invariant: its router and expert matmuls on the fixed-tile kernel."""
+        if self.options.batch_invariant:
+            from fastpath.batch_invariant import route_matmuls
+            with route_matmuls():
+                return self._moe(x, p)
+        return self._moe(x, p)
+
+    def _moe(self, x: Tensor, p: str) -> Tensor:
         c, w = self.config, self.w
         logits = F.linear(x.float(), w[p + "router.weight"])                              # [T, E]
         if c.moe_router == "softmax_topk":
@@ -313,7 +331,7 @@ class FastModel:
 
     def _row_folds(self, b: StepBatch, e: Tensor) -> bool:
         """The folded one-row step applies: one decode row, GEMV path, every mixer/MLP norm gain folded."""
-        if not (self.fold_norm and self._fusing() and b.n_dec == 1 and e.shape[0] == 1 and self._gemv_ok(e)):
+        if not (self.options.fold_norm and self._fusing() and b.n_dec == 1 and e.shape[0] == 1 and self._gemv_ok(e)):
             return False
         for i, spec in enumerate(self.config.layers):
             if spec.ffn not in (None, "mlp") or (spec.ffn and f"layers.{i}.ffn_norm.weight" not in self.gains_folded):

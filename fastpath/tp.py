@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from fastpath.engine import ops
 from fastpath.model import FastModel
+from fastpath.options import FastOptions, check_options
 from oracle.config import ConfigError, HybridConfig
 
 
@@ -115,16 +115,15 @@ def shard_tensors(config: HybridConfig, tensors: dict[str, Tensor], rank: int, t
 class TPModel(FastModel):
     """FastModel over this rank's shard; row-parallel outputs all-reduced over `group`."""
 
-    fold_norm = False    # the residual add follows the all-reduce, not a GEMV epilogue
-
     def __init__(self, config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
-                 rank: int | None = None, tp: int | None = None, group=None):
-        """config/tensors: the FULL model; rank/tp default to torch.distributed's rank and world size."""
+                 rank: int | None = None, tp: int | None = None, group=None, options: FastOptions | None = None):
+        """config/tensors: the FULL model; rank/tp default to torch.distributed's rank and world size; options as
+        FastModel's, but never fold_norm (the residual add follows the all-reduce, not a GEMV epilogue)."""
         self.rank = dist.get_rank(group) if rank is None else rank
         self.tp = dist.get_world_size(group) if tp is None else tp
         self.group, self.full_config = group, config
         super().__init__(shard_config(config, self.tp), shard_tensors(config, tensors, self.rank, self.tp),
-                         device, dtype)
+                         device, dtype, check_options(options).replace(fold_norm=False))
         G = config.mamba_n_groups
         self.span_group = None if G % self.tp == 0 else self.rank // (self.tp // G)   # group spanning ranks
         self._reduce = {f"layers.{i}.mamba.out_proj" for i in config.mamba_layer_ids}
@@ -162,25 +161,24 @@ class TPModel(FastModel):
 
 
 def tp_model(config: HybridConfig, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
-             batch_invariant: bool = False) -> FastModel:
-    """This process's TPModel (rank/world from torch.distributed), batch-invariant GEMMs if asked."""
-    if batch_invariant:
-        from fastpath.batch_invariant import BatchInvariantMixin
-        cls = type("BatchInvariantTPModel", (TPModel, BatchInvariantMixin), {})   # TP reduce wraps fixed-tile GEMMs
-        return cls(config, tensors, device, dtype)
-    return TPModel(config, tensors, device, dtype)
+             options: FastOptions | None = None) -> FastModel:
+    """This process's TPModel (rank/world from torch.distributed); options.batch_invariant: fixed-tile GEMMs
+    inside the TP reduce."""
+    return TPModel(config, tensors, device, dtype, options=options)
 
 
 def engine_from_pretrained(path, engine_config, device=None, dtype=None, max_len: int = 2048, tp: int = 1,
-                           batch_invariant: bool = False, graphs: bool = False):
+                           batch_invariant: bool = False, graphs: bool = False, options: FastOptions | None = None):
     """Engine.from_pretrained with `--tp N` / `--batch-invariant`: under torchrun each rank gets its shard.
 
     tp > 1 needs torch.distributed's env (torchrun --nproc_per_node N); every rank must run the same traces,
     and only rank 0 should write reports (`torch.distributed.get_rank() == 0`).
     """
-    from fastpath.batch_invariant import BatchInvariantEngine, make_model
-    from fastpath.engine.engine import Engine
+    from fastpath.batch_invariant import engine_class, make_model
     from oracle.checkpoint import load_checkpoint
+    options = check_options(options)
+    if batch_invariant:
+        options = options.replace(batch_invariant=True)
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     cfg, tensors = load_checkpoint(path)
     if tp > 1:
@@ -191,10 +189,9 @@ def engine_from_pretrained(path, engine_config, device=None, dtype=None, max_len
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     device = torch.device(device or ("cuda" if cuda else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model = (tp_model(cfg, tensors, device, dtype, batch_invariant) if tp > 1
-             else make_model(cfg, tensors, device, dtype, batch_invariant))
-    return (BatchInvariantEngine if batch_invariant else Engine)(model, engine_config, max_len=max_len,
-                                                                 graphs=graphs)
+    model = (tp_model(cfg, tensors, device, dtype, options) if tp > 1
+             else make_model(cfg, tensors, device, dtype, options))
+    return engine_class(options)(model, engine_config, max_len=max_len, graphs=graphs)
 
 
 def init_from_env(device_type: str = "cpu") -> tuple[int, int]:
@@ -234,17 +231,16 @@ def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir:
                             timeout=datetime.timedelta(seconds=120))
     try:
         cfg, tensors = load_spec_model(job["model"])
-        model = tp_model(cfg, tensors, "cpu", torch.float32, job.get("batch_invariant", False))
+        options = FastOptions(backend=job.get("backend", "triton"), batch_invariant=job.get("batch_invariant", False))
+        model = tp_model(cfg, tensors, "cpu", torch.float32, options)
         out = {}
-        with ops.use_backend(job.get("backend", "triton")):
-            for path in job["traces"]:
-                trace = load_trace(path)
-                engine = Engine(model, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens
-                                                                  for r in trace.requests))
-                out[path] = {}
-                for mode in job["modes"]:
-                    r = engine.run_trace(trace, mode=mode)
-                    out[path][mode] = {"tokens": r.tokens, "log": r.schedule_log.to_json(), "digest": r.digest}
+        for path in job["traces"]:
+            trace = load_trace(path)
+            engine = Engine(model, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens for r in trace.requests))
+            out[path] = {}
+            for mode in job["modes"]:
+                r = engine.run_trace(trace, mode=mode)
+                out[path][mode] = {"tokens": r.tokens, "log": r.schedule_log.to_json(), "digest": r.digest}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
         dist.barrier()            # no rank tears gloo down while another is still in a collective

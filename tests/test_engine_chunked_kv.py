@@ -13,7 +13,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fastpath import Engine, FastModel  # noqa: E402
-from fastpath.engine import ops  # noqa: E402
 from oracle import zoo  # noqa: E402
 from oracle.trace import EngineConfig, Request, Trace  # noqa: E402
 
@@ -22,9 +21,8 @@ SMALL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_
 
 def _prefill(fast: FastModel, prompt: tuple[int, ...], piece: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     trace = Trace(EngineConfig(1, piece, piece, "legacy"), (Request("p", 0, prompt, 2),))
-    eng = Engine(fast, trace.engine, max_len=len(prompt) + 2)
-    with ops.use_backend("torch"):
-        res = eng.run_trace(trace)
+    eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=len(prompt) + 2)
+    res = eng.run_trace(trace)
     L = len(prompt)
     return res.tokens["p"], eng.bank.k_cache[:, 0, :L].clone(), eng.bank.v_cache[:, 0, :L].clone()
 

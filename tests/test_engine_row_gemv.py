@@ -1,5 +1,5 @@
 """The bs1 decode path with small kernels folded into the one-row GEMV (act·mul, the conv step, the RMSNorms and
-residual adds) runs the same model: run on CPU through the interpreter (`FastModel.gemv_on_cpu`), every logits
+residual adds) runs the same model: run on CPU through the interpreter (`FastOptions.gemv_on_cpu`), every logits
 row of a bs1 trace tracks the plain path, the act and conv folds are bitwise, the recurrent state ends equal, and
 the folded step really launches no norm kernel but the final one."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 
 from fastpath import Engine, FastModel  # noqa: E402
 from fastpath.batch_invariant import run_recording_logits  # noqa: E402
+from fastpath.options import FastOptions  # noqa: E402
 from oracle import zoo  # noqa: E402
 from oracle.trace import EngineConfig, Request, Trace  # noqa: E402
 
@@ -23,10 +24,8 @@ FOLDS = ("fold_act", "fold_conv", "fold_norm")
 
 def _run(cfg, w, mode: str, row_gemv: bool, **folds):
     """(tokens, logits rows, final ssm bank) of one bs1 request (prompt 5, 6 new tokens) under the given flags."""
-    model = FastModel(cfg, w, "cpu", torch.float32)
-    model.gemv_on_cpu = row_gemv
-    for f in FOLDS:
-        setattr(model, f, folds.get(f, True))
+    options = FastOptions(gemv_on_cpu=row_gemv, **{f: folds.get(f, True) for f in FOLDS})
+    model = FastModel(cfg, w, "cpu", torch.float32, options)
     trace = Trace(EngineConfig(1, 16, 16, mode), (Request("q", 0, (3, 9, 27, 4, 11), 6),))
     eng = Engine(model, trace.engine, max_len=16)
     result, rows = run_recording_logits(eng, trace)
@@ -94,7 +93,7 @@ def test_folded_row_step_launches_only_the_final_norm(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["bamba", "nemotron_h", "mamba2"])
-def test_folded_norm_gains_keep_the_function(arch, monkeypatch):
+def test_folded_norm_gains_keep_the_function(arch):
     """fold_gains (W·diag(g) at load, gains set to 1): the batched path's logits track the unfolded model's within
     fp32 rounding on a two-request trace, and the folded norms are exactly the mixer/MLP/gated ones."""
     cfg = zoo.tiny_config(arch)
@@ -103,8 +102,7 @@ def test_folded_norm_gains_keep_the_function(arch, monkeypatch):
                                                      Request("b", 1, (5, 8, 13), 4)))
     rows = []
     for fold in (False, True):
-        monkeypatch.setattr(FastModel, "fold_gains", fold)
-        model = FastModel(cfg, w, "cpu", torch.float32)
+        model = FastModel(cfg, w, "cpu", torch.float32, FastOptions(fold_gains=fold))
         eng = Engine(model, trace.engine, max_len=16)
         result, r = run_recording_logits(eng, trace)
         rows.append((result.tokens, r, model))

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fastpath import Engine, FastModel  # noqa: E402
-from fastpath.engine import ops  # noqa: E402
+from fastpath.options import FastOptions  # noqa: E402
 from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run_trace  # noqa: E402
@@ -124,10 +124,10 @@ def test_corpus_trace_log_and_tokens_equal_oracle_in_both_modes(models, path):
     oracle_model, fast = models
     trace = load_trace(path)
     work = sum(len(r.prompt) + r.max_new_tokens for r in trace.requests)
+    fast = fast.with_options(backend="triton" if work <= TRITON_WORK else "torch")
     engine = Engine(fast, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens for r in trace.requests))
     watch = CompactionWatch(engine)
-    with ops.use_backend("triton" if work <= TRITON_WORK else "torch"):
-        _check_against_oracle(engine, oracle_model, trace)
+    _check_against_oracle(engine, oracle_model, trace)
     assert watch.compactions > 0 and watch.admitted == 2 * len(trace.requests)
 
 
@@ -161,10 +161,9 @@ BUDGET_EDGE = Trace(EngineConfig(3, 10, 16, "legacy"),
 @example(BUDGET_EDGE)
 def test_generated_traces_log_and_tokens_equal_oracle_async_equals_legacy(models, trace):
     oracle_model, fast = models
-    engine = Engine(fast, trace.engine, max_len=64)
+    engine = Engine(fast.with_options(backend="torch"), trace.engine, max_len=64)
     CompactionWatch(engine)
-    with ops.use_backend("torch"):
-        _check_against_oracle(engine, oracle_model, trace)
+    _check_against_oracle(engine, oracle_model, trace)
 
 
 @settings(max_examples=6, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
@@ -182,10 +181,9 @@ def test_async_overlaps_and_discards_extra_rows(models):
     _, fast = models
     reqs = tuple(Request(f"d{i}", i, (5 + i, 7, 9), 4 + 3 * i) for i in range(3))
     trace = Trace(EngineConfig(3, 12, 8, "async"), reqs)
-    engine = Engine(fast, trace.engine, max_len=64)
-    with ops.use_backend("torch"):
-        a = engine.run_trace(trace, "async")
-        legacy = engine.run_trace(trace, "legacy")
+    engine = Engine(fast.with_options(backend="torch"), trace.engine, max_len=64)
+    a = engine.run_trace(trace, "async")
+    legacy = engine.run_trace(trace, "legacy")
     steps = a.schedule_log.to_json()["steps"]
     assert sum(s["overlap"] for s in steps) >= 3
     assert any(b["kind"] == "extra" for s in steps for b in s["batch"])
@@ -198,9 +196,8 @@ def test_decode_rows_count_against_the_token_budget(models):
     """A 10-token prompt admitted beside one decoding row under a 10-token budget gets an 8-token piece."""
     oracle_model, fast = models
     trace = BUDGET_EDGE
-    engine = Engine(fast, trace.engine, max_len=32)
-    with ops.use_backend("torch"):
-        got = engine.run_trace(trace, "legacy")
+    engine = Engine(fast.with_options(backend="torch"), trace.engine, max_len=32)
+    got = engine.run_trace(trace, "legacy")
     for step in got.schedule_log.to_json()["steps"]:
         assert sum(b["count"] for b in step["batch"]) <= 10, f"step {step['step']} exceeds the budget"
     pieces = [b["count"] for s in got.schedule_log.to_json()["steps"] for b in s["batch"] if b["request"] == "b"
@@ -232,23 +229,21 @@ def test_other_architectures_follow_the_oracle_through_the_engine(arch):
     cfg = zoo.tiny_config(arch)
     w = zoo.random_weights(cfg, seed=2)
     trace = load_trace(CORPUS[[p.stem for p in CORPUS].index("seed_compaction")])
-    engine = Engine(FastModel(cfg, w, "cpu", torch.float32), trace.engine, max_len=32)
-    with ops.use_backend("torch"):
-        _check_against_oracle(engine, OracleModel(cfg, w, dtype=torch.float64), trace)
+    engine = Engine(FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch")), trace.engine, max_len=32)
+    _check_against_oracle(engine, OracleModel(cfg, w, dtype=torch.float64), trace)
 
 
 def test_from_pretrained_streaming_matches_run_trace(zoo_folder):
     """The public entry point loads an HF folder; add_request/step streaming gives run_trace's tokens."""
     path = zoo_folder("bamba")
     trace = load_trace(CORPUS[[p.stem for p in CORPUS].index("slot_exhaustion")])
-    engine = Engine.from_pretrained(path, trace.engine, device="cpu", max_len=32)
-    with ops.use_backend("torch"):
-        whole = engine.run_trace(trace, "async")
-        engine.reset("async")
-        for r in trace.requests:
-            engine.add_request(r)
-        streamed: dict[str, list[int]] = {}
-        while engine.step():
-            for rid, toks in engine.take_emitted().items():
-                streamed.setdefault(rid, []).extend(toks)
+    engine = Engine.from_pretrained(path, trace.engine, device="cpu", max_len=32, options=FastOptions(backend="torch"))
+    whole = engine.run_trace(trace, "async")
+    engine.reset("async")
+    for r in trace.requests:
+        engine.add_request(r)
+    streamed: dict[str, list[int]] = {}
+    while engine.step():
+        for rid, toks in engine.take_emitted().items():
+            streamed.setdefault(rid, []).extend(toks)
     assert streamed == whole.tokens and engine.model.dtype == torch.float32

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fastpath import Engine, FastModel  # noqa: E402
-from fastpath.engine import ops  # noqa: E402
+from fastpath.options import FastOptions  # noqa: E402
 from fastpath.tp import load_spec_model, run_tp_cpu, shard_config  # noqa: E402
 from oracle.config import ConfigError  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
@@ -43,13 +43,12 @@ def _check_tp_equals_tp1(spec: dict, paths: list[Path], backend: str, tmp_path, 
     ranks = run_tp_cpu(job, 2, str(tmp_path))
     assert ranks[0] == ranks[1], "TP ranks disagree (tokens or schedule logs)"
     cfg, tensors = load_spec_model(spec)
-    fast = FastModel(cfg, tensors, "cpu", torch.float32)
+    fast = FastModel(cfg, tensors, "cpu", torch.float32, FastOptions(backend=backend))
     for p in paths:
         trace = load_trace(p)
         engine = Engine(fast, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens for r in trace.requests))
         for mode in modes:
-            with ops.use_backend(backend):
-                want = engine.run_trace(trace, mode=mode)
+            want = engine.run_trace(trace, mode=mode)
             got = ranks[0][str(p)][mode]
             if got["tokens"] == want.tokens:
                 assert got["log"] == want.schedule_log.to_json(), f"{p.stem}/{mode}: TP=2 log differs from TP=1"

@@ -2,7 +2,7 @@
 
     python3 -m tools.bench_ablation [--variants NAME ...] [--pos 600] [--list]
 
-Each variant patches one thing for its capture — a FastModel flag, a launch rule, an environment switch
+Each variant patches one thing for its capture — a FastOptions field, a launch rule, an environment switch
 (HQ_PDL), or a kernel family replaced by a no-op (`skip …`: wrong numbers, right timing) — and times 200 graph
 replays × 5 (median). The `skip` rows say what a kernel family costs *in the dependent chain* of a step, which a
 profiler's per-kernel durations do not (under PDL kernels overlap their neighbours). The first row is the code
@@ -67,8 +67,11 @@ class Patch:
                 os.environ[k] = v
 
 
+OPT = "options"    # a patch (OPT, field, value) is a FastOptions change (model.with_options), not a setattr
+
+
 def variants() -> dict[str, tuple[dict, list]]:
-    """name -> (environment, attribute patches)."""
+    """name -> (environment, attribute patches; (OPT, field, value): a FastOptions change)."""
     F, rule0, srule0, arule0 = FastModel, gv.gemv_launch_rule, sst.ssm_step_launch_rule, ad.attention_decode_rule
     noop = lambda *a, out=None, **k: out  # noqa: E731  (a skipped kernel: its output buffer, unwritten)
 
@@ -81,24 +84,24 @@ def variants() -> dict[str, tuple[dict, list]]:
         "code as it is": ({}, []),
         "PDL 2 (trigger, then wait)": ({"HQ_PDL": "2"}, []),
         "PDL off": ({"HQ_PDL": "0"}, []),
-        "no norm folds (add_rms_norm, gated norm as kernels)": ({}, [(F, "fold_norm", False)]),
-        "no folds (act_mul, conv step, norms as kernels)": ({}, [(F, "fold_act", False), (F, "fold_conv", False),
-                                                                  (F, "fold_norm", False)]),
+        "no norm folds (add_rms_norm, gated norm as kernels)": ({}, [(OPT, "fold_norm", False)]),
+        "no folds (act_mul, conv step, norms as kernels)": ({}, [(OPT, "fold_act", False), (OPT, "fold_conv", False),
+                                                                  (OPT, "fold_norm", False)]),
         "attention: 128-key chunks": ({}, [(ad, "attention_decode_rule", lambda L, D: {**arule0(L, D), "CHUNK": 128})]),
         "attention: 32-key chunks": ({}, [(ad, "attention_decode_rule",
                                            lambda L, D: {**arule0(L, D), "CHUNK": 32, "BLOCK_N": 32})]),
-        "cuBLAS instead of the GEMV": ({}, [(F, "gemv", False)]),
+        "cuBLAS instead of the GEMV": ({}, [(OPT, "gemv", False)]),
         "K<4096 GEMV: 4 rows, 4 warps": ({}, small(BLOCK_N=4, num_warps=4)),
         "K>=4096 GEMV: 512-wide tiles, 4 warps": ({}, big(BLOCK_K=512, num_warps=4)),
         "ssm_step: 16 P-rows, 4 warps": ({}, [(sst, "ssm_step_launch_rule",
                                               lambda H, P, N: {**srule0(H, P, N), "BLOCK_P": 16, "num_warps": 4})]),
-        "skip add+norm (norms unfolded)": ({}, [(F, "fold_norm", False),
+        "skip add+norm (norms unfolded)": ({}, [(OPT, "fold_norm", False),
                                                 (F, "_add_norm", lambda self, h, out, name, rows=None:
                                                  (h, h[:1] if rows is not None else h))]),
-        "skip gated norm (norms unfolded)": ({}, [(F, "fold_norm", False),
+        "skip gated norm (norms unfolded)": ({}, [(OPT, "fold_norm", False),
                                                   (F, "_gated_norm", lambda self, y, z, w: y)]),
         "skip ssm step": ({}, [(ops, "ssm_step", noop)]),
-        "skip conv step (unfolded)": ({}, [(F, "fold_conv", False), (ops, "conv1d_step", noop)]),
+        "skip conv step (unfolded)": ({}, [(OPT, "fold_conv", False), (ops, "conv1d_step", noop)]),
         "skip RoPE + attention": ({}, [(ops, "rope", lambda qk, *a: qk), (ops, "attention_decode", noop)]),
     }
 
@@ -125,9 +128,10 @@ def main() -> None:
     rows = []
     for name in names:
         env, attrs = table[name]
+        opts = {field: val for obj, field, val in attrs if obj is OPT}
         try:
-            with Patch(attrs, env):
-                ms = time_step(model, bank, args.pos)
+            with Patch([a for a in attrs if a[0] is not OPT], env):
+                ms = time_step(model.with_options(**opts), bank, args.pos)
         except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
             print(f"{name}: FAILED {type(e).__name__}: {e}"[:300], flush=True)
             continue

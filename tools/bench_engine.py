@@ -7,7 +7,7 @@
    tok/s for legacy and async, CUDA graphs on/off, beside the roofline (parameter bytes / copy bandwidth
    measured in this run) and the host time per step (step wall time minus time blocked on the device).
 2. Hidden syncs: torch.profiler over async+graphs decode steps, CUDA runtime synchronisations per step.
-   The async+graphs case runs twice: with the fused decode kernels (FastModel.fused, the default) and without
+   The async+graphs case runs twice: with the fused decode kernels (FastOptions.fused, the default) and without
    (the unfused torch ops), so before/after come from the same run.
    --profile: the device kernel table of graph-replayed bs1 decode steps (torch.profiler), fused and unfused,
    and the achieved bandwidth of each bs1 projection (M = 1 GEMM through F.linear, cold weights).
@@ -306,7 +306,7 @@ def gemv_variants(model: FastModel, osl: int, roof: float, lines: list[str]) -> 
     import fastpath.kernels.gemv as gv
     original = gv.gemv_launch_rule
     out = []
-    FastModel.fused, FastModel.gemv = True, True
+    model = model.with_options(fused=True, gemv=True)
     try:
         for name, rule in GEMV_VARIANTS.items():
             gv.gemv_launch_rule = original if rule is None else rule
@@ -375,9 +375,8 @@ def main() -> None:
     if args.profile:
         report["kernels"] = {}
         for fused, gv in ((False, False), (True, False), (True, True)):
-            FastModel.fused, FastModel.gemv = fused, gv
             try:
-                k = kernel_table(model)
+                k = kernel_table(model.with_options(fused=fused, gemv=gv))
             except Exception as e:
                 lines.append(f"kernel table fused={fused} gemv={gv} FAILED {type(e).__name__}: {e}"[:300])
                 continue
@@ -385,16 +384,15 @@ def main() -> None:
             lines.append(f"kernels fused={fused} gemv={gv} graphs={k['graphs']}: step {k['wall_ms_per_step']:.3f} ms wall, kernel sum "
                          f"{k['kernel_us_per_step']:.0f} us, {k['launches_per_step']:.0f} launches/step; top:")
             lines += [f"  {us:8.1f} us {cnt:6.1f}x  {name[:90]}" for name, cnt, us in k["top"]]
-        FastModel.fused, FastModel.gemv = True, False
         try:
-            g = gemv_bandwidth(model)
+            g = gemv_bandwidth(model.with_options(fused=True, gemv=False))
             report["gemv"] = g
             lines += [f"gemv {r['proj']:15s} {r['N']:6d}x{r['K']:5d}: cuBLAS {r['us']:6.1f} us {r['TBps']:.2f} TB/s | triton "
                       + " ".join(f"{k[7:]} {v}" for k, v in r.items() if k.startswith("triton_")) for r in g]
         except Exception as e:
             lines.append(f"gemv FAILED {type(e).__name__}: {e}"[:300])
         print("\n".join(lines), flush=True)
-    g0 = FastModel.gemv
+    g0 = model.options.gemv
     cases = [("legacy", False, True, g0), ("async", False, True, g0), ("legacy", True, True, g0),
              ("async", True, False, False), ("async", True, True, False), ("async", True, True, True)]
     if args.bs1_only or args.profile:
@@ -404,20 +402,17 @@ def main() -> None:
     if args.batch_only:
         cases, args.skip_long = [], True
     if args.spec:
-        from tools.bench_spec import spec_bench
+        from .bench_spec import spec_bench
         report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl)
         lines += spec_lines
         cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
     for mode, graphs, fused, gv in cases:
-        FastModel.fused, FastModel.gemv = fused, gv
-        try:
-            r = bs1_run(model, mode, graphs, osl, 4 if graphs else 2, 32)   # eager (~17 ms/step): 1 timed request
+        try:   # eager (~17 ms/step): 1 timed request
+            r = bs1_run(model.with_options(fused=fused, gemv=gv), mode, graphs, osl, 4 if graphs else 2, 32)
         except Exception as e:   # keep going: one GPU visit must report every section it can
             lines.append(f"bs1 {mode} graphs={graphs} fused={fused}: FAILED {type(e).__name__}: {e}"[:300])
             print(lines[-1], flush=True)
             continue
-        finally:
-            FastModel.fused, FastModel.gemv = True, g0
         r["fused"], r["gemv"] = fused, gv
         report["bs1"].append(r)
         lines.append(f"bs1 {mode:6s} graphs={'on ' if graphs else 'off'} {'fused  ' if fused else 'unfused'} "

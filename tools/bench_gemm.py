@@ -200,13 +200,10 @@ def step_figures() -> dict:
     print(f"batch-64 decode ctx 512: default {a:.3f}/{a2:.3f} ms/step, batch-invariant {b:.3f} "
           f"({out['batch64_ms']['overhead_pct']:+.1f}%)", flush=True)
     del m_bi
-    g0 = FastModel.gemv
     for gvf in (False, True, False, True):
-        FastModel.gemv = gvf
-        r = bs1_run(m_def, "async", True, 256, 3, 32)
+        r = bs1_run(m_def.with_options(gemv=gvf), "async", True, 256, 3, 32)
         out.setdefault("bs1_tok_s", []).append({"gemv": gvf, **r})
         print(f"bs1 async+graphs OSL256 gemv={gvf}: {r.get('tok_s', r)}", flush=True)
-    FastModel.gemv = g0
     return out
 
 

@@ -22,6 +22,7 @@ import torch
 from oracle.schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
 from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against_model, validate_request
 from oracle.trace import check_prefix_cache_against_model
+from fastpath.options import FastOptions, check_options
 
 from . import ops
 from .bank import StateBank
@@ -108,15 +109,19 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, engine_config: EngineConfig, device=None, dtype=None,
-                        max_len: int = 2048, graphs: bool = False, pad_decode: bool = False) -> "Engine":
-        """Load an HF-format folder (config.json + safetensors) into a FastModel and build an engine."""
+                        max_len: int = 2048, graphs: bool = False, pad_decode: bool = False,
+                        options: FastOptions | None = None) -> "Engine":
+        """Load an HF-format folder (config.json + safetensors) into a FastModel run with `options` (kernel backend,
+        fusions, batch invariance: fastpath/options.py) and build an engine (batch-invariant: its piece rule)."""
         from oracle.checkpoint import load_checkpoint
-        from fastpath.model import FastModel
+        from fastpath.batch_invariant import engine_class, make_model
+        options = check_options(options)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         cfg, tensors = load_checkpoint(check_path(path))
         check_weights_fit(tensors, dtype, device)
-        return cls(FastModel(cfg, tensors, device, dtype), engine_config, max_len=max_len, graphs=graphs,
+        cls = engine_class(options) if cls is Engine else cls
+        return cls(make_model(cfg, tensors, device, dtype, options), engine_config, max_len=max_len, graphs=graphs,
                    pad_decode=pad_decode)
 
     # ---------------------------------------------------------------------------------------- lifecycle
@@ -308,10 +313,11 @@ class Engine:
             ids_t[:n].copy_(self.sampled[:n])
             dec_slot = self.rows.row_to_slot_dev[:n]
         sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
-        if pre:
-            sb.table = ops.ssd_chunk_table(cu, starts, self.config.chunk_size, self.device)
+        if pre:   # once per step from the host lists, slots checked here: no layer's kernels read them back
+            sb.table = ops.ssd_chunk_table(cu, starts, self.config.chunk_size, self.device, [b.slot for b in pre],
+                                           self.bank.ssm_state.shape[1], backend=self.model.backend)
         logits = self.model.forward(sb, self.bank)
-        sample_rows(logits, self.sampled[:len(batch)], seeded)
+        sample_rows(logits, self.sampled[:len(batch)], seeded, backend=self.model.backend)
         if self.on_logits is not None:
             self.on_logits(batch, logits)
         return self._fetch(batch, rec, samples)

@@ -65,7 +65,7 @@ class DecodeGraphs:
 
     def _body(self, nb: int) -> None:
         logits = self.model.forward(self.batches[nb], self.bank)
-        ops.greedy_sample(logits, self.tok[:nb])
+        ops.greedy_sample(logits, self.tok[:nb], backend=self.model.backend)
         self._logits[nb] = logits
 
     def _capture(self, nb: int) -> None:

@@ -1,12 +1,12 @@
 """The engine's kernel boundary: every op the batched model calls, with the Triton kernels' signatures.
 
-BACKEND "triton" (the default, and what every engine test of tokens runs) calls fastpath/kernels; "torch" calls
-the plain-torch stand-ins of torch_ops.py (same contract, used to cross-check and for scheduler-only tests that
-must be fast in the interpreter-bound CPU tier).  `use_backend("torch")` switches, as a context manager.
+Each op takes `backend` ("triton" | "torch"; FastOptions.backend, passed by the model — never a module global):
+"triton" (the default, and what every engine test of tokens runs) calls fastpath/kernels; "torch" calls the
+plain-torch stand-ins of torch_ops.py (same contract, used to cross-check and for scheduler-only tests that must
+be fast in the interpreter-bound CPU tier).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -21,24 +21,9 @@ from fastpath.kernels.rope import rope as _rope
 from fastpath.kernels.sampling import greedy_sample as _greedy_sample
 from fastpath.kernels.ssd import ssd_chunk_table as _ssd_chunk_table, ssd_varlen as _ssd_varlen
 from fastpath.kernels.ssm_step import ssm_step as _ssm_step
+from fastpath.options import BACKENDS  # noqa: F401  (re-exported: the backend names)
 
 from . import torch_ops
-
-BACKEND = "triton"
-BACKENDS = ("triton", "torch")
-
-
-@contextlib.contextmanager
-def use_backend(name: str):
-    """Run the enclosed code with kernel backend `name` ("triton" | "torch")."""
-    global BACKEND
-    if name not in BACKENDS:
-        raise ValueError(f"backend: {name!r} is not one of {BACKENDS}")
-    old, BACKEND = BACKEND, name
-    try:
-        yield
-    finally:
-        BACKEND = old
 
 
 def _ints(t) -> list[int]:
@@ -59,40 +44,45 @@ def _into(out: Tensor | None, y: Tensor) -> Tensor:
     return out
 
 
-def conv1d_step(x, weight, bias, conv_bank, slot, silu=True, out=None):
+def conv1d_step(x, weight, bias, conv_bank, slot, silu=True, out=None, backend="triton"):
     """Decode conv (see fastpath.kernels.conv1d.conv1d_step)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _conv_step(x, weight, bias, conv_bank, slot, silu=silu, out=out)
     y = torch_ops.conv_step(x, weight, bias, conv_bank, slot)
     return _into(out, F.silu(y.float()).to(x.dtype) if silu else y)
 
 
-def causal_conv1d_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=True, out=None):
+def causal_conv1d_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=True, out=None,
+                         validate=True, backend="triton"):
     """Prefill conv (see fastpath.kernels.conv1d.causal_conv1d_varlen)."""
-    if BACKEND == "triton":
-        return _conv_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=silu, out=out)
+    if backend == "triton":
+        return _conv_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=silu, out=out,
+                            validate=validate)
     y = torch_ops.conv_varlen(x, weight, bias, conv_bank, _ints(slot), _ints(cu_seqlens),
                               [bool(v) for v in _ints(has_initial_state)])
     return _into(out, F.silu(y.float()).to(x.dtype) if silu else y)
 
 
-def ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=None, dt_limit=(0.0, math.inf), out=None):
+def ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=None, dt_limit=(0.0, math.inf), out=None,
+             backend="triton"):
     """Decode state update (see fastpath.kernels.ssm_step.ssm_step)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=z, dt_limit=dt_limit, out=out)
     y = torch_ops.ssm_step(x, _dt(dt, dt_bias, dt_limit), A, B, C, D, ssm_bank, slot)
     return _into(out, y)
 
 
-def ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device):
+def ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=None, n_slots=None, backend="triton"):
     """Chunk table shared by the Mamba layers of one step (None on the torch backend)."""
-    return _ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device) if BACKEND == "triton" else None
+    if backend != "triton":
+        return None
+    return _ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=slot, n_slots=n_slots)
 
 
 def ssd_varlen(x, dt, A, B, C, D, dt_bias, ssm_bank, cu_seqlens, slot, start_pos, has_initial_state, chunk_size,
-               dt_limit=(0.0, math.inf), out=None, table=None):
+               dt_limit=(0.0, math.inf), out=None, table=None, backend="triton"):
     """Varlen chunked SSD prefill (see fastpath.kernels.ssd.ssd_varlen)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _ssd_varlen(x, dt, A, B, C, D, dt_bias, ssm_bank, cu_seqlens, slot, start_pos, has_initial_state,
                            chunk_size, dt_limit=dt_limit, out=out, table=table)
     y = torch_ops.ssd_varlen(x, _dt(dt, dt_bias, dt_limit), A, B, C, D, ssm_bank, _ints(slot), _ints(cu_seqlens),
@@ -100,9 +90,9 @@ def ssd_varlen(x, dt, A, B, C, D, dt_bias, ssm_bank, cu_seqlens, slot, start_pos
     return _into(out, y)
 
 
-def rms_norm_gated(y, z, weight, n_groups, eps, out=None):
+def rms_norm_gated(y, z, weight, n_groups, eps, out=None, backend="triton"):
     """Grouped gated RMSNorm; z None = plain RMSNorm (see fastpath.kernels.gated_norm)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _rms_norm_gated(y, z, weight, n_groups, eps, out=out)
     if z is None:
         g = y.float().reshape(*y.shape[:-1], n_groups, y.shape[-1] // n_groups)
@@ -111,9 +101,9 @@ def rms_norm_gated(y, z, weight, n_groups, eps, out=None):
     return _into(out, torch_ops.rms_norm_gated(y, z, weight, n_groups, eps))
 
 
-def rope(x, positions, rot_dim, theta, out=None):
+def rope(x, positions, rot_dim, theta, out=None, backend="triton"):
     """Rotate-half RoPE on the first rot_dim dims (see fastpath.kernels.rope)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _rope(x, positions, rot_dim, theta, out=out)
     inv = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64, device=x.device).float() / rot_dim))
     ang = positions.float()[:, None] * inv[None]
@@ -125,30 +115,32 @@ def rope(x, positions, rot_dim, theta, out=None):
     return _into(out, torch.cat([(xr * cos + rot * sin).to(x.dtype), x[..., rot_dim:]], -1))
 
 
-def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope_dim=0, rope_theta=10000.0):
+def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope_dim=0, rope_theta=10000.0,
+                     backend="triton"):
     """One token per row against the slot's KV cache; rope_dim > 0: q and k rotated first (see
     fastpath.kernels.attention_decode)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _attn_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=out, rope_dim=rope_dim,
                             rope_theta=rope_theta)
     if rope_dim:
-        q, k = rope(q, pos, rope_dim, rope_theta), rope(k, pos, rope_dim, rope_theta)
+        q, k = rope(q, pos, rope_dim, rope_theta, backend="torch"), rope(k, pos, rope_dim, rope_theta, backend="torch")
     sl, ps = _ints(slot), _ints(pos)
     y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, sl, list(range(len(sl) + 1)), ps, scale)
     return _into(out, y)
 
 
-def attention_prefill_varlen(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=None):
+def attention_prefill_varlen(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=None,
+                             backend="triton"):
     """Packed causal prefill, K/V written to the slot's cache (see fastpath.kernels.attention)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _attn_prefill(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=out)
     y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, _ints(slot), _ints(cu_seqlens), _ints(start_pos),
                                    scale)
     return _into(out, y)
 
 
-def greedy_sample(logits: Tensor, out: Tensor) -> Tensor:
+def greedy_sample(logits: Tensor, out: Tensor, backend: str = "triton") -> Tensor:
     """argmax into the preallocated int64 buffer (lowest index wins ties)."""
-    if BACKEND == "triton":
+    if backend == "triton":
         return _greedy_sample(logits, out)
     return torch.argmax(logits, dim=-1, out=out)

@@ -53,9 +53,10 @@ def gumbel(keys: Tensor, vocab_size: int) -> Tensor:
     return -torch.log(-torch.log(u))
 
 
-def sample_rows(logits: Tensor, out: Tensor, seeded: list[tuple[int, float, int, int]]) -> Tensor:
+def sample_rows(logits: Tensor, out: Tensor, seeded: list[tuple[int, float, int, int]],
+                backend: str = "triton") -> Tensor:
     """Greedy argmax of every row into `out`; then rows (row, temperature, seed, position) get a seeded draw."""
-    ops.greedy_sample(logits, out)
+    ops.greedy_sample(logits, out, backend=backend)
     if seeded:
         dev = logits.device
         rows = torch.tensor([s[0] for s in seeded], dtype=torch.int64, device=dev)

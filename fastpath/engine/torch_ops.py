@@ -1,6 +1,6 @@
 """Plain-torch, batched stand-ins for the fast-path kernels, behind the engine's kernel boundary (ops.py).
 
-Used only where a Triton kernel is not available (ops.BACKEND = "torch"); the engine's default is Triton.
+Used only where a Triton kernel is not available (FastOptions(backend="torch")); the engine's default is Triton.
 Same contract as the kernels: packed varlen tokens, per-sequence slot into the bank, slot -1 = padding row
 (no read, no write, zero output), chunk boundaries of the SSD at absolute multiples of chunk_size.
 """

@@ -77,7 +77,7 @@ def check_engine_args(model: Any, engine_config: Any, max_len: Any, graphs: Any,
     """Validate Engine(...)'s arguments and that the bank + KV + activation peak fit the device; returns the
     normalised engine config. A prefill_chunk below the chunk size (or any config that could not make progress)
     is an error here, at construction, not a run that spins."""
-    for attr in ("config", "device", "dtype", "forward"):
+    for attr in ("config", "device", "dtype", "forward", "options", "backend"):
         if not hasattr(model, attr):
             raise ArgumentError("model", f"must be a FastModel (or subclass), got {type(model).__name__}")
     ec = check_engine_against_model(engine_config, model.config.chunk_size, "engine_config")

@@ -47,7 +47,8 @@ def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int
     """Cut every sequence at absolute multiples of chunk_size (as oracle.ssd.chunk_bounds) into one table.
 
     Given `slot` and `n_slots` (the bank size) it also checks the slots once, so that every layer's
-    ssd_varlen call with this table runs without a host sync."""
+    ssd_varlen call with this table runs without a host sync; given host lists (as the engine does, once per
+    step) building it needs none either: its three arrays go to the device in one pinned, non-blocking copy."""
     if (slot is None) != (n_slots is None):
         raise KernelInputError(f"{OP}: give both `slot` and `n_slots` to the chunk table, or neither")
     if slot is not None:
@@ -75,10 +76,12 @@ def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int
             pos += hi - lo
             lo = hi
         ptr.append(len(starts))
-    return SSDChunkTable(torch.tensor(starts, dtype=torch.int64, device=device),
-                         torch.tensor(lens, dtype=torch.int32, device=device),
-                         torch.tensor(ptr, dtype=torch.int64, device=device),
-                         len(starts), cu[-1], chunk_size, slot is not None)
+    host = torch.tensor(starts + lens + ptr, dtype=torch.int64)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()            # one asynchronous host->device copy: the table costs no host sync
+    dev, n = host.to(device, non_blocking=True), len(starts)
+    return SSDChunkTable(dev[:n], dev[n:2 * n].to(torch.int32), dev[2 * n:],
+                         n, cu[-1], chunk_size, slot is not None)
 
 
 def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torch.dtype) -> dict:
