@@ -89,3 +89,43 @@ def test_auto_mamba_head_dim_resolves_to_expand_times_hidden_over_heads(arch):
     assert from_hf_config(d).mamba_head_dim == d["mamba_expand"] * d["hidden_size"] // d["mamba_n_heads"]
     d.pop("mamba_d_head")
     assert from_hf_config(d) == tiny_config(arch)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_part_by_part_mapping_equals_the_whole(tmp_path, variant):
+    """to_canonical / to_hf on each part ("top", layer i) with only that part's tensors give, together, exactly the
+    whole-model mapping (the streamed oracle and tools/anchor.py rely on it)."""
+    from oracle.checkpoint import hf_part_of, normalised_names, to_hf
+    arch, overrides = VARIANTS[variant]
+    cfg = tiny_config(arch, **overrides)
+    w = random_weights(cfg, seed=2)
+    hf = to_hf(cfg, w)
+    parts = ["top", *range(cfg.num_layers)]
+    split_hf: dict = {}
+    for part in parts:
+        names = {k for k in w if (k.startswith(f"layers.{part}.") if part != "top" else not k.startswith("layers."))}
+        piece = to_hf(cfg, {k: w[k] for k in names}, part)
+        assert not set(piece) & set(split_hf)
+        split_hf.update(piece)
+    assert set(split_hf) == set(hf) and all(torch.equal(split_hf[k], hf[k]) for k in hf)
+    whole = to_canonical(cfg, hf)
+    by_part: dict = {}
+    for part in parts:
+        mine = {k: hf[k] for n, k in normalised_names(cfg, hf).items() if hf_part_of(cfg, n) == part}
+        by_part.update(to_canonical(cfg, mine, part))
+    assert set(by_part) == set(whole) and all(torch.equal(by_part[k], whole[k]) for k in whole)
+
+
+def test_safetensors_index_gives_shapes_and_dtypes_without_reading_data(zoo_folder):
+    """SafetensorsIndex: names, shapes and dtypes from the headers equal the loaded tensors'; read() returns the
+    same bytes as load_file; meta() tensors carry no data."""
+    from safetensors.torch import load_file
+    from oracle.checkpoint import SafetensorsIndex
+    folder = zoo_folder("granitemoehybrid")
+    index, full = SafetensorsIndex(folder), load_file(os.path.join(folder, "model.safetensors"))
+    assert set(index.entries) == set(full)
+    for name, (_, shape, dtype) in index.entries.items():
+        assert shape == tuple(full[name].shape) and dtype == full[name].dtype
+    assert all(t.is_meta for t in index.meta().values())
+    some = sorted(full)[:3]
+    assert all(torch.equal(index.read(some)[k], full[k]) for k in some)
