@@ -70,6 +70,8 @@ def test_anchor_tool_refuses_to_overwrite_and_rejects_a_scale_that_does_not_divi
         anchor_config(scale=3)
     assert main(["score", out, "--prompt", "3", "--tokens", "2"]) == 0
     assert "logits finite True" in capsys.readouterr().out
+    assert main(["score", out, "--device", "bogus"]) == 2
+    assert "error: device: 'bogus'" in capsys.readouterr().err
 
 
 def test_streamed_reads_each_layer_once_and_only_that_layer(zoo_folder, monkeypatch):

@@ -159,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--device", default="cpu", help="streamed oracle's device (cpu, cuda): fp64 either way")
     args = ap.parse_args(argv)
     if args.cmd == "score":
-        r = score(args.folder, args.prompt, args.tokens, args.in_memory, device=args.device)
+        try:
+            if args.prompt < 1 or args.tokens < 0:
+                raise ValueError("--prompt must be >= 1 and --tokens >= 0")
+            r = score(args.folder, args.prompt, args.tokens, args.in_memory, device=args.device)
+        except ValueError as e:                       # ConfigError / CheckpointError are ValueErrors too
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"{'in-memory' if args.in_memory else 'streamed'} fp64 score of {args.prompt}+{args.tokens} tokens: "
               f"{r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB (after imports "
               f"{r['rss_before_bytes'] / 2**30:.2f} GiB), GPU peak {r['gpu_peak'] / 2**30:.2f} GiB, logits finite "
