@@ -17,7 +17,7 @@ import torch
 from fastpath.engine.engine import Engine
 from oracle.speculative import ProposerConfig, SpecConfig
 from oracle.trace import EngineConfig, Request
-from tools.spec_checks import acceptance_rate
+from .spec_checks import acceptance_rate
 
 
 def code_like_prompt(n: int, vocab: int) -> tuple[int, ...]:

@@ -84,12 +84,11 @@ def _hq_oracles() -> dict:
 @pytest.fixture
 def hq_qualify(hq_case, _hq_oracles):
     """hq_qualify(adapter_cls, modes=("legacy", "async"), device="cpu", tau=None) -> list of qualify Checks for the
-    current (model, trace); the oracle model (fp64) is loaded once per model per session."""
+    current (model, trace) (`tau` None: the engine's compute dtype's); the fp64 oracle loads once per model."""
     import torch
 
     import oracle
 
-    from .compare import TAU
     from .qualify import check_trace
 
     model_dir, trace_path = hq_case
@@ -97,6 +96,5 @@ def hq_qualify(hq_case, _hq_oracles):
     def run(adapter_cls, modes=("legacy", "async"), device: str = "cpu", tau: float | None = None) -> list:
         if model_dir not in _hq_oracles:
             _hq_oracles[model_dir] = oracle.load(model_dir, dtype=torch.float64)
-        return check_trace(adapter_cls, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device,
-                           TAU[torch.float32] if tau is None else tau)
+        return check_trace(adapter_cls, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
     return run

@@ -8,12 +8,10 @@ recomputes it. This is the suite's "HumanEval": the exact-answer accuracy must b
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from . import task
-
-TRACES = Path(__file__).resolve().parent.parent / "goldens" / "traces"
+from .paths import TRACES
 
 # name -> (engine config, arrival steps, description); requests are the first held-out examples in order.
 SPECS = {
