@@ -63,8 +63,11 @@ def test_shipped_models_instantiate_to_the_shipped_traces_and_their_goldens(mode
             assert json.loads(golden.read_text())["trace_sha256"] == sha, golden
 
 
-def test_every_scenario_has_a_shipped_trace_and_the_families_are_the_issue_s():
-    assert all(scenarios.shipped_trace_path(n) for n in scenarios.SCENARIOS)
+def test_every_scenario_but_the_short_task_variants_has_a_shipped_trace_and_the_families_are_the_issue_s():
+    # the short task variants exist for the main job's time budget only; a shipped file would put them in every
+    # corpus-parametrised test (minutes on the Triton interpreter), so their truth is the oracle run at qualify time
+    unshipped = {n for n in scenarios.SCENARIOS if scenarios.shipped_trace_path(n) is None}
+    assert unshipped == {"task_burst_short", "task_staggered_short"}
     assert set(scenarios.FAMILIES) >= {"seed_compaction", "async_drain", "chunked_prefill", "seeded_sampling",
                                        "slot_exhaustion", "stop_tokens", "task_burst", "task_staggered",
                                        "request_order", "prefill_boundaries", "special_ids"}
