@@ -27,8 +27,8 @@ TRACE = Trace(EngineConfig(2, 16, 8, "legacy"), (Request("a", 0, tuple(range(3, 
 
 def test_prefill_steps_read_no_device_metadata_in_the_mamba_layers(monkeypatch):
     """Every ssd_varlen / causal_conv1d_varlen call of the run converts only host lists (never a device tensor)
-    and the chunk table is built once per prefill step, not once per layer; the run still equals the same run with
-    per-call validation (the table left out)."""
+    and the chunk table is built once per prefill step, not once per layer; without the step's table (one short
+    step) the wrappers do read device metadata, so the spy can fail."""
     cfg = zoo.tiny_config("mamba2", **SMALL)
     model = FastModel(cfg, zoo.random_weights(cfg, seed=1), "cpu", torch.float32)
     reads, tables, ssd_calls = [], [], []
@@ -50,10 +50,9 @@ def test_prefill_steps_read_no_device_metadata_in_the_mamba_layers(monkeypatch):
     assert len(ssd_calls) == len(cfg.mamba_layer_ids) * len(steps) and all(t is not None for t in ssd_calls)
     assert all(t.slots_checked for t in ssd_calls)
     monkeypatch.setattr(ops, "ssd_chunk_table", lambda *a, **k: None)       # per-call validation, per layer
-    reads.clear()
-    again = Engine(model, TRACE.engine, max_len=32).run_trace(TRACE)
-    assert reads, "without the step's table the wrappers validate on the host (so the spy above can fail)"
-    assert again.tokens == got.tokens and again.digest == got.digest
+    one = Trace(TRACE.engine, TRACE.requests[1:])
+    Engine(model, one.engine, max_len=32).run_trace(one)
+    assert {op for op, _ in reads} == {"ssd_varlen", "causal_conv1d_varlen"}, reads
 
 
 @pytest.mark.gpu
