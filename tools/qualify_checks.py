@@ -274,6 +274,8 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                             truth, run, oracle_model, caps, getattr(adapter_cls, "batch_invariant", False)))
                 add(guarded(label, f"{mode}: logits match the oracle's", check_logits, label, mode, trace, run, rows,
                             caps))
+                from .spec_checks import qualify_check           # speculative traces only (DESIGN §13)
+                add(guarded(label, f"{mode}: accepted counts", qualify_check, label, mode, trace, run, oracle_model))
         progress.end(f"{label} · {mode}", started, checks[before:])
     add(check_modes_equal(label, runs, caps, modes))
     add(check_task(label, trace, truth, runs))
