@@ -92,7 +92,7 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zoo-granitemoehybrid", ("seeded_sampling", "stop_tokens")),
     ("zoo-bamba", ("piece_budget",)),
     ("zoo-mamba2", ("request_order", "async_drain", "slot_exhaustion", "seed_compaction", "special_ids",
-                    "task_burst_short")),
+                    "piece_chunk", "task_burst_short")),
     ("zoo-nemotron_h", ("chunked_prefill",)),
 )
 
