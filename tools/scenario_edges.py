@@ -107,6 +107,7 @@ EDGES = {"request_order": ("request_order", request_order), "piece_budget": ("pr
 
 @dataclass(frozen=True)
 class _Config:
+    """The two config fields the scheduler reads."""
     vocab_size: int
     chunk_size: int
 
@@ -119,9 +120,11 @@ class ScheduleModel:
         self.config = _Config(vocab_size, chunk_size)
 
     def prefill(self, tokens: list[int], state=None):
+        """Zero logits for every token (no state)."""
         return torch.zeros(len(tokens), self.config.vocab_size, dtype=torch.float64), None
 
     def decode(self, token: int, state=None):
+        """Zero logits (no state)."""
         return torch.zeros(self.config.vocab_size, dtype=torch.float64), None
 
 
