@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from .runner import ROOT, run_one
@@ -95,7 +95,9 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
     jobs = ([None] if not args.no_control else []) + list(chosen)
     outcomes, control = [], None
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for m, o in zip(jobs, pool.map(one, jobs)):
+        futures = {pool.submit(one, m): m for m in jobs}
+        for fut in as_completed(futures):                 # printed (and kept) as each verdict comes
+            m, o = futures[fut], fut.result()
             if m is None:
                 control = o
             else:
