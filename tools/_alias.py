@@ -30,7 +30,10 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(self.alias, None)
+            try:
+                spec = finder.find_spec(self.alias, None)
+            except Exception:   # a third-party finder that cannot answer for a top-level name: not ours
+                continue
             if spec is not None:
                 return spec.origin is not None and Path(spec.origin).resolve().parent == self.folder
         return False
