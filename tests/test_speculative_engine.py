@@ -65,8 +65,25 @@ def _script(tokens: dict[str, list[int]], V: int) -> dict:
     return {"kind": "scripted", "proposals": table}
 
 
+def _finish_once(eng: Engine) -> None:
+    """Invariant of every resolve: a request finishes once (a verify row's tokens after its stop or its
+    max_new_tokens are never appended, so its row is never released twice)."""
+    reset = eng.reset
+
+    def wrapped(mode=None):
+        reset(mode)
+        release = eng.rows.release
+
+        def once(rows):
+            assert len(set(rows)) == len(rows), f"a row finished twice in one resolve: {rows}"
+            return release(rows)
+        eng.rows.release = once
+    eng.reset = wrapped
+
+
 def _run(fast, trace, mode: str, backend: str = "torch", **kw):
     eng = Engine(fast.with_options(backend=backend), trace.engine, max_len=32, **kw)
+    _finish_once(eng)
     return eng.run_trace(trace, mode), eng
 
 
