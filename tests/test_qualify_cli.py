@@ -90,3 +90,15 @@ def test_qualify_tp2_under_torchrun_matches_goldens(tmp_path):
                 launcher=("torchrun", "--nproc_per_node", "2", "-m"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert json.loads((tmp_path / "report.json").read_text())["failed"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_default_plan_qualifies_on_cuda_in_bf16_with_graphs(tmp_path):
+    """Issue 16.2: τ follows the bf16 compute dtype, so the zoo and the tiny model qualify on the GPU by default."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-m", "tools.qualify", "--device", "cuda", "--graphs", "--out", str(tmp_path)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert p.returncode == 0 and report["failed"] == 0, p.stdout[-5000:] + p.stderr[-3000:]
+    assert "bfloat16" in report["tau_source"] and report["tau"] == 1.0

@@ -166,3 +166,20 @@ def test_logits_check_fails_a_fastpath_whose_logits_are_scaled_by_1_01(omodel, m
     assert bad["legacy: tokens match the truth"].passed                   # ×1.01 keeps every argmax ...
     lg = bad["legacy: logits match the oracle's"]
     assert not lg.ok and "max|Δlogit|" in lg.detail, lg.detail          # ... and still fails here
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_scheduling_defect_still_fails_on_cuda_in_bf16_with_graphs(monkeypatch):
+    """The bf16 τ forgives rounding flips, not a compaction that forgets to move the slot mapping."""
+    from broken_engines import compact_without_moving_slots
+    from fastpath.engine.rows import RowTable
+    tiny = goldens.MODELS / "tiny-sort"
+    om = oracle.load(tiny, dtype=torch.float64)
+    cls = type("GraphsBf16", (adapters.FastpathAdapter,), {"graphs": True})
+    inst = instance(oracle.load_trace(SEED).to_json())
+    good = check_instance(cls, tiny, inst, ["legacy", "async"], om, "cuda")
+    assert all(c.ok for c in good), [(c.name, c.detail) for c in good if not c.ok]
+    monkeypatch.setattr(RowTable, "compact", compact_without_moving_slots)
+    bad = by_name(check_instance(cls, tiny, inst, ["legacy"], om, "cuda"))
+    assert not bad["legacy: schedule log matches the oracle's"].ok or not bad["legacy: tokens match the truth"].ok

@@ -1,7 +1,7 @@
 """Measure the fast path's logit error against the oracle (fp64) on the shipped corpus — the basis of τ and of the
 logits check's constant c (tools/compare.py).
 
-    python -m tools.measure_tau [--dtype float32|bfloat16] [--device cpu|cuda] [--model NAME ...]
+    python -m tools.measure_tau [--dtype float32|bfloat16] [--device cpu|cuda] [--model NAME ...] [--trace NAME ...]
 
 For every (shipped model, fitting trace) it runs the fast-path engine, records the logits row of every sampled
 position, and compares it with the oracle's fp64 logits for the same tokens (teacher-forced on the engine's own
@@ -18,7 +18,8 @@ import sys
 import torch
 
 
-def measure(dtype: torch.dtype, device: str, models: list[str] | None = None) -> dict[str, tuple[list, list]]:
+def measure(dtype: torch.dtype, device: str, models: list[str] | None = None,
+            traces: list[str] | None = None) -> dict[str, tuple[list, list]]:
     """Per shipped model: (absolute errors, scaled errors), one per sampled position over every fitting trace."""
     import oracle
     from fastpath.batch_invariant import run_recording_logits
@@ -32,6 +33,8 @@ def measure(dtype: torch.dtype, device: str, models: list[str] | None = None) ->
         omodel = oracle.load(mdir, dtype=torch.float64)
         absolute, scaled = out.setdefault(mdir.name, ([], []))
         for tpath in sorted(goldens.TRACES.glob("*.json")):
+            if traces and tpath.stem not in traces:
+                continue
             trace = oracle.load_trace(tpath)
             if not goldens.trace_fits(trace, omodel.config.vocab_size):
                 continue
@@ -61,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", nargs="+", help="only these shipped model names")
+    ap.add_argument("--trace", nargs="+", help="only these shipped trace names (file stems)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     from .compare import LOGITS_C, LOGITS_MIN_RATIO, TAU, TAU_MIN_RATIO
-    per_model = measure(dtype, args.device, args.model)
+    per_model = measure(dtype, args.device, args.model, args.trace)
     for name, (absolute, scaled) in per_model.items():
         print(f"  {name:24s} {len(absolute):4d} positions  |Δlogit|: {percentiles(absolute)}")
         print(f"  {'':24s} {'':4s}            scaled:  {percentiles(scaled)}")
