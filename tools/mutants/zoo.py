@@ -583,7 +583,8 @@ MUTANTS += [
            "the row's KV length after a rejection counts every fed token: the replay writes the accepted inputs' K/V "
            "(and RoPE) after the rejected drafts' positions instead of over them",
            SPEC, "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))\n",
-           "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos + len(b.proposals) - v.accepted, b.slot))\n",
+           "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos + len(b.proposals) - v.accepted, "
+           "b.slot))\n",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_stop_inside_drafts_ignored", "speculative finishing",
            "a stop token (or max_new_tokens) reached inside the accepted drafts does not cut the emitted list: the "
