@@ -114,7 +114,8 @@ def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.devic
     peak of the largest step would not fit what `device` has free (checked before anything is allocated)."""
     pool = ec.prefix_cache.capacity if getattr(ec, "prefix_cache", None) is not None else 0   # checkpoint slots
     bank = bank_bytes(config, ec.max_requests + pool, max_len, dtype)
-    tokens = min(ec.max_tokens_per_step, ec.max_requests * ec.prefill_chunk)   # no step holds more tokens
+    # no step holds more tokens: every row's piece is <= prefill_chunk, and <= max_len (a longer prompt cannot fit KV)
+    tokens = min(ec.max_tokens_per_step, ec.max_requests * min(ec.prefill_chunk, max_len))
     act = activation_bytes(config, tokens, dtype, sequences=min(ec.max_requests, tokens))
     have = available_bytes(device)
     if have is not None and bank + act > have:
