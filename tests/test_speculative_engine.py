@@ -196,7 +196,7 @@ def test_compaction_while_rows_are_in_verify(models):
 def test_verify_rows_and_prefill_pieces_share_the_budget(models):
     """A verify row costs m+1 tokens: the prefill piece admitted in the same step gets what is left."""
     oracle_model, fast = models
-    obj = {**BASE, "engine": dict(BASE["engine"], max_requests=2, max_tokens_per_step=12, prefill_chunk=8),
+    obj = {**BASE, "engine": dict(BASE["engine"], max_requests=2, max_tokens_per_step=18, prefill_chunk=16),
            "requests": [dict(BASE["requests"][0], max_new_tokens=6),
                         dict(BASE["requests"][2], arrival_step=1, prompt=list(range(10, 30)))]}
     toks = oracle_run(oracle_model, _trace(None, obj)).tokens
@@ -204,7 +204,8 @@ def test_verify_rows_and_prefill_pieces_share_the_budget(models):
     got, _ = _run(fast, trace, "legacy")
     assert got.tokens == toks
     step = next(s for s in got.schedule_log.steps if any(b.kind == "verify" for b in s.batch))
-    assert sum(b.count for b in step.batch) <= 12 and any(b.kind == "prefill" for b in step.batch)
+    assert sum(b.count for b in step.batch) <= 18 and any(b.kind == "prefill" for b in step.batch)
+    assert [b.count for b in step.batch if b.kind == "prefill"] == [8]     # 18 - 4 = 14 left: one chunk, not two
     assert got.schedule_log.to_json() == oracle_run(oracle_model, trace).schedule_log.to_json()
 
 

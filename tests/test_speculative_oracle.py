@@ -89,7 +89,11 @@ def test_scripted_speculation_gives_the_non_speculative_tokens(bamba, mode):
 
 def test_zero_draft_steps_follow_accepting_steps_and_are_plain_decode_rows(bamba):
     plain = _plain(bamba, BASE)
-    got = run_trace(bamba, _trace(BASE, _script(plain, bamba.config.vocab_size)))
+    trace = _trace(BASE, _script(plain, bamba.config.vocab_size))
+    got = run_trace(bamba, trace)
+    asyn = run_trace(bamba, trace, "async")            # decode-only zero-draft steps still never overlap
+    assert not any(s.overlap for s in asyn.schedule_log.steps)
+    assert asyn.schedule_log.to_json()["steps"] == got.schedule_log.to_json()["steps"]
     kinds = [next((b.kind for b in s.batch if b.request == "full"), None) for s in got.schedule_log.steps]
     pairs = [(a, b) for a, b in zip(kinds, kinds[1:]) if a == "verify" and b == "decode"]
     assert pairs, kinds

@@ -611,5 +611,6 @@ MUTANTS += [
            "tokens (no proposals) so async and legacy schedules part",
            ORACLE_SCHED, "                and self.spec is None                            # speculative: never "
                          "overlapped (§13)\n", "",
-           ("tests/test_speculative_oracle.py::test_scripted_speculation_gives_the_non_speculative_tokens",)),
+           ("tests/test_speculative_oracle.py::test_zero_draft_steps_follow_accepting_steps_and_are_plain_decode_rows",
+            )),
 ]
