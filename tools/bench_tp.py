@@ -33,7 +33,6 @@ from fastpath.tp import TPModel, init_from_env
 from oracle.checkpoint import load_checkpoint
 from oracle.trace import EngineConfig, Request, Trace, load_trace
 
-ROOT = Path(__file__).resolve().parent.parent
 LINES: list[str] = []
 
 
@@ -178,8 +177,12 @@ def main() -> None:
     say(f"{out['date']} {world}x {out['gpu']} torch {torch.__version__}")
 
     # 1. trained tiny model on the corpus traces it can read (vocab 16)
-    cfg, w = load_checkpoint(ROOT / "goldens" / "models" / "tiny-sort")
-    traces = [load_trace(p) for p in sorted((ROOT / "goldens" / "traces").glob("*.json"))]
+    if __package__:   # python -m tools.bench_tp / hybridqual bench tp: the shipped data, installed or in a checkout
+        from .paths import MODELS, TRACES
+    else:             # torchrun tools/bench_tp.py (a script file, PYTHONPATH=.)
+        from tools.paths import MODELS, TRACES
+    cfg, w = load_checkpoint(MODELS / "tiny-sort")
+    traces = [load_trace(p) for p in sorted(TRACES.glob("*.json"))]
     traces = [t for t in traces if max(max(r.prompt + r.stop_token_ids) for r in t.requests) < cfg.vocab_size]
     for dtype in (torch.float32, bf):
         out[f"tiny_{dtype}"] = compare_traces(TPModel(cfg, w, dev, dtype), FastModel(cfg, w, dev, dtype), traces,
