@@ -33,6 +33,17 @@ def test_both_names_give_the_same_module_objects_in_a_checkout():
 
 
 @installed
+@pytest.mark.parametrize("first", ["tools", "hybridqual"])
+def test_whichever_name_is_imported_first_the_other_is_an_alias(first):
+    second = {"tools": "hybridqual", "hybridqual": "tools"}[first]
+    code = (f"import {first}.adapters as a, {second}.adapters as b, {second}.qualify as q, {first}.qualify as r; "
+            f"assert a is b and q is r and a.__name__ == '{first}.adapters', (a, b)")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+@installed
 def test_a_copy_of_the_tree_on_pythonpath_keeps_its_own_modules(tmp_path):
     shutil.copytree(ROOT / "tools", tmp_path / "tools", ignore=shutil.ignore_patterns("__pycache__"))
     code = ("import hybridqual, tools, json; "
