@@ -217,6 +217,12 @@ def test_engine_rejects_bad_speculative_configs(models):
     with pytest.raises(TraceError) as e:
         Engine(fast, _trace({"kind": "draft", "model": "goldens/models/tiny-sort"}).engine, max_len=24)
     assert e.value.field == "engine.speculative.proposer.model"
+    with pytest.raises(TraceError) as e:                                       # 2 rows x (12+1) > 24
+        Engine(fast, _trace({"kind": "ngram", "min_n": 1, "max_n": 2}, k=12).engine, max_len=24)
+    assert e.value.field == "engine.speculative.k"
+    with pytest.raises(TraceError) as e:
+        Engine(fast, _trace({"kind": "scripted", "proposals": {"a": {"1": [7, 960]}}}).engine, max_len=24)
+    assert e.value.field == "engine.speculative.proposer.proposals.a.1[1]"
     eng = Engine(fast, _trace(None).engine, max_len=24)
     with pytest.raises(TraceError) as e:
         eng.run_trace(_trace({"kind": "ngram", "min_n": 1, "max_n": 2}))

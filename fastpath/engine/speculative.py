@@ -182,6 +182,17 @@ class Speculator:
         if self.k + 1 > bank.max_len:
             raise TraceError("engine.speculative.k", f"k + 1 = {self.k + 1} positions exceed the engine's max_len "
                              f"{bank.max_len}")
+        ec, C, V = engine.ec, engine.config.chunk_size, engine.config.vocab_size
+        need = max(R * (self.k + 1), (R - 1) * (self.k + 1) + C)    # docs/scheduler.md §10, as the oracle checks
+        if ec.max_tokens_per_step < need:
+            raise TraceError("engine.speculative.k", f"k = {self.k} needs max_tokens_per_step >= {need}, got "
+                             f"{ec.max_tokens_per_step}")
+        for rid, per in (spec.proposer.proposals if spec.proposer.kind == "scripted" else ()):
+            for n, toks in per:
+                for j, t in enumerate(toks):
+                    if t >= V:
+                        raise TraceError(f"engine.speculative.proposer.proposals.{rid}.{n}[{j}]",
+                                         f"token id {t} >= vocab_size {V}")
         self.snap = Snapshot(bank, R)
         self.out = torch.zeros(R * (self.k + 1), dtype=torch.int64, device=engine.device)   # verify-step tokens
         self.verified: list[tuple[BatchRow, Verified]] = []     # the last verify step's rows, until resolved
