@@ -340,3 +340,20 @@ def test_generated_scripted_proposals_keep_tokens_and_follow_the_oracle(models, 
     assert got.tokens == want.tokens == plain
     assert got.schedule_log.to_json() == want.schedule_log.to_json()
     assert log_consistency(got.schedule_log) == []
+
+
+def test_padded_graph_decode_steps_between_verify_steps(models):
+    """pad_decode=True (the CUDA-graph bucket shapes, eager on CPU): zero-draft steps take the graph path, verify
+    steps the eager one; tokens and log == the oracle's."""
+    oracle_model, fast = models
+    greedy = {**BASE, "requests": [r for r in BASE["requests"] if "sampling" not in r]}
+    plain = oracle_run(oracle_model, _trace(None, greedy))
+    t, V = plain.tokens, fast.config.vocab_size
+    trace = _trace({"kind": "scripted", "proposals": {"a": {"1": t["a"][1:4], "6": [(t["a"][6] + 1) % V]},
+                                                      "c": {"2": t["c"][2:4]}}}, greedy)
+    got, eng = _run(fast, trace, "legacy", pad_decode=True)
+    assert eng.graphs is not None
+    assert got.tokens == plain.tokens
+    assert got.schedule_log.to_json() == oracle_run(oracle_model, trace).schedule_log.to_json()
+    kinds = [{b.kind for b in s.batch} for s in got.schedule_log.steps]
+    assert any("verify" in k for k in kinds) and any(k == {"decode"} for k in kinds)

@@ -94,6 +94,10 @@ def test_zero_draft_steps_follow_accepting_steps_and_are_plain_decode_rows(bamba
     asyn = run_trace(bamba, trace, "async")            # decode-only zero-draft steps still never overlap
     assert not any(s.overlap for s in asyn.schedule_log.steps)
     assert asyn.schedule_log.to_json()["steps"] == got.schedule_log.to_json()["steps"]
+    solo = {**BASE, "requests": [BASE["requests"][0]]}   # one verify step, then only zero-draft decode steps
+    one = _trace(solo, {"kind": "scripted", "proposals": {"full": {"1": plain["full"][1:3]}}})
+    a_log, l_log = run_trace(bamba, one, "async").schedule_log, run_trace(bamba, one, "legacy").schedule_log
+    assert not any(s.overlap for s in a_log.steps) and a_log.to_json()["steps"] == l_log.to_json()["steps"]
     kinds = [next((b.kind for b in s.batch if b.request == "full"), None) for s in got.schedule_log.steps]
     pairs = [(a, b) for a, b in zip(kinds, kinds[1:]) if a == "verify" and b == "decode"]
     assert pairs, kinds
