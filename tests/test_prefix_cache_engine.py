@@ -95,6 +95,19 @@ def _follows_oracle(engine: Engine, oracle_model, trace: Trace, mode: str) -> No
     assert len(g) == len(w) and got.tokens == want.tokens
 
 
+def _close_to_cold(fast, trace: Trace, mode: str) -> None:
+    """Tokens are a blunt check on a tiny random model (a wrong state can keep the argmax): every sampled logits row
+    with the cache must match the same engine's cold run (cache field removed). Same fp32 kernels; only the batch
+    composition differs, which moves rows by < 2e-6 (measured); a wrong restored state moved them by ~0.9."""
+    from tools.prefix_checks import without_cache
+    off = without_cache(trace)
+    _, on_rows = run_recording_logits(Engine(fast, trace.engine, max_len=_max_len(trace)), trace, mode)
+    _, off_rows = run_recording_logits(Engine(fast, off.engine, max_len=_max_len(trace)), off, mode)
+    assert sorted(on_rows) == sorted(off_rows)
+    for k in on_rows:
+        assert torch.allclose(on_rows[k], off_rows[k], rtol=0, atol=1e-4), (k, (on_rows[k] - off_rows[k]).abs().max())
+
+
 @pytest.mark.parametrize("path", PREFIX_TRACES, ids=[p.stem for p in PREFIX_TRACES])
 def test_prefix_traces_follow_the_oracle_on_the_torch_stand_ins(hybrid, path):
     """The corpus prefix traces, both modes, on the plain-torch kernels (fast; the Triton run is the corpus test of
@@ -104,6 +117,7 @@ def test_prefix_traces_follow_the_oracle_on_the_torch_stand_ins(hybrid, path):
     eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=_max_len(trace))
     for mode in ("legacy", "async"):
         _follows_oracle(eng, oracle_model, trace, mode)
+    _close_to_cold(fast.with_options(backend="torch"), trace, "async")
 
 
 def test_hit_admitted_without_a_piece_survives_the_eviction_of_its_entry(hybrid):
@@ -113,11 +127,13 @@ def test_hit_admitted_without_a_piece_survives_the_eviction_of_its_entry(hybrid)
     oracle_model, fast = hybrid
     long = tuple(16 + (5 * i + 1) % 48 for i in range(32))
     t = _trace([("long", 0, long, 2), ("late", 2, long[:16] + (50, 51, 52), 2)], budget=9, M=1)
-    eng = Engine(fast.with_options(backend="torch"), t.engine, max_len=_max_len(t))
+    torch_fast = fast.with_options(backend="torch")
+    eng = Engine(torch_fast, t.engine, max_len=_max_len(t))
     _follows_oracle(eng, oracle_model, t, "legacy")
     steps = eng.log.to_json()["steps"]
     assert steps[2]["admit"][0]["cached_tokens"] == 16 and [b["request"] for b in steps[2]["batch"]] == ["long"]
     assert steps[2]["prefix_cache"]["evicted"] == [{"request": "long", "pos": 16}]
+    _close_to_cold(torch_fast, t, "legacy")
 
 
 def test_checkpoints_live_in_the_bank_pool_which_never_moves(hybrid):
@@ -146,6 +162,7 @@ def test_checkpoints_live_in_the_bank_pool_which_never_moves(hybrid):
     want = oracle_run_trace(oracle_model, t)
     assert got.tokens == want.tokens and got.digest == want.digest
     assert restored == [("b", 16)]             # capacity 1: a's 16-block evicted its 8-block, so c misses
+    _close_to_cold(fast.with_options(backend="torch"), t, "legacy")   # b's KV [0, 16) and state really are a's
     assert bank.data_ptrs() == ptrs and all(s < R for s in got.schedule_log.to_json()["steps"][-1]["row_to_slot"])
     assert eng.prefix.evictions >= 1
 

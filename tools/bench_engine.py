@@ -359,7 +359,8 @@ def main() -> None:
         r = prefix_ttft(model, 4096 if args.quick else 32768)
         report["prefix_cache"] = r
         mib = lambda n: f"{n / 2**20:.1f} MiB"   # noqa: E731
-        lines.append(f"prefix cache: {r['suffix']}-token suffix after a {r['prefix']}-token prefix (block {r['block']}): "
+        lines.append(f"prefix cache: {r['suffix']}-token suffix after a {r['prefix']}-token prefix "
+                     f"(block {r['block']}): "
                      f"TTFT cold {1e3 * r['ttft_cold_off_s']:.1f} ms (cache off; {1e3 * r['ttft_cold_on_s']:.1f} ms "
                      f"cache on, storing), hit {1e3 * r['ttft_hit_s']:.2f} ms -> {r['speedup']:.1f}x (goal >= 50x); "
                      f"cached_tokens {r['cached_tokens']}")

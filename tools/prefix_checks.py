@@ -70,7 +70,8 @@ def check_cache_policy(trace: str, expected: CacheEvents, got: CacheEvents | Non
     if n and not have:
         return Check.of(trace, name, False, f"0 of {n} expected hits: the cache never hit (requests "
                         f"{', '.join(sorted(want))}) — an inert cache", expected=n, hits=0)
-    wrong = [r for r in sorted(set(want) | set(have)) if got.cached_tokens.get(r, 0) != expected.cached_tokens.get(r, 0)]
+    wrong = [r for r in sorted(set(want) | set(have))
+             if got.cached_tokens.get(r, 0) != expected.cached_tokens.get(r, 0)]
     if wrong:
         r = wrong[0]
         return Check.of(trace, name, False, f"{len(right)} of {n} expected hits; request {r!r}: expected "
@@ -108,7 +109,8 @@ def prefix_cache_checks(name: str, trace: Any, oracle_model: Any,
 
 
 def engine_runner(engine: Any, mode: str | None = None) -> Callable[[Any], tuple[dict[str, list[int]], CacheEvents]]:
-    """`run` for prefix_cache_checks from an engine factory-free fast path: `engine(trace)` builds the Engine."""
+    """`run` for prefix_cache_checks from a fast-path engine factory: `engine(trace)` builds the Engine for a trace
+    (the cache-off run needs an engine without a pool, so one per trace)."""
     def run(trace):
         eng = engine(trace)
         r = eng.run_trace(trace, mode)

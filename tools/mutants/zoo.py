@@ -496,11 +496,11 @@ MUTANTS += [
            BANK, "        self.conv_state[:, dst].copy_(self.conv_state[:, src])\n",
            "        self.conv_state[:, dst, :, 1:].copy_(self.conv_state[:, src, :, :-1])\n",
            (T_PC_TRACES, T_PC_POOL)),
-    Mutant("pc_miss_slot_not_zeroed", "prefix cache",
-           "with a cache, zeroing moved into the restore path: a miss keeps the previous occupant's state",
-           ENGINE, "            self.bank.zero_slot(slot)\n",
-           "            if self.prefix is None:\n                self.bank.zero_slot(slot)\n",
-           (T_PC_TRACES, T_PC_POOL)),
+    Mutant("pc_hit_recomputes_prefix", "prefix cache",
+           "a hit restores the checkpoint but the request's prefill still starts at 0: right tokens, the cache saves "
+           "nothing (a silently useless cache; the log's pieces and the policy check show it)",
+           PC, "            st.done = p\n", "",
+           (T_PC_TRACES,)),
     Mutant("pc_stale_checkpoint_kv", "prefix cache",
            "a store into a reused pool slot (after an eviction) rewrites the recurrent state but not the K/V: the "
            "checkpoint keeps the evicted prefix's keys and values",
