@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -75,7 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_blind(args: argparse.Namespace, chosen: list) -> int:
     """--blind: judge `chosen` (or its rotating window) stage by stage; print verdicts next to the named ones."""
-    from .blind import KILLED, SKIPPED, BlindOutcome, default_stages, judge, junit_of, rotation
+    from .blind import KILLED, SKIPPED, BlindOutcome, default_stages, judge, junit_of, rotation, stop_all
+
+    def stopped(signum, _frame):                      # SIGTERM (CI timeout, kill PID): take the stages down too
+        stop_all()
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, stopped)
     if args.rotate is not None:
         chosen = rotation(chosen, args.rotate, args.rotate_index)
     stages = [s.__class__(s.name, s.kind, s.argv, args.stage_timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +93,19 @@ def _failed_checks(report: Path) -> tuple[list[dict], dict | None]:
     return bad, body
 
 
+LIVE: set[subprocess.Popen] = set()        # stages running now (each in its own process group)
+COPIES: set[str] = set()                   # temporary trees in use
+
+
+def stop_all() -> None:
+    """Stop every stage still running and remove the copies (a blind run that is itself being stopped must not
+    leave them behind)."""
+    for proc in list(LIVE):
+        _stop(proc)
+    for tmp in list(COPIES):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """Stop a stage we started (its own process group) and reap it."""
     if proc.poll() is None:
@@ -114,6 +128,7 @@ def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> St
     t0 = time.time()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        LIVE.add(proc)
         try:
             while proc.poll() is None:
                 if time.time() - t0 > stage.timeout:
@@ -125,6 +140,7 @@ def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> St
                 time.sleep(1)
         finally:
             _stop(proc)
+            LIVE.discard(proc)
     bad, body = _failed_checks(out / "report.json")
     took = time.time() - t0
     if bad:
@@ -145,11 +161,14 @@ def run_pytest(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> Sta
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+    LIVE.add(proc)
     try:
         proc.wait(timeout=stage.timeout)
     except subprocess.TimeoutExpired:
         _stop(proc)
         return StageResult(stage.name, CRASH, f"timeout after {stage.timeout} s", time.time() - t0)
+    finally:
+        LIVE.discard(proc)
     status, by = classify(junit, proc.returncode)
     took = time.time() - t0
     if status == "KILLED":
@@ -164,21 +183,30 @@ def judge(m: Mutant | None, stages: list[Stage], name: str | None = None) -> Bli
     label = name or (m.name if m is not None else "(control: no mutation)")
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=f"hq-blind-{label[:40].replace(' ', '_')}-") as tmp:
+        COPIES.add(tmp)
         try:
-            tree, env = mutated_copy(m, Path(tmp))
-        except NotRun as e:
-            return BlindOutcome(label, e.status, "import" if e.status != STALE else "", e.detail, time.time() - t0)
-        results: list[StageResult] = []
-        for st in stages:
-            r = (run_qualify if st.kind == "qualify" else run_pytest)(st, tree, env, Path(tmp))
-            results.append(r)
-            if r.status in ("FAIL", INVALID):
-                status = KILLED if r.status == "FAIL" else INVALID
-                return BlindOutcome(label, status, st.name, r.detail, time.time() - t0, results)
-        crashed = [r for r in results if r.status == CRASH]
-        status = CRASH if crashed else SURVIVED
-        return BlindOutcome(label, status, crashed[0].stage if crashed else "",
-                            crashed[0].detail if crashed else "every stage passed", time.time() - t0, results)
+            return _judge_copy(m, stages, label, Path(tmp), t0)
+        finally:
+            COPIES.discard(tmp)
+
+
+def _judge_copy(m: Mutant | None, stages: list[Stage], label: str, tmp: Path, t0: float) -> BlindOutcome:
+    """judge() inside its temporary directory."""
+    try:
+        tree, env = mutated_copy(m, Path(tmp))
+    except NotRun as e:
+        return BlindOutcome(label, e.status, "import" if e.status != STALE else "", e.detail, time.time() - t0)
+    results: list[StageResult] = []
+    for st in stages:
+        r = (run_qualify if st.kind == "qualify" else run_pytest)(st, tree, env, Path(tmp))
+        results.append(r)
+        if r.status in ("FAIL", INVALID):
+            status = KILLED if r.status == "FAIL" else INVALID
+            return BlindOutcome(label, status, st.name, r.detail, time.time() - t0, results)
+    crashed = [r for r in results if r.status == CRASH]
+    status = CRASH if crashed else SURVIVED
+    return BlindOutcome(label, status, crashed[0].stage if crashed else "",
+                        crashed[0].detail if crashed else "every stage passed", time.time() - t0, results)
 
 
 def rotation(mutants: list[Mutant], k: int, index: int | None = None) -> list[Mutant]:
