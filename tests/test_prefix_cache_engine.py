@@ -23,7 +23,7 @@ from tools.prefix_checks import engine_runner, prefix_cache_checks  # noqa: E402
 
 SYS = tuple(16 + (7 * i + 3) % 48 for i in range(16))
 HYBRID = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
-GPU = pytest.mark.gpu
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX_TRACES = sorted((ROOT / "goldens" / "traces").glob("prefix_*.json"))
 
