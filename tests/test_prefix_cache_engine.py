@@ -76,7 +76,7 @@ def test_cache_on_equals_cache_off_bitwise_in_batch_invariant_mode_while_the_own
     """Hits while the owner still decodes, two hitters admitted together: batch-invariant kernels make every row's
     bits independent of the batch, so cache on == off bitwise for every request, async too."""
     _, _, fast = _weights(cls=BatchInvariantModel)
-    reqs = [("a", 0, SYS + (20, 21, 22), 3), ("b", 2, SYS + (40,), 2), ("c", 2, SYS[:12], 2)]
+    reqs = [("a", 0, SYS + (20, 21, 22), 2), ("b", 2, SYS + (40,), 1), ("c", 2, SYS[:12], 1)]
     rows = {}
     for B in (8, 0):
         t = _trace(reqs, R=3, budget=40, B=B, mode="async")
