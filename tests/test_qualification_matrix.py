@@ -91,13 +91,15 @@ def test_task_accuracy_check_fails_on_a_wrong_answer(oracle_models):
 
 
 class TakesRunnerUpAtNearTie(adapters.FastpathAdapter):
-    """An engine whose rounding flips one near tie: r1's second token becomes the oracle's runner-up."""
+    """An engine whose rounding flips one near tie: r1's second token becomes the oracle's runner-up, and r1 goes on
+    from there as the oracle would on that prefix (every emitted token is judged on its own prefix)."""
     runner_up = None
+    tail: list = []
 
     def run_trace(self):
         r = super().run_trace()
         if "r1" in r.tokens and len(r.tokens["r1"]) > 1 and len(self.trace.requests) > 1:
-            r.tokens["r1"] = r.tokens["r1"][:1] + [self.runner_up]      # the rest is for the continuation to say
+            r.tokens["r1"] = r.tokens["r1"][:1] + [self.runner_up] + self.tail
         return r
 
 
@@ -113,6 +115,8 @@ def test_near_tie_is_reported_and_the_check_continues_teacher_forced_through_the
     gap = float(top.values[0] - top.values[1])
     assert 0 < gap < 0.05, "zoo-bamba's r1 has a small margin at position 1 (goldens): the premise of this test"
     TakesRunnerUpAtNearTie.runner_up = int(top.indices[1])
+    TakesRunnerUpAtNearTie.tail = omodel.generate_greedy(list(req.prompt) + truth[:1] + [int(top.indices[1])],
+                                                         req.max_new_tokens - 2)
     checks = check_trace(TakesRunnerUpAtNearTie, zoo, SEED, ["legacy"], omodel, "cpu", tau=0.05)
     tok = next(c for c in checks if "tokens match the truth" in c.name)
     assert tok.ok and "near ties: r1@1" in tok.detail, tok.detail
