@@ -48,8 +48,9 @@ def checkpoint():
 
 
 def _solo(trace: Trace, req) -> Trace:
-    return Trace(trace.engine, (type(req)(req.id, 0, req.prompt, req.max_new_tokens, req.stop_token_ids,
-                                          req.sampling),))
+    from tools.spec_checks import for_requests      # scripted speculative proposals of this request only
+    return Trace(for_requests(trace.engine, {req.id}),
+                 (type(req)(req.id, 0, req.prompt, req.max_new_tokens, req.stop_token_ids, req.sampling),))
 
 
 def _alone_vs_batched(model, trace: Trace, modes=("legacy", "async"),

@@ -120,3 +120,14 @@ def qualify_check(label: str, mode: str, trace: Trace, run, oracle_model):
     bad = log_consistency(run.schedule_log) + recompute_accepted(oracle_model, trace, run)
     n = len(verify_rows(run.schedule_log))
     return Check.of(label, name, not bad, "; ".join(bad[:3]) if bad else f"{n} verify rows")
+
+
+def for_requests(engine, ids: set[str]):
+    """The engine config with scripted proposals kept only for these request ids (a trace cut to some of its
+    requests, e.g. one request alone: proposals for absent requests would be 'unknown request id')."""
+    spec = engine.speculative
+    if spec is None or spec.proposer.kind != "scripted":
+        return engine
+    kept = tuple((rid, per) for rid, per in spec.proposer.proposals if rid in ids)
+    proposer = dataclasses.replace(spec.proposer, proposals=kept)
+    return dataclasses.replace(engine, speculative=dataclasses.replace(spec, proposer=proposer))

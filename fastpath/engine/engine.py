@@ -391,11 +391,14 @@ class Engine:
         """Run a whole trace (engine limits must match this engine's); returns tokens, reasons, log, digest."""
         trace = check_against_model(trace, self.config.vocab_size, self.config.chunk_size)    # normalised
         e = trace.engine
-        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache, e.speculative) != \
+        from .speculative import engine_key                 # scripted proposals are the trace's, not the engine's
+        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache, engine_key(e.speculative)) != \
                 (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk, self.ec.prefix_cache,
-                 self.ec.speculative):
+                 engine_key(self.ec.speculative)):
             raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
         self.reset(mode or e.mode)
+        if self.spec is not None:
+            self.spec.use_trace(e.speculative)
         for req in trace.requests:
             self.add_request(req)
         return self.run()

@@ -163,6 +163,14 @@ def load_draft(path, target_config, R: int, max_len: int, device, dtype, options
 
 # ----------------------------------------------------------------------------------------- the engine's hooks
 
+def engine_key(spec):
+    """What a speculative config fixes about the engine (k and the proposer, not a scripted trace's proposals)."""
+    if spec is None:
+        return None
+    p = spec.proposer
+    return (spec.k, p.kind, p.min_n, p.max_n, p.model)
+
+
 @dataclass
 class Verified:
     """A verify row's outcome: the sampler's choices c_0..c_m, the accepted count, its snapshot index, its inputs."""
@@ -204,6 +212,18 @@ class Speculator:
             self.draft = load_draft(model_path(spec), engine.config, R, bank.max_len + self.k, engine.device,
                                     engine.model.dtype, getattr(engine.model, "options", None))
         self._drafts: dict[str, list[int]] = {}
+
+    def use_trace(self, spec) -> None:
+        """run_trace: the trace's scripted proposals (its ids checked against the vocab, as at construction)."""
+        if spec.proposer.kind == "scripted":
+            V = self.engine.config.vocab_size
+            for rid, per in spec.proposer.proposals:
+                for n, toks in per:
+                    for j, t in enumerate(toks):
+                        if t >= V:
+                            raise TraceError(f"engine.speculative.proposer.proposals.{rid}.{n}[{j}]",
+                                             f"token id {t} >= vocab_size {V}")
+            self.table = spec.proposer.table()
 
     def reset(self) -> None:
         """Forget per-request state (a new run)."""
