@@ -37,7 +37,14 @@ KNOWN_KEYS = set().union(*HF_DICTS.values(), INT_KEYS, {
 # The values a field is replaced with: non-finite, zero, negative, float for int, int for float, wrong types.
 BAD_VALUES = [math.nan, math.inf, -math.inf, 0, -1, 0.0, -0.5, 0.5, 1.5, 8.0, 3, 7, 2 ** 40, 10 ** 400, "32",
               "abc", "Infinity", None, True, False, [], [1], {}, {"__float__": "NaN"}, {"__float__": "Infinity"}]
-MISSING = object()
+class _Missing:
+    """The field is removed from config.json (a stable repr, so xdist workers collect the same test ids)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
 
 
 def _field_named(message: str, keys: set[str]) -> bool:
