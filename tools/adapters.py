@@ -273,7 +273,8 @@ def resolve(spec: str) -> type[Adapter]:
     except (ImportError, AttributeError) as e:
         raise ValueError(f"--engine {spec!r}: cannot load it ({e})") from e
     if not (isinstance(cls, type) and issubclass(cls, Adapter)):
-        raise ValueError(f"--engine {spec!r}: {name} is not a subclass of tools.adapters.Adapter")
+        raise ValueError(f"--engine {spec!r}: {name} is not a subclass of hybridqual.adapters.Adapter "
+                         "(tools.adapters.Adapter in a checkout)")
     if not isinstance(cls.capabilities("cpu"), Capabilities):
-        raise ValueError(f"--engine {spec!r}: {name}.capabilities() must return a tools.adapters.Capabilities")
+        raise ValueError(f"--engine {spec!r}: {name}.capabilities() must return a hybridqual.adapters.Capabilities")
     return cls

@@ -278,7 +278,10 @@ MUTANTS: list[Mutant] = [
            "        live = [(j, row_of.get(b.request, -1)) for j, b in enumerate(p.batch)]",
            (T_ASYNC,),
            more=((ENGINE, "            if st.finish_reason is not None:\n                finished.append(r)",
-                  "            if st.finish_reason is not None and r >= 0:\n                finished.append(r)"),)),
+                  "            if st.finish_reason is not None and r >= 0:\n                finished.append(r)"),
+                 # the defect also drops the guard that skips tokens of an already finished request (verify rows
+                 # need it too); with the guard kept the patch above is equivalent
+                 (ENGINE, "            if self.requests[b.request].finish_reason is not None:       # a verify row's tokens after its stop\n                continue\n", ""))),
     Mutant("pending_outputs_not_compacted", "async",
            "rows are compacted but the in-flight step's sampled tokens (fed to the next launch) are not",
            ENGINE, "            apply_moves_(self.sampled, src, dst)\n", "            pass\n",
