@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from fastpath.engine.rows import compaction_moves
+from tools.adapters import Adapter, Capabilities, RunResult
 
 
 def compact_without_moving_slots(self):
@@ -16,3 +17,49 @@ def compact_without_moving_slots(self):
     self.row_to_slot_dev.copy_(torch.tensor(self.row_to_slot, dtype=self.row_to_slot_dev.dtype))
     self.active = sum(live)
     return moves
+
+
+
+class CacheReportingEngine(Adapter):
+    """An 'external' engine behind the adapter protocol (tools/adapters.py) that reports its prefix-cache facts in
+    RunResult.prefix_cache's JSON form, as an engine outside hybridqual would from its own counters. The fast path
+    on the torch stand-ins does the work; subclasses break the cache (`inert`) or stay silent (`report = False`)."""
+    inert = False       # the cache is never consulted: every admission misses (tokens still right)
+    report = True       # False: the adapter reports no prefix-cache facts
+    CAPABILITIES = Capabilities(("greedy",), ("legacy", "async"), compute_dtype=torch.float32,
+                                prefix_cache_reporting=True)
+
+    def __init__(self, model_path, trace, mode, device="cpu"):
+        from fastpath import Engine, FastOptions
+        super().__init__(model_path, trace, mode, device)
+        self.engine = Engine.from_pretrained(model_path, trace.engine, device=device, max_len=256,
+                                             options=FastOptions(backend="torch"))
+        if self.inert and self.engine.prefix is not None:
+            self.engine.prefix.lookup = lambda prompt, step: (0, None)
+
+    def run_trace(self) -> RunResult:
+        eng = self.engine
+        eng.reset(self.mode)
+        for r in self.trace.requests:
+            eng.add_request(r)
+        while eng.step():
+            pass
+        tokens = {rid: list(s.output) for rid, s in eng.requests.items()}
+        if not self.report or eng.prefix is None:
+            return RunResult(tokens)
+        steps = eng.log.to_json()["steps"]
+        facts = {"admit": [{"request": a["request"], "cached_tokens": a["cached_tokens"]}
+                           for s in steps for a in s["admit"]],
+                 "steps": [{k: s["prefix_cache"][k] for k in ("stored", "evicted")} for s in steps]}
+        return RunResult(tokens, prefix_cache=facts)
+
+
+class InertCacheEngine(CacheReportingEngine):
+    """Its prefix cache never hits (the lookup is never consulted) and it says so honestly."""
+    inert = True
+
+
+class SilentCacheEngine(CacheReportingEngine):
+    """A working cache whose adapter reports no facts about it."""
+    report = False
+    CAPABILITIES = Capabilities(("greedy",), ("legacy", "async"), compute_dtype=torch.float32)

@@ -36,7 +36,8 @@ class Capabilities:
     schedule_log: bool = False                    # run_trace returns a schedule log (oracle.schedule_log format)
     logits: bool = False                          # run_trace returns the logits row of every sampled position
     compute_dtype: torch.dtype | None = None      # picks τ and the logits tolerance; None: judged as float32
-    prefix_cache_reporting: bool = False          # for later (DESIGN §12): the log records hits/stores/evictions
+    prefix_cache_reporting: bool = False          # DESIGN §12: run_trace returns RunResult.prefix_cache (and a log,
+                                                  # if any, records hits/stores/evictions)
     speculation_reporting: bool = False           # for later (DESIGN §13): the log records proposals/acceptance
     notes: tuple[tuple[str, str], ...] = ()       # (capability, why it is missing), quoted in skip reasons
 
@@ -53,6 +54,10 @@ class RunResult:
     schedule_log: object | None = None   # oracle.schedule_log.ScheduleLog (has .to_json()) when the engine logs
     digest: str | None = None
     logits: dict[str, torch.Tensor] | None = None   # request id -> [len(tokens), vocab], the row each token came from
+    # prefix-cache facts (DESIGN §12; docs/api.md): a tools.prefix_checks.CacheEvents, or its JSON form
+    # {"admit": [{"request", "cached_tokens"}], "steps": [{"stored": [{"request", "pos"}], "evicted": [...]}]}
+    # ("steps" optional); None: the engine reports nothing, and the policy check is a SKIP
+    prefix_cache: object | None = None
 
 
 class Adapter:
@@ -117,7 +122,7 @@ class OracleAdapter(Adapter):
     def run_trace(self) -> RunResult:
         import oracle
         r = oracle.run_trace(self.model, self.trace, mode=self.mode)
-        return RunResult(r.tokens, r.finish_reasons, r.schedule_log, r.digest)
+        return RunResult(r.tokens, r.finish_reasons, r.schedule_log, r.digest, prefix_cache=_cache_facts(self.trace, r))
 
 
 class FastpathAdapter(Adapter):
@@ -181,7 +186,15 @@ class FastpathAdapter(Adapter):
             got = [rows.get((req.id, len(req.prompt) + i)) for i in range(len(toks))]
             if toks and all(g is not None for g in got):
                 logits[req.id] = torch.stack(got).float().cpu()
-        return RunResult(r.tokens, r.finish_reasons, r.schedule_log, r.digest, logits)
+        return RunResult(r.tokens, r.finish_reasons, r.schedule_log, r.digest, logits, _cache_facts(self.trace, r))
+
+
+def _cache_facts(trace, result):
+    """The prefix-cache facts of a run whose schedule log carries them (ours and the oracle's), else None."""
+    if trace.engine.prefix_cache is None:
+        return None
+    from .prefix_checks import events_from_log
+    return events_from_log(result.schedule_log)
 
 
 def _cut(gen: list[int], req) -> tuple[list[int], str]:

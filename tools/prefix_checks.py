@@ -5,10 +5,11 @@ as the policy predicts" — so a cache that corrupts outputs fails the first, an
     checks = prefix_cache_checks("my_trace", trace, oracle_model, run)   # run(trace) -> tokens (+ events)
 
 The truth of the events is the oracle's schedule log (oracle/prefix_cache.py models the cache exactly).  A
-candidate reports its events either as a schedule log in `oracle.schedule_log` form (per-step "prefix_cache"
-lists and `cached_tokens` on admissions, as the fast path does) or, for an external engine, as a
-`CacheEvents` built from what the engine exposes — at the least the cached prompt tokens of every request
-(vLLM's `num_cached_tokens`), optionally its stores and evictions as (request, position) pairs.
+candidate reports its events in `RunResult.prefix_cache` (tools/adapters.py): a `CacheEvents`, or its JSON form in
+the schedule log's vocabulary (docs/scheduler.md §9; `CacheEvents.from_report`) built from what the engine exposes —
+at the least the cached prompt tokens of every admission (vLLM's `num_cached_tokens`, SGLang's `cached_tokens`),
+optionally per step the checkpoints stored and evicted as {"request", "pos"} entries.  An adapter that reports
+nothing gets SKIP ("adapter reports no prefix-cache facts"), never a pass.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .report import SKIP, Check
+
+NO_FACTS = "adapter reports no prefix-cache facts (RunResult.prefix_cache is None)"
 
 
 @dataclass
@@ -30,6 +33,56 @@ class CacheEvents:
     def hits(self) -> dict[str, int]:
         """Requests that started from a checkpoint, and where."""
         return {r: p for r, p in self.cached_tokens.items() if p > 0}
+
+    @classmethod
+    def from_report(cls, obj: Any, where: str = "RunResult.prefix_cache") -> "CacheEvents":
+        """A CacheEvents as is, or parsed from the JSON form an adapter may return (errors name the field):
+        {"admit": [{"request": id, "cached_tokens": p}, ...],                      # per admission, in order
+         "steps": [{"stored": [{"request": id, "pos": p}], "evicted": [...]}, ...]} # optional: per engine step"""
+        if isinstance(obj, cls):
+            return obj
+        if not isinstance(obj, dict):
+            raise FactsError(f"{where}: expected a CacheEvents or a dict with 'admit' (and optional 'steps'), "
+                             f"got {type(obj).__name__}")
+        unknown = sorted(set(obj) - {"admit", "steps"})
+        if unknown:
+            raise FactsError(f"{where}.{unknown[0]}: unknown field (expected 'admit', 'steps')")
+        admit = _list(obj.get("admit"), f"{where}.admit")
+        ev = cls({}, None, None)
+        for i, a in enumerate(admit):
+            at = f"{where}.admit[{i}]"
+            rid, p = _field(a, "request", str, at), _field(a, "cached_tokens", int, at)
+            if p < 0:
+                raise FactsError(f"{at}.cached_tokens: must be >= 0, got {p}")
+            ev.cached_tokens[rid] = p
+        if obj.get("steps") is not None:
+            ev.stored, ev.evicted = [], []
+            for k, st in enumerate(_list(obj["steps"], f"{where}.steps")):
+                for what in ("stored", "evicted"):
+                    at = f"{where}.steps[{k}].{what}"
+                    items = _list(st.get(what, []) if isinstance(st, dict) else None, at)
+                    getattr(ev, what).extend((_field(e, "request", str, f"{at}[{j}]"),
+                                              _field(e, "pos", int, f"{at}[{j}]")) for j, e in enumerate(items))
+        return ev
+
+
+class FactsError(ValueError):
+    """An adapter's prefix-cache report is malformed; the message starts with the field's path."""
+
+
+def _list(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise FactsError(f"{where}: expected a list, got {type(v).__name__}")
+    return v
+
+
+def _field(obj: Any, name: str, kind: type, where: str) -> Any:
+    if not isinstance(obj, dict) or name not in obj:
+        raise FactsError(f"{where}.{name}: missing")
+    v = obj[name]
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise FactsError(f"{where}.{name}: expected {kind.__name__}, got {type(v).__name__}")
+    return v
 
 
 def events_from_log(log: Any) -> CacheEvents:
@@ -62,8 +115,7 @@ def check_cache_policy(trace: str, expected: CacheEvents, got: CacheEvents | Non
     """Hits (cached_tokens per request), then stores and evictions where reported, as the policy predicts."""
     name = "prefix cache events as the policy predicts"
     if got is None:
-        return Check(trace, name, SKIP, "the engine does not report prefix-cache events (adapter capability "
-                     "prefix_cache_reporting)")
+        return Check.skip(trace, name, NO_FACTS)
     want, have = expected.hits, got.hits
     n = len(want)
     right = [r for r in want if got.cached_tokens.get(r) == want[r]]
@@ -116,3 +168,38 @@ def engine_runner(engine: Any, mode: str | None = None) -> Callable[[Any], tuple
         r = eng.run_trace(trace, mode)
         return r.tokens, (events_from_log(r.schedule_log) if trace.engine.prefix_cache is not None else None)
     return run
+
+
+def reported_events(run: Any) -> CacheEvents | None:
+    """The prefix-cache facts an adapter's RunResult reports (parsed, errors naming the field), or None."""
+    facts = getattr(run, "prefix_cache", None)
+    return None if facts is None else CacheEvents.from_report(facts)
+
+
+def adapter_runner(adapter_cls: Any, model_dir: Any, mode: str,
+                   device: str = "cpu") -> Callable[[Any], tuple[dict[str, list[int]], CacheEvents | None]]:
+    """`run` for prefix_cache_checks from any adapter class (tools/adapters.py): tokens and its reported facts
+    (None when the adapter reports none, so the policy check is a SKIP with that reason)."""
+    def run(trace):
+        r = adapter_cls(model_dir, trace, mode, device).run_trace()
+        return r.tokens, reported_events(r)
+    return run
+
+
+def qualify_check(label: str, mode: str, trace: Any, run: Any, oracle_model: Any, caps: Any) -> Check | None:
+    """qualify's line for a prefix-cache trace (None for others): the adapter's reported hits, stores and evictions
+    vs the oracle's policy on the engine's own tokens (cache on == off is the tokens check: the truth of a
+    prefix-cache trace is each request alone)."""
+    from oracle.scheduler import run_trace
+    if trace.engine.prefix_cache is None:
+        return None
+    name = f"{mode}: prefix cache events as the policy predicts"
+    got = reported_events(run)
+    if got is None:
+        if getattr(caps, "prefix_cache_reporting", False):
+            return Check.of(label, name, False, "the adapter declares prefix_cache_reporting but returned no "
+                            "RunResult.prefix_cache")
+        return Check.skip(label, name, caps.why_not("prefix_cache_reporting", NO_FACTS))
+    truth = run_trace(oracle_model, trace, mode, forced_tokens=dict(run.tokens))
+    c = check_cache_policy(label, events_from_log(truth.schedule_log), got)
+    return dataclasses.replace(c, name=name)

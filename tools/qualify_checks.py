@@ -276,6 +276,9 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                             caps))
                 from .spec_checks import qualify_check           # speculative traces only (DESIGN §13)
                 add(guarded(label, f"{mode}: accepted counts", qualify_check, label, mode, trace, run, oracle_model))
+                from .prefix_checks import qualify_check as cache_check     # prefix-cache traces only (DESIGN §12)
+                add(guarded(label, f"{mode}: prefix cache events", cache_check, label, mode, trace, run, oracle_model,
+                            caps))
         progress.end(f"{label} · {mode}", started, checks[before:])
     add(check_modes_equal(label, runs, caps, modes))
     add(check_task(label, trace, truth, runs))
