@@ -39,7 +39,7 @@ def test_add_rms_norm_keeps_eps_inside_the_root_for_rows_near_zero(device, dtype
     s = h.double() + d.double()
     ref = oracle_rms_norm(s, w.double(), EPS)
     assert rel(out, ref) < REL[dtype]
-    assert rel(_eps_outside(s, w), ref) > 100 * REL[dtype]     # the placement is visible on these rows
+    assert rel(_eps_outside(s, w), ref) > 10 * REL[dtype]      # the placement is visible on these rows (10× the tol)
 
 
 @pytest.mark.parametrize("n_groups", [1, 2])
@@ -57,4 +57,4 @@ def test_rms_norm_gated_keeps_eps_inside_the_root_for_rows_near_zero(device, dty
     assert rel(out, ref) < REL[dtype]
     g = (y.double() * torch.nn.functional.silu(z.double())).view(4, n_groups, -1)
     wrong = _eps_outside(g, w.double().view(n_groups, -1)).view(4, 48)
-    assert rel(wrong, ref) > 100 * REL[dtype]
+    assert rel(wrong, ref) > 10 * REL[dtype]

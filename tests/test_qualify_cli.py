@@ -101,4 +101,6 @@ def test_default_plan_qualifies_on_cuda_in_bf16_with_graphs(tmp_path):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     report = json.loads((tmp_path / "report.json").read_text())
     assert p.returncode == 0 and report["failed"] == 0, p.stdout[-5000:] + p.stderr[-3000:]
-    assert "bfloat16" in report["tau_source"] and report["tau"] == 1.0
+    import torch
+    from tools.compare import TAU
+    assert "bfloat16" in report["tau_source"] and report["tau"] == TAU[torch.bfloat16]

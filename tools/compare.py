@@ -19,14 +19,16 @@ import torch
 # >= 2× the largest |Δlogit| (TAU_MIN_RATIO keeps headroom above that). Both measured by `python -m tools.measure_tau`
 # on every shipped model × corpus trace against the fp64 oracle, 2026-11-30:
 #   fp32 (CPU, Triton interpreter): largest |Δlogit| 1.17e-5 -> τ = 1e-3 (~86×);
-#   bf16 (H200, compiled kernels): largest |Δlogit| 0.353 (zoo-mamba2; tiny-sort 0.126) -> τ = 1.0 (~2.8×).
+#   bf16 (H200, compiled kernels): largest |Δlogit| 0.353 (zoo-mamba2; tiny-sort 0.126) -> τ = 1.0 (~2.8×);
+#   bf16 re-measured 2026-12-01 on the whole corpus (2244 positions, 5 models): largest 0.443 (zoo-granitemoehybrid),
+#   p99 0.241, p50 0.034 -> τ = 1.25 (2.8×; 1.0 was 2.3×, below TAU_MIN_RATIO).
 # bf16 qualification is therefore a much weaker check than fp32 (a flip across a gap of up to one logit is
 # accepted, and reported); run strict qualifications in fp32. fp16 is provisional (not measured). Large models may
 # need more: on anchor-3b random weights bf16 vs fp32 first-token logits differed by up to 0.49 (docs/tp.md).
 # qualify picks τ from the candidate's declared compute dtype (`tau_for`); `--tau` overrides it.
-TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.0, torch.float16: 0.05}
+TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.25, torch.float16: 0.05}
 TAU_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}     # τ / largest measured |Δlogit|, at least
-MEASURED_ERR = {torch.float32: 1.17e-5, torch.bfloat16: 0.353}  # largest |Δlogit| measured (above), per dtype
+MEASURED_ERR = {torch.float32: 1.17e-5, torch.bfloat16: 0.443}  # largest |Δlogit| measured (above), per dtype
 TOP_K = 5
 
 # The logits check (`compare_logits`): at every generated position, max|Δlogit| <= c · max(1, std(oracle row)).
@@ -36,9 +38,9 @@ TOP_K = 5
 #   fp32: the scaled error is <= the absolute one (max(1, std) >= 1), largest measured 1.17e-5 -> c = 2e-4 (>= 17×);
 #         measured scaled error (CPU, 5 models × seed_compaction + chunked_prefill, 175 positions): max 1.88e-6
 #         (c = 106×), p50 6.1e-7; the distribution is in docs/qualification.md;
-#   bf16: provisional (= τ(bf16)/1.0: the absolute 0.353 above bounds the scaled error, since max(1, std) >= 1);
-#   re-measure on the H200 with `python -m tools.measure_tau --dtype bfloat16`.
-LOGITS_C = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 1.0, torch.float16: 0.05}
+#   bf16: measured on the H200 2026-12-01 (whole corpus, 2244 positions): scaled max 0.443, p99 0.074, p50 0.022
+#   -> c = 1.25 (2.8×).
+LOGITS_C = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 1.25, torch.float16: 0.05}
 LOGITS_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}
 
 

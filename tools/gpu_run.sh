@@ -27,11 +27,18 @@ DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BE
 step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY -m tools.bench_gemm ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
 # Optional: one bs1 decode step as a CUDA graph with flag / rule / skip-a-kernel variants (where a step goes).
 step_bench_ablation() { timeout "${BENCH_ABLATION_TIMEOUT:-300}" $PY -m tools.bench_ablation ${BENCH_ABLATION_ARGS:-}; }
+# Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
+step_measure_tau() {
+  timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m tools.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}
+  local rc=$?
+  tail -n 12 "$OUT/measure_tau.log" > "$OUT/measure_tau.summary"
+  return $rc
+}
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
 step_gpu_tests() {   # the gpu tier of the whole suite (kernels, engine, ...)
-  timeout "${GPU_TESTS_TIMEOUT:-330}" $PY -m pytest -m gpu -n 0 -q -rfE -p no:cacheprovider --continue-on-collection-errors ${GPU_TESTS_PATHS:-tests/}
+  timeout "${GPU_TESTS_TIMEOUT:-330}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-0}" -q -rfE -p no:cacheprovider --continue-on-collection-errors ${GPU_TESTS_PATHS:-tests/}
   local rc=$?
   grep -E "passed|failed|error|no tests ran" "$OUT/gpu_tests.log" | tail -1 > "$OUT/gpu_tests.summary"
   return $rc
