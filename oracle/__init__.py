@@ -19,14 +19,17 @@ __all__ = ["load", "OracleModel", "OracleState", "HybridConfig", "LayerSpec", "f
            "save_checkpoint", "ConfigError", "CheckpointError", "load_trace", "run_trace"]
 
 
-def load(path: str | os.PathLike, dtype: torch.dtype = torch.float64) -> OracleModel:
-    """Load an HF-format folder (config.json + safetensors) as an OracleModel computing in `dtype`; refuses
-    (CheckpointError) before allocating when that needs more memory than is available (oracle.streamed)."""
-    from .streamed import require_fits
+def load(path: str | os.PathLike, dtype: torch.dtype = torch.float64,
+         device: torch.device | str | None = None) -> OracleModel:
+    """Load an HF-format folder (config.json + safetensors) as an OracleModel computing in `dtype` on `device`
+    (default CPU; logits come back on that device); refuses (CheckpointError) before allocating when that needs
+    more memory than is available (oracle.streamed.require_fits: host RAM, and GPU memory for cuda)."""
+    from .streamed import _device, require_fits
+    dev = _device(device)
     if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
-        require_fits(path, dtype)
+        require_fits(path, dtype, dev)
     config, tensors = load_checkpoint(path)
-    return OracleModel(config, tensors, dtype=dtype)
+    return OracleModel(config, tensors, dtype=dtype, device=dev)
 
 
 _LAZY = {"load_trace": "oracle.trace", "run_trace": "oracle.scheduler"}

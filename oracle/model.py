@@ -42,17 +42,19 @@ class OracleState:
 class OracleModel:
     """The truth model. `prefill(tokens, state)` and `decode(token, state)` return logits and a new state."""
 
-    def __init__(self, config: HybridConfig, tensors: dict[str, Tensor], dtype: torch.dtype = torch.float64):
+    def __init__(self, config: HybridConfig, tensors: dict[str, Tensor], dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None):
         from .checkpoint import check_tensors
         check_tensors(config, tensors)
         self.config, self.dtype = config, dtype
-        self.weights = {k: v.to(dtype) for k, v in tensors.items()}
+        self.device = torch.device(device if device is not None else "cpu")     # weights, states, logits live here
+        self.weights = {k: v.to(self.device).to(dtype) for k, v in tensors.items()}
         self.stream_dtype = residual_dtype(config, dtype)
 
     # ------------------------------------------------------------------------------------------ state
     def new_state(self) -> OracleState:
         """An empty state (position 0, zero conv windows and SSM states, empty KV caches)."""
-        return empty_state(self.config, self.dtype)
+        return empty_state(self.config, self.dtype, self.device)
 
     # ---------------------------------------------------------------------------------------- public
     def prefill(self, tokens: list[int], state: OracleState | None = None, scan: str = "chunked",
@@ -82,7 +84,8 @@ class OracleModel:
             raise ValueError(f"tokens: ids {bad[:5]} out of range for vocab_size={c.vocab_size}")
         old = state if state is not None else self.new_state()
         new = OracleState(position=old.position)
-        positions = torch.arange(old.position, old.position + len(ids))
+        ids = ids.to(self.device)
+        positions = torch.arange(old.position, old.position + len(ids), device=self.device)
 
         h = embed(c, w, ids, self.stream_dtype)
         layer_outputs = []

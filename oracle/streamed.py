@@ -215,23 +215,56 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def stored_bytes(path: str | os.PathLike) -> int:
+    """Bytes of the checkpoint's tensors as stored (what load_checkpoint holds on the host)."""
+    return sum(e[2].itemsize * math.prod(e[1]) for e in SafetensorsIndex(path).entries.values())
+
+
 def load_bytes(path: str | os.PathLike, dtype: torch.dtype = torch.float64) -> int:
-    """Peak bytes of oracle.load(path, dtype): the weights in `dtype` plus the stored copy while casting."""
-    stored = sum(e[2].itemsize * math.prod(e[1]) for e in SafetensorsIndex(path).entries.values())
-    return in_memory_bytes(from_hf_config(path), dtype) + stored
+    """Peak host bytes of oracle.load(path, dtype) on CPU: the weights in `dtype` plus the stored copy while casting."""
+    return in_memory_bytes(from_hf_config(path), dtype) + stored_bytes(path)
 
 
-def fits_in_memory(path: str | os.PathLike, dtype: torch.dtype = torch.float64, headroom: float = 1.5) -> bool:
-    """Whether oracle.load(path, dtype) fits: load_bytes times `headroom` against MemAvailable (True when
-    unknown). Callers use StreamedOracle when it does not."""
-    avail = available_memory_bytes()
-    return avail is None or load_bytes(path, dtype) * headroom <= avail
+def gpu_free_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device (torch.cuda.mem_get_info), None when unknown."""
+    try:
+        return int(torch.cuda.mem_get_info(device)[0])
+    except (RuntimeError, AssertionError, ValueError):
+        return None
 
 
-def require_fits(path: str | os.PathLike, dtype: torch.dtype = torch.float64) -> None:
-    """CheckpointError before allocating when oracle.load(path, dtype) needs more than MemAvailable."""
-    need, avail = load_bytes(path, dtype), available_memory_bytes()
-    if avail is not None and need > avail:
-        raise CheckpointError(f"{os.fspath(path)}: oracle.load in {str(dtype).replace('torch.', '')} needs "
-                              f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available; score with "
-                              f"oracle.streamed.StreamedOracle (memory ≈ one layer) instead")
+def memory_needs(path: str | os.PathLike, dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None) -> list[tuple[str, int, int | None]]:
+    """(where, bytes oracle.load needs there, bytes available or None) for each memory it uses: on CPU the host
+    holds weights + stored copy; on cuda the host holds the stored copy and the GPU the weights in `dtype`."""
+    d = _device(device)
+    if d.type == "cpu":
+        return [("host RAM", load_bytes(path, dtype), available_memory_bytes())]
+    return [("host RAM", stored_bytes(path), available_memory_bytes()),
+            (f"{d} memory", in_memory_bytes(from_hf_config(path), dtype), gpu_free_bytes(d))]
+
+
+def fits_in_memory(path: str | os.PathLike, dtype: torch.dtype = torch.float64, headroom: float = 1.5,
+                   device: torch.device | str | None = None) -> bool:
+    """Whether oracle.load(path, dtype, device) fits: each need times `headroom` against what is available (True
+    when unknown). Callers use StreamedOracle when it does not."""
+    return all(avail is None or need * headroom <= avail for _, need, avail in memory_needs(path, dtype, device))
+
+
+def why_not_fits(path: str | os.PathLike, dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None, headroom: float = 1.0) -> str | None:
+    """None when oracle.load(path, dtype, device) fits (`headroom` × need <= available), else why not, in words."""
+    for where, need, avail in memory_needs(path, dtype, device):
+        if avail is not None and need * headroom > avail:
+            return (f"oracle.load in {str(dtype).replace('torch.', '')} needs {need / 2**30:.1f} GiB of {where}, "
+                    f"{avail / 2**30:.1f} GiB available")
+    return None
+
+
+def require_fits(path: str | os.PathLike, dtype: torch.dtype = torch.float64,
+                 device: torch.device | str | None = None) -> None:
+    """CheckpointError before allocating when oracle.load(path, dtype, device) needs more memory than available."""
+    why = why_not_fits(path, dtype, device)
+    if why is not None:
+        raise CheckpointError(f"{os.fspath(path)}: {why}; score with oracle.streamed.StreamedOracle (memory ≈ "
+                              "one layer) instead")

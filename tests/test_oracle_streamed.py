@@ -223,7 +223,8 @@ def test_fits_in_memory_counts_fp64_weights(zoo_folder, monkeypatch):
     monkeypatch.setattr(streamed, "available_memory_bytes", lambda: 12 * n - 1)
     assert not fits_in_memory(folder)
     monkeypatch.setattr(oracle.checkpoint, "read_safetensors", lambda p: pytest.fail("allocated"))
-    with pytest.raises(CheckpointError, match=r"needs 0\.0 GiB, 0\.0 GiB available; score with oracle\.streamed"):
+    with pytest.raises(CheckpointError,
+                       match=r"needs 0\.0 GiB of host RAM, 0\.0 GiB available; score with oracle\.streamed"):
         oracle.load(folder)
     StreamedOracle(folder).score([([1], [2])])
 
@@ -239,3 +240,17 @@ def test_streamed_on_cuda_agrees_with_cpu_fp64(zoo_folder):
         for a, b in zip(cpu, gpu):
             assert b.device.type == "cuda" and b.dtype == torch.float64
             torch.testing.assert_close(b.cpu(), a, rtol=0, atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_in_memory_oracle_on_cuda_agrees_with_cpu_fp64(zoo_folder):
+    """oracle.load(..., device="cuda"): weights, states and logits on the GPU, within 1e-10 of CPU fp64."""
+    for variant in ("bamba", "nemotron_h", "mamba2", "granitemoehybrid"):
+        folder = zoo_folder(variant)
+        cpu, gpu = oracle.load(folder), oracle.load(folder, device="cuda")
+        a, sa = cpu.prefill([1, 2, 3, 4, 5])
+        b, sb = gpu.prefill([1, 2, 3, 4, 5])
+        assert b.device.type == "cuda"
+        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=1e-10)
+        torch.testing.assert_close(gpu.decode(6, sb)[0].cpu(), cpu.decode(6, sa)[0], rtol=0, atol=1e-10)

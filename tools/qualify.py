@@ -5,14 +5,17 @@
     python -m tools.qualify [--model M] --trace T.json ...    # these trace files (one instance each)
         [--engine fastpath|oracle|hf|hf-batched|module:Class] [--mode legacy async] [--device cpu|cuda]
         [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
+        [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast]
     torchrun --nproc_per_node 2 -m tools.qualify --tp 2 ...   # tensor parallel fast path
 
 Checks, a line each (PASS / FAIL / SKIP with its reason; tools/qualify_checks.py): tokens vs the truth
 (tie-aware, τ from the engine's compute dtype unless --tau), schedule log vs the oracle's, logits vs the oracle's,
 legacy == async bitwise, task accuracy. The truth is the shipped golden when its model sha256 and trace sha256
-match, else the oracle (fp64) run now; the report says which. report.json and junit.xml under --out are removed
+match, else the oracle (fp64) run now; the report says which. A model that does not fit in memory (or --oracle
+streamed) is judged by the streamed fp64 oracle (tools/qualify_truth.py): the engine's own tokens scored
+teacher-forced, one layer's weights in memory at a time. report.json and junit.xml under --out are removed
 at start and rewritten after every check. Exit 0 when nothing failed and at least one check passed (--strict:
-and nothing was skipped).
+and nothing was skipped); --fail-fast stops at the first FAIL (exit 1, the report says where it stopped).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import torch
 from . import adapters, goldens, scenarios
 from .compare import tau_for
 from .qualify_checks import check_instance, dtype_name, truth_for
+from .qualify_truth import ORACLES, load_truth
 from .report import Check, Progress, Report, versions
 
 DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
@@ -84,6 +88,23 @@ def prepare_device(device: str) -> str | None:
     return None
 
 
+def oracle_device_problem(device: str) -> str | None:
+    """Why --oracle-device cannot be used, or None."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"--oracle-device {device!r}: not a torch device ({e})"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--oracle-device {device}: only cpu and cuda are supported"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--oracle-device {device}: CUDA is not available on this machine"
+    return None
+
+
+class FailFast(Exception):
+    """Raised by the report hook at the first FAIL under --fail-fast."""
+
+
 def configured_adapter(args) -> type[adapters.Adapter]:
     """The adapter class, with --tp / --batch-invariant / --dtype / --graphs applied (fast path only)."""
     cls = adapters.resolve(args.engine)
@@ -122,6 +143,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("out/qualify"))
     ap.add_argument("--quiet", action="store_true", help="no progress lines: failures and the summary only")
     ap.add_argument("--strict", action="store_true", help="a skipped check makes the run fail too")
+    ap.add_argument("--fail-fast", action="store_true", help="stop at the first FAIL (exit 1; the report says so)")
+    ap.add_argument("--oracle", choices=ORACLES, default="auto",
+                    help="the truth: auto (in memory when the fp64 model fits, else streamed), memory, streamed")
+    ap.add_argument("--oracle-device", default="cpu", help="where the fp64 oracle computes: cpu or cuda")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
@@ -146,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print("--scenario needs --model (the default plan names its own scenarios)", file=sys.stderr)
         return 2
     problem = prepare_device(args.device)
+    problem = problem or oracle_device_problem(args.oracle_device)
     try:
         adapter_cls = configured_adapter(args)
     except ValueError as e:
@@ -158,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args, adapter_cls, rank0: bool) -> int:
     """Run the plan, reporting as it goes; the exit code."""
-    import oracle
-    from oracle.trace import TraceError
     caps = adapter_cls.capabilities(args.device)
     tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
     tau_source = "--tau" if args.tau is not None else \
@@ -179,12 +203,45 @@ def run(args, adapter_cls, rank0: bool) -> int:
         report.add(c)
         if args.quiet and c.status == "FAIL":
             loud.check(c)
-    ran_instances, skipped_instances, families = 0, 0, set()
+        if args.fail_fast and c.status == "FAIL":
+            raise FailFast(f"{c.trace}: {c.name}")
+    counters = {"ran": 0, "skipped": 0, "families": set()}
+    try:
+        code = run_plan(args, plan, adapter_cls, tau, report, progress, on_check, counters)
+    except FailFast as stop:
+        report.header["stopped"] = f"--fail-fast: stopped at the first FAIL ({stop}); later checks did not run"
+        print(report.header["stopped"], flush=True)
+        code = None
+    if code is not None:
+        return code
+    counts = report.finish()
+    if not rank0:
+        return 0 if counts["passed"] and not counts["failed"] else 1
+    total = sum(counts.values())
+    print(f"{counts['passed']}/{total} checks passed, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"({total - counts['skipped']} of {total} ran); {counters['ran']} instances ran, {counters['skipped']} "
+          f"skipped; families: {', '.join(sorted(counters['families'])) or 'none'}; {time.time() - report.t0:.0f} s"
+          + (" (stopped early: --fail-fast)" if "stopped" in report.header else "")
+          + f"; report in {args.out}/report.json and junit.xml")
+    bad = counts["failed"] or not counts["passed"] or (args.strict and counts["skipped"])
+    return 1 if bad else 0
+
+
+def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, on_check, counters: dict) -> int | None:
+    """Every (model, instance) of the plan through check_instance; None when done, an exit code on bad input."""
+    from oracle.checkpoint import CheckpointError
+    from oracle.trace import TraceError
     for model_dir, names, files in plan:
         if not (model_dir / "config.json").exists():
             on_check(Check.of(str(model_dir), "model folder exists", False, "no config.json there"))
             continue
-        oracle_model = oracle.load(model_dir, dtype=torch.float64)
+        try:
+            oracle_model, how = load_truth(model_dir, args.oracle, args.oracle_device)
+        except (CheckpointError, ValueError) as e:
+            on_check(Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}"))
+            continue
+        report.header.setdefault("oracle", {})[str(model_dir)] = how
+        progress.say(f"[{model_dir.name}] truth: {how}")
         try:
             insts = ([instance_from_file(p, oracle_model.config) for p in files] if files is not None
                      else instances_for(model_dir, oracle_model.config, names, model_dir.name))
@@ -207,20 +264,11 @@ def run(args, adapter_cls, rank0: bool) -> int:
             checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
                                     progress, on_check, truth)
             if inst.trace is None or all(c.skipped for c in checks):
-                skipped_instances += 1
+                counters["skipped"] += 1
             else:
-                ran_instances += 1
-                families.add(inst.family)
-    counts = report.finish()
-    if not rank0:
-        return 0 if counts["passed"] and not counts["failed"] else 1
-    total = sum(counts.values())
-    print(f"{counts['passed']}/{total} checks passed, {counts['failed']} failed, {counts['skipped']} skipped "
-          f"({total - counts['skipped']} of {total} ran); {ran_instances} instances ran, {skipped_instances} skipped; "
-          f"families: {', '.join(sorted(families)) or 'none'}; {time.time() - report.t0:.0f} s; "
-          f"report in {args.out}/report.json and junit.xml")
-    bad = counts["failed"] or not counts["passed"] or (args.strict and counts["skipped"])
-    return 1 if bad else 0
+                counters["ran"] += 1
+                counters["families"].add(inst.family)
+    return None
 
 
 def finish_distributed() -> None:
