@@ -34,6 +34,22 @@ step_measure_tau() {
   tail -n 12 "$OUT/measure_tau.log" > "$OUT/measure_tau.summary"
   return $rc
 }
+# Optional: prefix-cache TTFT (32k shared prefix, hit vs cold) and speculative bs1 (k sweep), anchor-3b.
+step_bench_prefix() { timeout "${BENCH_PREFIX_TIMEOUT:-240}" $PY -m tools.bench_engine --prefix-cache --out "$OUT/bench_prefix.json" --summary "$OUT/bench_prefix.summary"; }
+step_bench_spec() { timeout "${BENCH_SPEC_TIMEOUT:-300}" $PY -m tools.bench_engine --spec --spec-k "${SPEC_K:-1,2,4,8}" --out "$OUT/bench_spec.json" --summary "$OUT/bench_spec.summary"; }
+# Optional: the fast path on CPU (Triton interpreter of this image's triton) on a GPU machine, with a traceback.
+step_interp_cpu() {
+  TRITON_INTERPRET=1 timeout "${INTERP_TIMEOUT:-120}" $PY -c "
+import traceback, oracle
+from fastpath.engine.engine import Engine
+t = oracle.load_trace('goldens/traces/seed_compaction.json')
+try:
+    e = Engine.from_pretrained('goldens/models/tiny-sort', t.engine, device='cpu')
+    print(e.run_trace(t, 'legacy').tokens)
+except Exception:
+    traceback.print_exc(); raise SystemExit(1)
+"
+}
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
