@@ -357,3 +357,23 @@ def test_padded_graph_decode_steps_between_verify_steps(models):
     assert got.schedule_log.to_json() == oracle_run(oracle_model, trace).schedule_log.to_json()
     kinds = [{b.kind for b in s.batch} for s in got.schedule_log.steps]
     assert any("verify" in k for k in kinds) and any(k == {"decode"} for k in kinds)
+
+
+def test_every_speculative_forward_packs_through_the_engines_step_packer(models, monkeypatch):
+    """Verify steps, rollback replays and draft passes build their chunk table in the engine's one packer
+    (fastpath/engine/packing.py), slots checked against the bank they run on: no twin of the builder."""
+    import fastpath.engine.ops as ops
+    from fastpath.engine import packing, speculative
+    oracle_model, fast = models
+    calls, real = [], ops.ssd_chunk_table
+    monkeypatch.setattr(ops, "ssd_chunk_table", lambda cu, starts, C, dev, slot=None, n_slots=None, **kw:
+                        calls.append((tuple(slot or ()), n_slots)) or real(cu, starts, C, dev, slot, n_slots, **kw))
+    assert "ssd_chunk_table" not in Path(speculative.__file__).read_text()     # no builder of its own
+    packed = []
+    monkeypatch.setattr(speculative, "pack_step", lambda *a, **k: packed.append(a[-1]) or packing.pack_step(*a, **k))
+    plain = oracle_run(oracle_model, _trace(None))
+    for proposer in (_script(plain.tokens, fast.config.vocab_size), {"kind": "draft", "model":
+                                                                     "goldens/models/zoo-mamba2"}):
+        got, eng = _run(fast, _trace(proposer), "legacy")
+        assert got.tokens == plain.tokens
+    assert packed and calls and all(slots and n is not None for slots, n in calls)

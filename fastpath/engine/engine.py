@@ -24,9 +24,9 @@ from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against
 from oracle.trace import check_prefix_cache_against_model
 from fastpath.options import FastOptions, check_options
 
-from . import ops
 from .bank import StateBank
 from .memory import check_weights_fit
+from .packing import pack_step
 from .rows import RowTable, apply_moves_, index_pair
 from .sample import sample_rows
 from .validate import check_engine_args, check_path, resolve_device, resolve_dtype
@@ -258,7 +258,6 @@ class Engine:
     # ------------------------------------------------------------------------------------------- launch
     def launch(self, batch: list[BatchRow], rec: StepRecord, tokens_on_device: bool) -> Launched:
         """Pack, forward, sample into `sampled`, start the token copy to the host; returns the pending step."""
-        from fastpath.model import StepBatch
         if self.spec is not None and any(b.kind == "verify" for b in batch):
             return self.spec.launch(batch, rec)        # eager and synchronous; see fastpath/engine/speculative.py
         rec.batch = batch
@@ -287,35 +286,16 @@ class Engine:
             samples.append(b.kind == "decode" or not st.prefilling)
             if st.req.sampling.kind == "seeded":
                 seeded.append((j, float(st.req.sampling.temperature), int(st.req.sampling.seed), b.pos + b.count))
-        cu = [0]
+        last, end = list(range(n)), n             # logits rows: every decode row, each piece's last token
         for b in pre:
-            cu.append(cu[-1] + b.count)
-        starts = [b.pos for b in pre]
-        last = [j for j in range(n)] + [n + c - 1 for c in cu[1:]]
-        T = len(ids)
-        meta = (ids + pos + [b.slot for b in dec] + cu + [b.slot for b in pre] + starts
-                + [int(s > 0) for s in starts] + last)
-        host = torch.tensor(meta, dtype=torch.int64)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        dev = host.to(self.device, non_blocking=True)
-        o = 0
-
-        def take(m: int) -> torch.Tensor:
-            nonlocal o
-            o += m
-            return dev[o - m:o]
-        ids_t, pos_t = take(T), take(T)
-        dec_slot = take(n).to(torch.int32)
-        pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pre)).to(torch.int32)
-        pre_start, pre_init, last_t = take(len(pre)), take(len(pre)).to(torch.int32), take(len(batch))
+            end += b.count
+            last.append(end - 1)
+        sb = pack_step(self.device, self.config.chunk_size, ids, pos, [b.slot for b in dec],
+                       [(b.pos, b.count, b.slot) for b in pre], last, self.bank.ssm_state.shape[1],
+                       backend=self.model.backend)
         if tokens_on_device:            # overlapped: rows 0..n-1 in order, straight from the device tables
-            ids_t[:n].copy_(self.sampled[:n])
-            dec_slot = self.rows.row_to_slot_dev[:n]
-        sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
-        if pre:   # once per step from the host lists, slots checked here: no layer's kernels read them back
-            sb.table = ops.ssd_chunk_table(cu, starts, self.config.chunk_size, self.device, [b.slot for b in pre],
-                                           self.bank.ssm_state.shape[1], backend=self.model.backend)
+            sb.ids[:n].copy_(self.sampled[:n])
+            sb.dec_slot = self.rows.row_to_slot_dev[:n]
         logits = self.model.forward(sb, self.bank)
         sample_rows(logits, self.sampled[:len(batch)], seeded, backend=self.model.backend)
         if self.on_logits is not None:

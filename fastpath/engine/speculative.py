@@ -22,6 +22,7 @@ from oracle.trace import TraceError
 
 from . import ops
 from .bank import StateBank
+from .packing import pack_step
 from .sample import sample_rows
 
 
@@ -39,40 +40,24 @@ def _kw(model) -> dict:
     return {"backend": model.backend} if hasattr(model, "backend") else {}
 
 
-def pack(device, chunk_size: int, dec: list[tuple[int, int, int]], pieces: list[Piece],
+def pack(bank: StateBank, chunk_size: int, dec: list[tuple[int, int, int]], pieces: list[Piece],
          dec_ids: Tensor | None = None, kw: dict | None = None):
-    """StepBatch for decode rows (token, pos, slot) then pieces; returns (batch, logits row ranges per sequence).
+    """StepBatch for decode rows (token, pos, slot) then pieces, built by the engine's step packer (one chunk table
+    per step, slots checked against `bank`); returns (batch, logits row ranges per sequence).
     dec_ids: the decode rows' tokens already on the device (the draft loop), instead of the host values."""
-    from fastpath.model import StepBatch
     n = len(dec)
     ids = [t for t, _, _ in dec] + [t for p in pieces for t in p.tokens]
     pos = [q for _, q, _ in dec] + [q for p in pieces for q in range(p.start, p.start + len(p.tokens))]
-    cu, last, ranges = [0], list(range(n)), [(j, j + 1) for j in range(n)]
+    last, ranges, end = list(range(n)), [(j, j + 1) for j in range(n)], n
     for p in pieces:
-        lo, hi = n + cu[-1], n + cu[-1] + len(p.tokens)
-        cu.append(cu[-1] + len(p.tokens))
-        rows = list(range(lo, hi)) if p.all_logits else [hi - 1]
+        lo, end = end, end + len(p.tokens)
+        rows = list(range(lo, end)) if p.all_logits else [end - 1]
         ranges.append((len(last), len(last) + len(rows)))
         last.extend(rows)
-    starts = [p.start for p in pieces]
-    meta = (ids + pos + [s for _, _, s in dec] + cu + [p.slot for p in pieces] + starts
-            + [int(s > 0) for s in starts] + last)
-    dev = torch.tensor(meta, dtype=torch.int64).to(device)
-    T, o = len(ids), 0
-
-    def take(m: int) -> Tensor:
-        nonlocal o
-        o += m
-        return dev[o - m:o]
-    ids_t, pos_t = take(T), take(T)
+    sb = pack_step(bank.device, chunk_size, ids, pos, [s for _, _, s in dec],
+                   [(p.start, len(p.tokens), p.slot) for p in pieces], last, bank.ssm_state.shape[1], **(kw or {}))
     if dec_ids is not None:
-        ids_t[:n].copy_(dec_ids)
-    dec_slot = take(n).to(torch.int32)
-    pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pieces)).to(torch.int32)
-    pre_start, pre_init, last_t = take(len(pieces)), take(len(pieces)).to(torch.int32), take(len(last))
-    sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
-    if pieces:
-        sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, **(kw or {}))
+        sb.ids[:n].copy_(dec_ids)
     return sb, ranges
 
 
@@ -126,7 +111,7 @@ class DraftModel:
             return {}
         m, dev = self.model, self.model.device
         pieces = [Piece(list(t[self.seen.get(rid, 0):]), self.seen.get(rid, 0), s) for rid, s, t, _ in rows]
-        sb, _ = pack(dev, m.config.chunk_size, [], pieces, kw=_kw(m))
+        sb, _ = pack(self.bank, m.config.chunk_size, [], pieces, kw=_kw(m))
         tok = torch.empty(len(rows), dtype=torch.int64, device=dev)
         ops.greedy_sample(m.forward(sb, self.bank), tok, **_kw(m))
         for rid, _, t, _ in rows:
@@ -136,7 +121,7 @@ class DraftModel:
             self.snap.save([s for _, s, _, _ in rows])
             for i in range(1, k):
                 dec = [(0, len(t) + i - 1, s) for _, s, t, _ in rows]
-                sb, _ = pack(dev, m.config.chunk_size, dec, [], dec_ids=out[-1], kw=_kw(m))
+                sb, _ = pack(self.bank, m.config.chunk_size, dec, [], dec_ids=out[-1], kw=_kw(m))
                 nxt = torch.empty(len(rows), dtype=torch.int64, device=dev)
                 ops.greedy_sample(m.forward(sb, self.bank), nxt, **_kw(m))
                 out.append(nxt)
@@ -281,7 +266,7 @@ class Speculator:
         for b in pre:
             pieces.append(Piece(list(eng.requests[b.request].req.prompt[b.pos:b.pos + b.count]), b.pos, b.slot))
             eng.requests[b.request].done = b.pos + b.count
-        sb, ranges = pack(eng.device, eng.config.chunk_size,
+        sb, ranges = pack(eng.bank, eng.config.chunk_size,
                           [(eng.requests[b.request].output[-1], b.pos, b.slot) for b in dec], pieces,
                           kw=_kw(eng.model))
         logits = eng.model.forward(sb, eng.bank)
@@ -345,5 +330,5 @@ class Speculator:
             self.snap.restore(v.snap, b.slot)
             pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))
         if pieces:
-            sb, _ = pack(eng.device, eng.config.chunk_size, [], pieces, kw=_kw(eng.model))
+            sb, _ = pack(eng.bank, eng.config.chunk_size, [], pieces, kw=_kw(eng.model))
             eng.model.forward(sb, eng.bank)
