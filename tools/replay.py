@@ -10,6 +10,10 @@
    request's state *in the slot it was admitted to* (state never moves) with the oracle's state for the same
    tokens. The first (step, request) whose state differs beyond tolerance is reported with the first layer and
    the tensors that differ, in the fixed order ssm_state, conv_state (Mamba), k_cache, v_cache (attention).
+   Speculative traces (DESIGN §13): the table shows each verify row's proposals and each step's accepted counts,
+   and the bisection also checks every verify row's rollback in its two stages — right after the restore (the
+   slot must hold the state before the verify row, at its position p) and after the replay (the prompt and every
+   emitted token but the bonus) — so a rollback defect is named by stage, layer and tensor.
 """
 from __future__ import annotations
 
@@ -35,11 +39,17 @@ class StateDivergence:
     layer: int
     kind: str                          # "mamba" | "attention"
     tensors: list[tuple[str, float]]   # (name, relative difference), in the fixed order
+    stage: str = "after the step"      # speculative rollback: ROLLBACK_RESTORE or ROLLBACK_REPLAY
 
     def describe(self) -> str:
         what = ", ".join(f"{n} (rel. diff {d:.3g})" for n, d in self.tensors)
-        return (f"first divergence: step {self.step}, request {self.request} (slot {self.slot}), "
+        return (f"first divergence: step {self.step} ({self.stage}), request {self.request} (slot {self.slot}), "
                 f"layer {self.layer} ({self.kind}): {what}")
+
+
+ROLLBACK_RESTORE = "verify rollback: after restoring the pre-verify snapshot"
+ROLLBACK_REPLAY = "verify rollback: after replaying the accepted tokens"
+ROLLBACK_NONE = "verify step: every draft accepted, no rollback"
 
 
 def step_table(log: dict) -> str:
@@ -100,14 +110,76 @@ def compare_request_state(engine, oracle_state, slot: int, n_tokens: int, rtol: 
     return None
 
 
+def _check_slot(engine, oracle_model, rtol: float, step: int, rid: str, slot: int, n: int,
+                stage: str) -> StateDivergence | None:
+    """The slot's state vs the oracle's state after the request's first n tokens (prompt + output)."""
+    st = engine.requests[rid]
+    _, ostate = oracle_model.prefill((list(st.req.prompt) + list(st.output))[:n])
+    found = compare_request_state(engine, ostate, slot, n, rtol)
+    return StateDivergence(step, rid, slot, *found, stage=stage) if found else None
+
+
+def watch_rollback(engine, oracle_model, rtol: float, found: list[StateDivergence]):
+    """Wrap the engine's speculative rollback (fastpath/engine/speculative.py) so that each verify row's state is
+    checked after the restore (bank[slot] must be the state before the row: its first p = pos tokens) and after
+    the replay (every emitted token but the bonus); the first divergence is appended to `found`. Returns the
+    function that removes the wrappers."""
+    spec = engine.spec
+    real_rollback, real_restore = spec.rollback, spec.snap.restore
+
+    def rollback() -> None:
+        verified = list(spec.verified)
+        step = engine.pending.step if engine.pending is not None else engine.k
+        row_of = {b.slot: b for b, _ in verified}
+
+        def restore(j: int, slot: int) -> None:
+            real_restore(j, slot)
+            b = row_of[slot]
+            if not found and (d := _check_slot(engine, oracle_model, rtol, step, b.request, slot, b.pos,
+                                               ROLLBACK_RESTORE)):
+                found.append(d)
+        spec.snap.restore = restore
+        try:
+            real_rollback()
+        finally:
+            del spec.snap.restore
+        for b, v in verified:
+            st = engine.requests[b.request]
+            if found or st.finish_reason is not None:
+                continue
+            stage = ROLLBACK_REPLAY if v.accepted < len(b.proposals) else ROLLBACK_NONE
+            n = len(st.req.prompt) + len(st.output) - 1
+            if d := _check_slot(engine, oracle_model, rtol, step, b.request, b.slot, n, stage):
+                found.append(d)
+    spec.rollback = rollback
+
+    def unhook() -> None:
+        del spec.rollback
+    return unhook
+
+
 def bisect(engine, trace, mode: str, oracle_model, rtol: float) -> StateDivergence | None:
-    """Step the engine; after each step compare every live request's admitted-slot state with the oracle's."""
+    """Step the engine; after each step compare every live request's admitted-slot state with the oracle's (and,
+    with speculation, each verify row's state after its rollback's restore and after its replay)."""
     engine.reset(mode)
     for req in trace.requests:
         engine.add_request(req)
+    found: list[StateDivergence] = []
+    unhook = watch_rollback(engine, oracle_model, rtol, found) if getattr(engine, "spec", None) else None
+    try:
+        d = _bisect_steps(engine, oracle_model, rtol, found)
+    finally:
+        if unhook:
+            unhook()
+    return d or (found[0] if found else None)    # found: a rollback in the final drain diverged
+
+
+def _bisect_steps(engine, oracle_model, rtol: float, found: list[StateDivergence]) -> StateDivergence | None:
     home: dict[str, int] = {}            # request -> the slot it was admitted to (state never moves)
     consumed: dict[str, int] = {}        # request -> tokens fed into its state so far (from the batches)
     while engine.step():
+        if found:                         # a verify row's rollback (inside this step's resolve) diverged
+            return found[0]
         rec = engine.log.steps[-1]
         for a in rec.admit:
             home[a["request"]] = a["slot"]
@@ -117,14 +189,11 @@ def bisect(engine, trace, mode: str, oracle_model, rtol: float) -> StateDivergen
             del consumed[rid]             # finished: its slot may already belong to someone else
         for rid in sorted(consumed):
             st = engine.requests[rid]
-            seq = list(st.req.prompt) + list(st.output)
             n = consumed[rid]
-            if n > len(seq):              # an in-flight async step fed a token not yet appended: check later
-                continue
-            _, ostate = oracle_model.prefill(seq[:n])
-            found = compare_request_state(engine, ostate, home[rid], n, rtol)
-            if found:
-                return StateDivergence(rec.step, rid, home[rid], *found)
+            if n > len(st.req.prompt) + len(st.output):   # an in-flight step (async, or a verify row not yet
+                continue                                   # resolved) fed tokens not yet appended: check later
+            if d := _check_slot(engine, oracle_model, rtol, rec.step, rid, home[rid], n, "after the step"):
+                return d
     return None
 
 
