@@ -50,6 +50,20 @@ except Exception:
     traceback.print_exc(); raise SystemExit(1)
 "
 }
+# Optional (issue 16.6): anchor-3b as a real HF folder (bf16, chunk 256), the corpus instantiated for it; the
+# truth (fp64 oracle on the GPU, every scenario) and the qualification (fast path bf16 + graphs) as two processes,
+# each with its wall time, peak host RSS and peak GPU memory (tools/peak.py).
+step_anchor() {
+  local dir=${ANCHOR_DIR:-/tmp/anchor-3b} t0=$SECONDS
+  [ -e "$dir/config.json" ] || timeout 300 $PY -m tools.anchor write "$dir" || return 1
+  echo "anchor write: $((SECONDS - t0)) s"
+  $PY -m tools.peak oracle -- timeout "${ANCHOR_ORACLE_TIMEOUT:-300}" $PY -m tools.goldens regen --model "$dir" --oracle-device cuda
+  $PY -m tools.peak qualify -- timeout "${ANCHOR_QUALIFY_TIMEOUT:-300}" $PY -m tools.qualify --model "$dir" --device cuda --graphs \
+    --oracle-device cuda --out "$OUT/anchor_qualify" --quiet ${ANCHOR_QUALIFY_ARGS:-}
+  local rc=$?
+  grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
+  return $rc
+}
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
