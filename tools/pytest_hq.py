@@ -2,15 +2,23 @@
 
 Installed with hybridqual (entry point `pytest11: hybridqual`), so a plain `pytest` loads it:
 
-    pytest --hq-model PATH [--hq-model PATH2] --hq-trace T1.json [--hq-trace T2.json]
+    pytest --hq-model PATH [--hq-model PATH2]                      # the scenario corpus instantiated per model
+    pytest --hq-model PATH --hq-scenario chunked_prefill [--hq-scenario ...]   # only these scenarios
+    pytest --hq-model PATH --hq-trace T1.json [--hq-trace T2.json]  # these trace files
 
-Tests that take the `hq_case` fixture are parametrised over every (model, trace) pair: by default the shipped
-models and traces (pairs whose token ids fit the model's vocab). `hq_qualify(AdapterClass)` runs qualify's checks
-(tokens vs the truth, schedule log, async == legacy, task accuracy) for the current pair and returns them.
+Tests that take the `hq_case` fixture are parametrised over (model, trace file) pairs: with `--hq-model` and no
+`--hq-trace`, every scenario of tools.scenarios instantiated for each model (its concrete trace written to a
+session temp folder as <scenario>.json; a scenario that cannot run on the model is a skipped case with the
+reason); with `--hq-trace`, those files (plus any `--hq-scenario`); with neither, the shipped models and traces
+(pairs whose token ids fit the model's vocab). `hq_qualify(AdapterClass)` runs qualify's checks (tokens vs the
+truth, schedule log, logits, async == legacy, task accuracy) for the current pair and returns them; a model whose
+fp64 weights do not fit in memory is judged by the streamed oracle (tools.qualify_truth).
 """
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,11 +31,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--hq-model", action="append", type=Path, default=[],
                 help="HF-format model folder to qualify (repeatable; default: the shipped models)")
     g.addoption("--hq-trace", action="append", type=Path, default=[],
-                help="hybridqual.trace/1 JSON file (repeatable; default: the shipped traces)")
+                help="hybridqual.trace/1 JSON file (repeatable; default: the shipped traces, or with --hq-model "
+                     "the scenario corpus)")
+    g.addoption("--hq-scenario", action="append", default=[],
+                help="scenario of tools.scenarios to instantiate for each --hq-model (repeatable; default with "
+                     "--hq-model and no --hq-trace: every scenario)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running; not in hybridqual's default CPU tier")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    tmp = getattr(config, "_hq_scenario_dir", None)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def default_models() -> list[Path]:
@@ -67,12 +85,63 @@ def hq_pairs(config: pytest.Config) -> list[tuple[Path, Path]]:
 FAST_PAIRS = {("tiny-sort", "seed_compaction")}   # zoo models: tests/test_engine_*.py cover them
 
 
+def scenario_names(config: pytest.Config) -> list[str] | None:
+    """The scenarios to instantiate: --hq-scenario names, all of them with --hq-model and no --hq-trace, else
+    none (None). An unknown name is a usage error listing the known ones."""
+    from .scenarios import SCENARIOS
+    names = list(config.getoption("--hq-scenario") or [])
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise pytest.UsageError(f"--hq-scenario {unknown[0]}: not a scenario (known: {', '.join(SCENARIOS)})")
+    if names:
+        return names
+    if config.getoption("--hq-model") and not config.getoption("--hq-trace"):
+        return list(SCENARIOS)
+    return None
+
+
+def scenario_cases(config: pytest.Config, names: list[str]) -> list:
+    """pytest params (model, trace file) for every scenario instantiated for every model (--hq-model, default the
+    shipped ones); each concrete trace is written once per session as <tmp>/<model>/<scenario>.json (the stem is
+    the scenario, so shipped goldens are found by name and sha256); a skipped scenario is a skipped case."""
+    import oracle
+    from oracle.config import ConfigError
+    from oracle.trace import dump_trace
+    from .scenarios import ScenarioError, instantiate
+    if getattr(config, "_hq_scenario_dir", None) is None:
+        config._hq_scenario_dir = Path(tempfile.mkdtemp(prefix="hq-scenarios-"))
+    params = []
+    for m in config.getoption("--hq-model") or default_models():
+        m = Path(m)
+        _read_json(m / "config.json", "--hq-model")
+        try:
+            cfg = oracle.from_hf_config(m)
+            insts = instantiate(m, cfg, names)
+        except (ConfigError, ScenarioError) as e:
+            raise pytest.UsageError(f"--hq-model {m}: {e}") from e
+        for inst in insts:
+            cid = f"{m.name}-{inst.scenario}"
+            if inst.trace is None:
+                params.append(pytest.param((m, None), id=cid, marks=pytest.mark.skip(
+                    reason=f"scenario {inst.scenario} does not run on {m.name}: {inst.skip_reason}")))
+                continue
+            path = config._hq_scenario_dir / m.name / f"{inst.scenario}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(dump_trace(inst.trace), encoding="utf-8")
+            params.append(pytest.param((m, path), id=cid))
+    return params
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "hq_case" in metafunc.fixturenames:
-        user = bool(metafunc.config.getoption("--hq-model") or metafunc.config.getoption("--hq-trace"))
+        config = metafunc.config
+        user = bool(config.getoption("--hq-model") or config.getoption("--hq-trace"))
+        names = scenario_names(config)
         params = [pytest.param((m, t), id=f"{m.name}-{t.stem}",
                                marks=() if user or (m.name, t.stem) in FAST_PAIRS else (pytest.mark.slow,))
-                  for m, t in hq_pairs(metafunc.config)]
+                  for m, t in (hq_pairs(config) if names is None or config.getoption("--hq-trace") else [])]
+        if names is not None:
+            params += scenario_cases(config, names)
         metafunc.parametrize("hq_case", params)
 
 
@@ -84,17 +153,15 @@ def _hq_oracles() -> dict:
 @pytest.fixture
 def hq_qualify(hq_case, _hq_oracles):
     """hq_qualify(adapter_cls, modes=("legacy", "async"), device="cpu", tau=None) -> list of qualify Checks for the
-    current (model, trace) (`tau` None: the engine's compute dtype's); the fp64 oracle loads once per model."""
-    import torch
-
-    import oracle
-
+    current (model, trace) (`tau` None: the engine's compute dtype's); the fp64 oracle loads once per model (in
+    memory when it fits, else streamed: tools.qualify_truth.load_truth)."""
     from .qualify import check_trace
+    from .qualify_truth import load_truth
 
     model_dir, trace_path = hq_case
 
     def run(adapter_cls, modes=("legacy", "async"), device: str = "cpu", tau: float | None = None) -> list:
         if model_dir not in _hq_oracles:
-            _hq_oracles[model_dir] = oracle.load(model_dir, dtype=torch.float64)
+            _hq_oracles[model_dir] = load_truth(model_dir, "auto")[0]
         return check_trace(adapter_cls, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
     return run
