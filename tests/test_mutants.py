@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.mutants.blind import CRASH, INVALID, KILLED, SURVIVED, Stage, judge, rotation, run_qualify
+from tools.mutants.blind import (CRASH, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
+                                 judge, rotation, run_qualify)
 from tools.mutants.runner import ROOT, Mutant, classify, run_one, stale_hunks
 from tools.mutants.zoo import MUTANTS, QUICK
 
@@ -121,6 +122,17 @@ def test_blind_patch_that_does_not_import_is_invalid_not_a_kill():
                     ("tests/test_engine_rows.py",))
     o = judge(broken, [Stage("never", "qualify", ("--no-such-option",))])
     assert o.status == INVALID and o.stages == [], o
+
+
+def test_blind_budget_window_fits_the_budget_and_rotates():
+    """--budget-s without --rotate: consecutive windows of what fits (recorded times, else the default estimate)."""
+    recorded = {m.name: {"seconds": 100} for m in MUTANTS}
+    w0, w1 = (budget_window(MUTANTS, 1000, 2, recorded, i) for i in (0, 1))
+    assert len(w0) == len(w1) == min(20, len(MUTANTS)) and not set(w0) & set(w1)
+    assert MUTANTS.index(w1[0]) == (MUTANTS.index(w0[-1]) + 1) % len(MUTANTS)
+    assert len(budget_window(MUTANTS, 2 * DEFAULT_MUTANT_S, 1, {}, 0)) == 2
+    recorded[w0[0].name]["seconds"] = 10_000                   # its window's first mutant alone exceeds the budget
+    assert budget_window(MUTANTS, 1000, 2, recorded, 0) == []
 
 
 def test_blind_rotation_is_deterministic_and_covers_the_zoo():

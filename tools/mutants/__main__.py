@@ -67,7 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pytest-jobs", type=int, default=2, help="blind: xdist workers of the CPU-tier stage")
     ap.add_argument("--rotate", type=int, metavar="K", help="blind: judge a rotating window of K mutants (CI)")
     ap.add_argument("--rotate-index", type=int, metavar="I", help="the window (default: days since 1970-01-01)")
-    ap.add_argument("--budget-s", type=float, help="blind: start no mutant after this many seconds (rest SKIPPED)")
+    ap.add_argument("--budget-s", type=float, help="blind: judge the rotating window of mutants whose estimated cost "
+                                                   "fits S seconds (without --rotate), and start none after S "
+                                                   "seconds (the rest SKIPPED)")
     ap.add_argument("--stage-timeout", type=int, default=3600, help="blind: seconds per stage before it is a CRASH")
     ap.add_argument("--no-control", action="store_true",
                     help="blind: skip the unmutated control run (which must survive every stage)")
@@ -76,7 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_blind(args: argparse.Namespace, chosen: list) -> int:
     """--blind: judge `chosen` (or its rotating window) stage by stage; print verdicts next to the named ones."""
-    from .blind import KILLED, SKIPPED, BlindOutcome, default_stages, judge, junit_of, rotation, stop_all
+    from .blind import (DEFAULT_MUTANT_S, KILLED, SKIPPED, BlindOutcome, budget_window, default_stages,
+                        estimated_seconds, judge, junit_of, rotation, stop_all)
 
     def stopped(signum, _frame):                      # SIGTERM (CI timeout, kill PID): take the stages down too
         stop_all()
@@ -84,6 +87,13 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
     signal.signal(signal.SIGTERM, stopped)
     if args.rotate is not None:
         chosen = rotation(chosen, args.rotate, args.rotate_index)
+    elif args.budget_s is not None:                 # the rotating window whose estimated cost fits the budget
+        recorded = load_results("blind")
+        chosen = budget_window(chosen, args.budget_s, args.jobs, recorded, args.rotate_index)
+        est = sum(estimated_seconds(m, recorded) for m in chosen) / max(1, args.jobs)
+        print(f"blind: --budget-s {args.budget_s:g}: window of {len(chosen)} mutants, estimated {est:.0f} s wall "
+              f"(recorded blind times, else {DEFAULT_MUTANT_S:.0f} s each; the control run is not counted: "
+              "--no-control in CI)", flush=True)
     stages = [s.__class__(s.name, s.kind, s.argv, args.stage_timeout)
               for s in default_stages(tuple(args.stages), args.models, args.pytest_jobs)]
     named = load_results("named")

@@ -121,10 +121,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> StageResult:
-    """Run qualify in the copy; stop at its first failed check (a FAIL line of the report) — that is the kill."""
+    """Run qualify in the copy with --fail-fast: it stops at its first failed check — that is the kill — and exits
+    1 (the report's "stopped" says where); a FAIL line seen in report.json before that also stops it."""
     out = work / ("q-" + stage.name.replace(" ", "_").replace("/", "_"))
     log = work / (out.name + ".log")
-    cmd = [sys.executable, "-m", "tools.qualify", "--quiet", "--out", str(out), *stage.argv]
+    cmd = [sys.executable, "-m", "tools.qualify", "--quiet", "--fail-fast", "--out", str(out), *stage.argv]
     t0 = time.time()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -218,6 +219,37 @@ def rotation(mutants: list[Mutant], k: int, index: int | None = None) -> list[Mu
     index = int(time.time() // 86400) if index is None else index
     start = (index * k) % len(mutants)
     return [mutants[(start + i) % len(mutants)] for i in range(k)]
+
+
+DEFAULT_MUTANT_S = 600.0       # estimated blind cost of a mutant with no recorded time (see budget_window)
+
+
+def estimated_seconds(m: Mutant, recorded: dict[str, dict], default: float = DEFAULT_MUTANT_S) -> float:
+    """A mutant's blind cost: its last recorded blind time (out/mutants/blind.json), else `default`."""
+    secs = recorded.get(m.name, {}).get("seconds")
+    return float(secs) if isinstance(secs, (int, float)) and secs > 0 else default
+
+
+def budget_window(mutants: list[Mutant], budget_s: float, jobs: int, recorded: dict[str, dict],
+                  index: int | None = None, default: float = DEFAULT_MUTANT_S) -> list[Mutant]:
+    """The rotating subset that fits `budget_s` of wall time on `jobs` workers: window `index` (default: days since
+    1970-01-01 UTC) of size k = budget × jobs / median estimated cost starts at (index · k) mod N; from there mutants
+    are taken in zoo order (wrapping) while the sum of their estimated costs fits budget × jobs. Consecutive
+    indices give consecutive windows, so the zoo is covered in about N / k runs."""
+    if not mutants or budget_s <= 0:
+        return []
+    costs = [estimated_seconds(m, recorded, default) for m in mutants]
+    room = budget_s * max(1, jobs)
+    k = max(1, min(len(mutants), int(room // sorted(costs)[len(costs) // 2])))
+    index = int(time.time() // 86400) if index is None else index
+    start, out, used = (index * k) % len(mutants), [], 0.0
+    for i in range(len(mutants)):
+        j = (start + i) % len(mutants)
+        if used + costs[j] > room:
+            break
+        out.append(mutants[j])
+        used += costs[j]
+    return out
 
 
 def junit_of(outcomes: list[BlindOutcome]) -> str:
