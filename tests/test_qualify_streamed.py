@@ -140,3 +140,24 @@ def test_qualify_cli_streams_when_the_model_does_not_fit_and_a_broken_compaction
     assert rep["instances"][0]["truth"].startswith("streamed fp64 oracle (model does not fit:")
     sched = next(c for c in rep["checks"] if "schedule log" in c["name"])
     assert sched["status"] == "FAIL" and "moves" in sched["detail"], sched
+
+
+class CorruptLogOracle(engine(None, {}, corrupt=True)):
+    """A qualify --engine target: the oracle scheduler whose log moves the wrong slot at the first compaction."""
+
+    def run_trace(self):
+        type(self).model = type(self).model or oracle.load(MODEL)
+        return super().run_trace()
+
+
+def test_fail_fast_stops_at_the_first_fail_and_says_so(tmp_path, capsys):
+    out = tmp_path / "ff"
+    args = ["--engine", "test_qualify_streamed:CorruptLogOracle", "--model", str(MODEL), "--trace", str(SEED),
+            str(SEED), "--mode", "legacy", "async", "--out", str(out)]
+    assert qualify.main(args + ["--fail-fast"]) == 1
+    rep = json.loads((out / "report.json").read_text())
+    assert [c["status"] for c in rep["checks"]] == ["PASS", "FAIL"], rep["checks"]       # tokens, then the schedule
+    assert rep["status"] == "finished" and rep["stopped"].startswith("--fail-fast: stopped at the first FAIL")
+    assert "(stopped early: --fail-fast)" in capsys.readouterr().out
+    assert qualify.main(args) == 1                                                     # without: every check runs
+    assert len(json.loads((out / "report.json").read_text())["checks"]) > 6
