@@ -274,12 +274,19 @@ class HFBatchedAdapter(HFAdapter):
 BUILTIN = {"fastpath": FastpathAdapter, "oracle": OracleAdapter, "hf": HFAdapter, "hf-batched": HFBatchedAdapter}
 
 
+# Short names of adapters that live in optional subpackages (imported only when named).
+NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:MegatronRoundedAdapter"}
+
+
 def resolve(spec: str) -> type[Adapter]:
-    """'fastpath' | 'oracle' | 'hf' | 'hf-batched' | 'package.module:Class' -> adapter class, with a clear error."""
+    """'fastpath' | 'oracle' | 'hf' | 'hf-batched' | 'megatron' | 'megatron-rounded' | 'package.module:Class' ->
+    adapter class, with a clear error."""
     if spec in BUILTIN:
         return BUILTIN[spec]
+    if spec in NAMED:
+        spec = f"{__package__}.{NAMED[spec]}"
     if ":" not in spec:
-        raise ValueError(f"--engine {spec!r}: expected one of {sorted(BUILTIN)} or 'module:Class'")
+        raise ValueError(f"--engine {spec!r}: expected one of {sorted(BUILTIN) + sorted(NAMED)} or 'module:Class'")
     mod, _, name = spec.partition(":")
     try:
         cls = getattr(importlib.import_module(mod), name)

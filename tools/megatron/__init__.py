@@ -32,7 +32,7 @@ def check_install() -> None:
 
 
 def __getattr__(name: str):
-    if name == "MegatronAdapter":
-        from .adapter import MegatronAdapter
-        return MegatronAdapter
+    if name in ("MegatronAdapter", "MegatronRoundedAdapter"):
+        from . import adapter
+        return getattr(adapter, name)
     raise AttributeError(name)

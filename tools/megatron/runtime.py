@@ -34,12 +34,25 @@ class _NoCudaDevice:
         return False
 
 
+def _block_volume(config) -> int:
+    vol = 1
+    for k, v in config.kwargs.items():
+        if k.startswith("BLOCK") and isinstance(v, int):
+            vol *= v
+    return vol
+
+
 def _first_config_autotune() -> None:
-    """The interpreter cannot time configs (no driver): every @triton.autotune kernel runs its first listed
-    (after pruning) config, a deterministic rule instead of a benchmark."""
+    """The interpreter cannot time configs (no driver): every @triton.autotune kernel runs the config with the
+    smallest block volume (product of its BLOCK_* sizes; ties: the first listed), a deterministic rule instead of
+    a benchmark that keeps the interpreter's per-program work small. Results do not depend on it beyond rounding."""
     from triton.runtime.autotuner import Autotuner
     orig_prune = Autotuner.prune_configs
-    Autotuner.prune_configs = lambda self, kwargs, *a: orig_prune(self, kwargs, *a)[:1]
+
+    def prune(self, kwargs, *a):
+        configs = orig_prune(self, kwargs, *a)
+        return [min(configs, key=_block_volume)]
+    Autotuner.prune_configs = prune
     Autotuner._bench = lambda self, *args, config=None, **kwargs: [0.0, 0.0, 0.0]
 
 
@@ -52,7 +65,8 @@ def setup(device: str = "cpu") -> None:
         return
     if kind == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        torch.cuda.current_device = lambda: "cpu"          # Megatron's allocations: device=current_device()
+        from . import cpu_shim
+        cpu_shim.install()                                  # allocations, events, streams: docs in cpu_shim
         torch.cuda.device = _NoCudaDevice                   # Triton launch wrappers select the tensor's device
         _first_config_autotune()
     elif not torch.cuda.is_available():
@@ -69,6 +83,8 @@ def setup(device: str = "cpu") -> None:
         parallel_state.initialize_model_parallel(1, 1)
     if kind == "cpu":       # parameter init forks the CUDA RNG; every parameter is overwritten by our weights
         import contextlib
+        from . import cpu_shim
+        cpu_shim.install_after_import()
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
     else:
@@ -99,7 +115,7 @@ def transformer_config(cfg, dtype: torch.dtype):
     )
 
 
-def local_stack_spec():
+def local_stack_spec(chunk_size: int = 128):
     """HybridStack spec from Megatron's plain (non-TE) layers."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
@@ -117,7 +133,7 @@ def local_stack_spec():
     return ModuleSpec(module=HybridStack, submodules=HybridStackSubmodules(
         mamba_layer=ModuleSpec(module=MambaLayer, submodules=MambaLayerSubmodules(
             norm=WrappedTorchNorm,
-            mixer=ModuleSpec(module=MambaMixer, submodules=MambaMixerSubmodules(
+            mixer=ModuleSpec(module=MambaMixer, params={"chunk_size": chunk_size}, submodules=MambaMixerSubmodules(
                 in_proj=ColumnParallelLinear, out_proj=RowParallelLinear)),
             mamba_bda=get_bias_dropout_add)),
         attention_layer=ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
@@ -150,7 +166,7 @@ def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.floa
     hybrid_block.TENorm = WrappedTorchNorm          # the final-norm hook (see the module docstring)
     try:
         model = HybridModel(
-            config=tconf, hybrid_stack_spec=local_stack_spec(), vocab_size=cfg.vocab_size,
+            config=tconf, hybrid_stack_spec=local_stack_spec(cfg.chunk_size), vocab_size=cfg.vocab_size,
             max_sequence_length=4096, hybrid_layer_pattern=mapping.pattern(cfg),
             share_embeddings_and_output_weights=cfg.tie_word_embeddings,
             position_embedding_type="rope" if cfg.attention_layer_ids and cfg.rope_dim else "none",

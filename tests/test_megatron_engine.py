@@ -1,0 +1,106 @@
+"""Megatron-Core's dynamic engine through the adapter (marker `megatron`; run in .venv-megatron, see docs/megatron.md):
+staggered arrivals with a compaction in legacy and async modes equal the oracle; finding F1 is pinned (the
+faithful budget crashes, the rounded one is right); a Megatron with a compaction slot-mapping bug patched into a
+temporary copy of its dynamic context is caught by qualify's token check (the adapter path can fail)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.megatron import available
+
+pytestmark = [pytest.mark.megatron,
+              pytest.mark.skipif(available() is not None, reason=f"megatron-core not importable: {available()}")]
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "goldens" / "models" / "zoo-bamba"
+F1_TRACE = ROOT / "goldens" / "traces" / "megatron_token_budget.json"
+
+# Three requests admitted together; `a` finishes first, so the right-most live row (c) moves into its row: the moved
+# row must keep reading its own Mamba state slot. One prefill step, then decode steps (cheap in the interpreter).
+COMPACTION = {"schema": "hybridqual.trace/1", "description": "megatron compaction: a finishes, c moves into its row",
+              "engine": {"max_requests": 3, "max_tokens_per_step": 64, "mode": "legacy", "prefill_chunk": 64},
+              "requests": [
+                  {"id": "a", "arrival_step": 0, "prompt": [5, 17, 29, 41], "max_new_tokens": 2},
+                  {"id": "b", "arrival_step": 0, "prompt": [7, 19, 31], "max_new_tokens": 5},
+                  {"id": "c", "arrival_step": 0, "prompt": [9, 21, 33, 45, 57], "max_new_tokens": 5}]}
+
+
+def _write(tmp_path: Path, trace: dict) -> Path:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    return path
+
+
+def _qualify(trace_path: Path, engine: str, out: Path, env: dict | None = None, modes=("legacy", "async")) -> dict:
+    """python -m tools.qualify in a subprocess (a fresh process per Megatron set-up); returns report.json."""
+    cmd = [sys.executable, "-m", "tools.qualify", "--engine", engine, "--model", str(MODEL), "--trace",
+           str(trace_path), "--mode", *modes, "--out", str(out), "--quiet"]
+    run_env = dict(os.environ, TRITON_INTERPRET="1", **(env or {}))
+    subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)
+    return json.loads((out / "report.json").read_text())
+
+
+class _Checks(dict):
+    """report checks by name; a name may be given up to its parenthesised detail ("tokens match the truth")."""
+
+    def __getitem__(self, name: str) -> dict:
+        hits = [c for n, c in self.items() if n == name or n.startswith(name + " (")]
+        assert len(hits) == 1, f"{name!r}: {sorted(self)}"
+        return hits[0]
+
+
+def _checks(report: dict) -> _Checks:
+    return _Checks({c["name"]: c for c in report["checks"]})
+
+
+def test_legacy_and_async_tokens_equal_the_oracle_with_a_compaction(tmp_path):
+    checks = _checks(_qualify(_write(tmp_path, COMPACTION), "megatron", tmp_path / "q"))
+    for mode in ("legacy", "async"):
+        assert checks[f"{mode}: tokens match the truth"]["status"] == "PASS", checks
+    assert checks["async == legacy, bitwise"]["status"] == "PASS"
+    assert checks["legacy: schedule log matches the oracle's"]["status"] == "SKIP"      # declared, with a reason
+
+
+def test_finding_f1_budget_not_a_multiple_of_64_crashes_and_the_rounded_budget_is_right(tmp_path):
+    """F1 (docs/findings.md) on megatron-core 0.19.2: passes while the faithful adapter crashes on this trace."""
+    faithful = _checks(_qualify(F1_TRACE, "megatron", tmp_path / "f", modes=("legacy",)))
+    run = faithful["legacy: engine runs the trace"]
+    assert run["status"] == "FAIL" and "must match the existing size" in run["detail"], run
+    rounded = _checks(_qualify(F1_TRACE, "megatron-rounded", tmp_path / "r", modes=("legacy",)))
+    assert rounded["legacy: tokens match the truth"]["status"] == "PASS", rounded
+
+
+MUTANT_FIND = """        if self.is_hybrid_model:
+            self.mamba_metadata.request_to_mamba_state_idx[dst_idxs] = (
+                self.mamba_metadata.request_to_mamba_state_idx[src_idxs]
+            )
+
+    def _swap_book_keeping_tensors("""
+MUTANT_REPLACE = """
+    def _swap_book_keeping_tensors("""
+
+
+def test_mutated_megatron_compaction_slot_not_moved_is_caught(tmp_path):
+    """The zoo's compact_slot_not_moved class in Megatron: _move_book_keeping_tensors forgets the Mamba slot."""
+    import megatron.core
+    src = Path(megatron.core.__file__).parents[1]             # megatron is a namespace package
+    copy = tmp_path / "site" / "megatron"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "core" / "inference" / "contexts" / "dynamic_context.py"
+    text = target.read_text()
+    assert text.count(MUTANT_FIND) == 1, "mutant anchor is stale for this megatron-core version"
+    target.write_text(text.replace(MUTANT_FIND, MUTANT_REPLACE))
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"}
+    probe = subprocess.run([sys.executable, "-c", "import megatron.core as c; print(c.__file__)"], env=dict(
+        os.environ, **env), capture_output=True, text=True, check=True)
+    assert probe.stdout.strip().startswith(str(copy)), probe.stdout        # the copy is what gets imported
+    checks = _checks(_qualify(_write(tmp_path, COMPACTION), "megatron", tmp_path / "q", env, modes=("legacy",)))
+    tok = checks["legacy: tokens match the truth"]
+    assert tok["status"] == "FAIL", tok

@@ -1,0 +1,203 @@
+"""`MegatronAdapter`: Megatron-Core's DynamicInferenceEngine behind hybridqual's adapter protocol (docs/api.md).
+
+Per trace: the model is built from our HF folder (tools/megatron/runtime.py, exact mapping or a refusal by field),
+a DynamicInferenceContext is sized from the trace's engine config (max_requests -> max_requests, max_tokens_per_step
+-> max_tokens, chunked prefill on, async_sched_mode from the mode), and requests enter through
+`engine.add_request` at their arrival step (steps = `step_modern()` calls). Greedy = SamplingParams(top_k=1),
+which Megatron samples with torch.argmax. Stop tokens: one id -> `termination_id`; several -> `stop_words` (one
+token each, kept in the output with `detokenize_stop_sequence`); none -> termination_id -1. The tokens reported are
+Megatron's generated tokens as it returns them (never cut or repaired here). Attention runs on the flash-attn
+stand-in (tools/megatron/flash_attn_standin.py): every report says so (version()).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..adapters import Adapter, Capabilities, RunResult
+
+_NOTES = (
+    ("seeded", "Megatron samples temperature/top-k/top-p with torch's generator per step, not the trace's keyed "
+               "(request seed, position) sampler, so seeded outputs have no common truth"),
+    ("schedule_log", "Megatron's scheduler is its own (token budget only: no prefill_chunk, pieces padded to "
+                     "64 tokens); it is not our DESIGN §4 schedule, so there is no oracle log to compare (its "
+                     "per-step facts are in RunResult.schedule_facts)"),
+    ("logits", "the engine returns log-probs at most, not the logits rows"),
+    ("prefix_cache_reporting", "the adapter runs Megatron without prefix caching (not mapped yet)"),
+    ("speculation_reporting", "MTP speculation needs MTP layers; the zoo models have none"),
+)
+
+
+class MegatronAdapter(Adapter):
+    """Megatron-Core dynamic inference engine (legacy and async scheduling), fp32 on CPU, bf16 on CUDA.
+
+    The trace's max_tokens_per_step is Megatron's max_tokens as is (`max_tokens_multiple` = 1): a budget that is not
+    a multiple of 64 crashes hybrid prefill steps in 0.19.2 (docs/findings.md, F1). `MegatronRoundedAdapter` rounds
+    the budget up to a multiple of 64, the workaround, so the rest of the corpus can be qualified.
+    """
+    dtype: torch.dtype | None = None
+    max_tokens_multiple = 1
+
+    @classmethod
+    def capabilities(cls, device: str) -> Capabilities:
+        dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+        return Capabilities(("greedy",), ("legacy", "async"), compute_dtype=dtype, notes=_NOTES)
+
+    @classmethod
+    def version(cls) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            ver = version("megatron-core")
+        except PackageNotFoundError:
+            ver = "(not installed)"
+        rounded = (f"; max_tokens rounded up to a multiple of {cls.max_tokens_multiple} (finding F1 workaround)"
+                   if cls.max_tokens_multiple > 1 else "")
+        return (f"megatron-core {ver} DynamicInferenceEngine; attention on the hybridqual flash-attn stand-in "
+                f"(tools/megatron/flash_attn_standin.py, not flash-attn){rounded}")
+
+    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
+        super().__init__(model_path, trace, mode, device)
+        from . import cpu_shim, runtime
+        self._dtype = dtype or self.capabilities(device).compute_dtype
+        self._cpu = torch.device(device).type == "cpu"
+        self._shim = cpu_shim.active if self._cpu else _nullcontext
+        with self._shim():
+            self.model, self.cfg = runtime.build_model(self.model_path, device, self._dtype)
+            if not self.cfg.attention_layer_ids:
+                from .mapping import UnsupportedConfig
+                raise UnsupportedConfig(
+                    f"layers: {self.cfg.pattern} has no attention layer; Megatron's DynamicInferenceContext "
+                    "raises NotImplementedError('Using `DynamicInferenceContext` with no attention is not "
+                    "supported') (megatron/core/inference/contexts/dynamic_context.py:401, 0.19.2)")
+            self.engine = _make_engine(self.model, self.cfg, trace, mode, self.max_tokens_multiple)
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._reqs: dict[str, object] = {}
+        self._seen: dict[str, int] = {}
+        self._final: dict[str, list[int]] = {}
+        self.schedule_facts: list[dict] = []
+
+    def add_request(self, request) -> None:
+        from megatron.core.inference.sampling_params import SamplingParams
+        rid = len(self._ids)
+        self._ids[request.id], self._names[rid], self._reqs[request.id] = rid, request.id, request
+        self._seen[request.id] = 0
+        if request.sampling.kind != "greedy":
+            raise ValueError(f"request {request.id}: the Megatron adapter runs greedy sampling only")
+        stops = list(request.stop_token_ids)
+        sp = SamplingParams(temperature=1.0, top_k=1, num_tokens_to_generate=request.max_new_tokens,
+                            termination_id=stops[0] if len(stops) == 1 else -1,
+                            stop_words=[str(s) for s in stops] if len(stops) > 1 else None,
+                            detokenize_stop_sequence=True)
+        with self._shim():
+            self.engine.add_request(rid, list(request.prompt), sp)
+
+    def _tokens(self, rid_name: str) -> list[int]:
+        """The request's generated tokens so far: from its final record once finished (the engine drops finished
+        requests), else from the live request."""
+        if rid_name in self._final:
+            return self._final[rid_name]
+        rid = self._ids[rid_name]
+        if rid not in self.engine.requests:
+            return []
+        return _ints(self.engine.get_request(rid).generated_tokens)
+
+    def step(self) -> dict[str, list[int]]:
+        if not self.engine.has_unfinished_requests():
+            return {}
+        with self._shim():
+            r = self.engine.step_modern()
+        for f in r.get("finished_request_records", []):
+            self._final[self._names[int(f.request_id)]] = _ints(f.merge().generated_tokens)
+        ctx = self.engine.context
+        self.schedule_facts.append({
+            "active": [self._names[int(i)] for i in r.get("active_request_ids", [])],
+            "finished": [self._names[int(f.request_id)] for f in r.get("finished_request_records", [])],
+            "prefill_requests": int(getattr(ctx, "num_prefill_requests", -1)),
+            "decode_requests": int(getattr(ctx, "num_decode_requests", -1)),
+            "padded_tokens": int(getattr(ctx, "padded_active_token_count", -1)),
+        })
+        out = {}
+        for name in self._ids:
+            toks = self._tokens(name)
+            if len(toks) > self._seen[name]:
+                out[name] = toks[self._seen[name]:]
+                self._seen[name] = len(toks)
+        return out
+
+    def done(self) -> bool:
+        return not self.engine.has_unfinished_requests()
+
+    def run_trace(self) -> RunResult:
+        res = super().run_trace()
+        tokens = {name: self._tokens(name) for name in self._ids}
+        reasons = {}
+        for name, toks in tokens.items():
+            req = self._reqs[name]
+            reasons[name] = "stop" if toks and toks[-1] in set(req.stop_token_ids) else "length"
+        for name in res.tokens:
+            if res.tokens[name] != tokens.get(name, []):
+                raise RuntimeError(f"request {name}: tokens streamed per step {res.tokens[name]} differ from the "
+                                   f"engine's final record {tokens.get(name)}")
+        out = RunResult(tokens, reasons)
+        out.schedule_facts = self.schedule_facts
+        return out
+
+
+class MegatronRoundedAdapter(MegatronAdapter):
+    """MegatronAdapter with max_tokens rounded up to a multiple of 64 (Megatron's TOKEN_ROUNDER): the workaround of
+    finding F1, so traces with small token budgets still run (the tokens' truth does not depend on the budget)."""
+    max_tokens_multiple = 64
+
+
+def _ints(toks) -> list[int]:
+    return [int(t) for t in (toks.tolist() if torch.is_tensor(toks) else toks)]
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Tokenizer:
+    """Megatron's controller needs a tokenizer: token ids are given, so text is the ids in decimal."""
+    eod = -1
+    bos = None
+
+    def tokenize(self, text: str) -> list[int]:
+        return [int(x) for x in text.split()]
+
+    def detokenize(self, ids, **_) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+    def offsets(self, ids, text):
+        return []
+
+
+def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1):
+    """DynamicInferenceContext + GPTInferenceWrapper + TextGenerationController + DynamicInferenceEngine."""
+    from megatron.core.inference.config import AsyncScheduleMode, InferenceConfig, MambaInferenceStateConfig
+    from megatron.core.inference.contexts import DynamicInferenceContext
+    from megatron.core.inference.engines.dynamic_engine import DynamicInferenceEngine
+    from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import GPTInferenceWrapper
+    from megatron.core.inference.text_generation_controllers.text_generation_controller import (
+        TextGenerationController)
+    e = trace.engine
+    longest = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
+    block = int(os.environ.get("HQ_MEGATRON_BLOCK", "16"))
+    max_tokens = -(-e.max_tokens_per_step // max_tokens_multiple) * max_tokens_multiple
+    max_seq = block * ((longest + block) // block + 1)
+    ic = InferenceConfig(
+        block_size_tokens=block, buffer_size_gb=0.05, max_requests=e.max_requests, max_tokens=max_tokens,
+        max_sequence_length=max_seq, mamba_inference_state_config=MambaInferenceStateConfig.from_model(model),
+        enable_chunked_prefill=True, materialize_only_last_token_logits=True,
+        async_sched_mode=AsyncScheduleMode.ASYNC if mode == "async" else AsyncScheduleMode.LEGACY)
+    ctx = DynamicInferenceContext(model.config, ic)
+    wrapper = GPTInferenceWrapper(model, ctx)
+    ctl = TextGenerationController(inference_wrapped_model=wrapper, tokenizer=_Tokenizer())
+    return DynamicInferenceEngine(controller=ctl, context=ctx)
