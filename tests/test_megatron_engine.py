@@ -38,9 +38,10 @@ def _write(tmp_path: Path, trace: dict) -> Path:
     return path
 
 
-def _qualify(trace_path: Path, engine: str, out: Path, env: dict | None = None, modes=("legacy", "async")) -> dict:
+def _qualify(trace_path: Path, engine: str, out: Path, env: dict | None = None, modes=("legacy", "async"),
+             model: Path = MODEL) -> dict:
     """python -m tools.qualify in a subprocess (a fresh process per Megatron set-up); returns report.json."""
-    cmd = [sys.executable, "-m", "tools.qualify", "--engine", engine, "--model", str(MODEL), "--trace",
+    cmd = [sys.executable, "-m", "tools.qualify", "--engine", engine, "--model", str(model), "--trace",
            str(trace_path), "--mode", *modes, "--out", str(out), "--quiet"]
     run_env = dict(os.environ, TRITON_INTERPRET="1", **(env or {}))
     subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)
@@ -75,6 +76,22 @@ def test_finding_f1_budget_not_a_multiple_of_64_crashes_and_the_rounded_budget_i
     assert run["status"] == "FAIL" and "must match the existing size" in run["detail"], run
     rounded = _checks(_qualify(F1_TRACE, "megatron-rounded", tmp_path / "r", modes=("legacy",)))
     assert rounded["legacy: tokens match the truth"]["status"] == "PASS", rounded
+
+
+def test_finding_f1_shows_at_chunk_128_with_budget_200(tmp_path):
+    """F1 at a real model's chunk size: max_tokens 200 filled by four 50-token prompts (256 // 128 + 4 > 200 // 128
+    + 4 chunk entries)."""
+    from oracle import zoo
+    model = tmp_path / "bamba128"
+    zoo.write_hf_folder(model, "bamba", chunk_size=128)
+    reqs = [{"id": f"r{i}", "arrival_step": 0, "prompt": [(7 * i + j) % 90 + 3 for j in range(50)],
+             "max_new_tokens": 1} for i in range(4)]
+    trace = {"schema": "hybridqual.trace/1", "description": "F1 at chunk 128",
+             "engine": {"max_requests": 4, "max_tokens_per_step": 200, "mode": "legacy", "prefill_chunk": 256},
+             "requests": reqs}
+    run = _checks(_qualify(_write(tmp_path, trace), "megatron", tmp_path / "q", modes=("legacy",), model=model))
+    assert run["legacy: engine runs the trace"]["status"] == "FAIL"
+    assert "(6) must match the existing size (7)" in run["legacy: engine runs the trace"]["detail"]
 
 
 MUTANT_FIND = """        if self.is_hybrid_model:
