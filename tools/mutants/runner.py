@@ -159,7 +159,8 @@ def run_one(m: Mutant, timeout: int = 900) -> Outcome:
             status = "CRASH" if e.status == "INVALID" else e.status     # named runs: an invalid patch is a crash
             return Outcome(m, status, e.detail, time.time() - t0)
         junit = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
+        # `-m ""`: a named test runs even where it is marked slow (the default tier deselects those)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "-m", "",
                "-p", "tools.mutants.no_shrink", f"--junitxml={junit}", *m.tests]
         try:
             proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
