@@ -65,8 +65,26 @@ def test_legacy_and_async_tokens_equal_the_oracle_with_a_compaction(tmp_path):
     checks = _checks(_qualify(_write(tmp_path, COMPACTION), "megatron", tmp_path / "q"))
     for mode in ("legacy", "async"):
         assert checks[f"{mode}: tokens match the truth"]["status"] == "PASS", checks
+        assert checks[f"{mode}: logits match the oracle's"]["status"] == "PASS", checks
     assert checks["async == legacy, bitwise"]["status"] == "PASS"
     assert checks["legacy: schedule log matches the oracle's"]["status"] == "SKIP"      # declared, with a reason
+
+
+# A 150-token prompt under a 64-token budget: Megatron's chunked prefill splits it over three steps (64, 64, 22
+# tokens; no piece ends on the model's 8-token chunk grid by construction: 64 is a multiple of 8 here, so the
+# pieces happen to align) while a short request decodes; the next piece starts from the state the previous left.
+CHUNKED = {"schema": "hybridqual.trace/1", "description": "megatron chunked prefill: 150 tokens under budget 64",
+           "engine": {"max_requests": 2, "max_tokens_per_step": 64, "mode": "legacy", "prefill_chunk": 64},
+           "requests": [
+               {"id": "short", "arrival_step": 0, "prompt": [4, 8, 15], "max_new_tokens": 6},
+               {"id": "long", "arrival_step": 1, "prompt": [(11 * j) % 90 + 3 for j in range(150)],
+                "max_new_tokens": 3}]}
+
+
+def test_chunked_prefill_over_three_steps_equals_the_oracle(tmp_path):
+    checks = _checks(_qualify(_write(tmp_path, CHUNKED), "megatron", tmp_path / "q", modes=("legacy",)))
+    assert checks["legacy: tokens match the truth"]["status"] == "PASS", checks
+    assert checks["legacy: logits match the oracle's"]["status"] == "PASS", checks
 
 
 def test_finding_f1_budget_not_a_multiple_of_64_crashes_and_the_rounded_budget_is_right(tmp_path):

@@ -24,7 +24,6 @@ _NOTES = (
     ("schedule_log", "Megatron's scheduler is its own (token budget only: no prefill_chunk, pieces padded to "
                      "64 tokens); it is not our DESIGN §4 schedule, so there is no oracle log to compare (its "
                      "per-step facts are in RunResult.schedule_facts)"),
-    ("logits", "the engine returns log-probs at most, not the logits rows"),
     ("prefix_cache_reporting", "the adapter runs Megatron without prefix caching (not mapped yet)"),
     ("speculation_reporting", "MTP speculation needs MTP layers; the zoo models have none"),
 )
@@ -43,7 +42,7 @@ class MegatronAdapter(Adapter):
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
         dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
-        return Capabilities(("greedy",), ("legacy", "async"), compute_dtype=dtype, notes=_NOTES)
+        return Capabilities(("greedy",), ("legacy", "async"), logits=True, compute_dtype=dtype, notes=_NOTES)
 
     @classmethod
     def version(cls) -> str:
@@ -78,6 +77,32 @@ class MegatronAdapter(Adapter):
         self._seen: dict[str, int] = {}
         self._final: dict[str, list[int]] = {}
         self.schedule_facts: list[dict] = []
+        self._rows: dict[str, list[torch.Tensor]] = {}
+        self._hook_sampling()
+
+    def _hook_sampling(self) -> None:
+        """Keep the logits rows requests' tokens are sampled from: at Megatron's sampling call, row i of the
+        last-token logits belongs to active request i (context slots paused..total). Per request the rows come in
+        order; a row whose prefill piece ends before the prompt does (kv offset + query length < prompt length)
+        samples nothing, and rows past the last token (async's extra step after a finish) are dropped in
+        run_trace, which also checks that the rows' argmax gives the request's tokens (else the mapping is wrong)."""
+        ctl = self.engine.controller
+        orig = ctl._dynamic_step_sample_logits
+
+        def sample_and_record():
+            ctx = ctl.inference_wrapped_model.inference_context
+            lo, hi = ctx.paused_request_count, ctx.total_request_count
+            logits = ctl._all_logits_cuda.squeeze(0)
+            for i, j in enumerate(range(lo, hi)):
+                name = self._names.get(int(ctx.request_ids[j]))
+                if name is None:
+                    continue
+                mid_prefill = (int(ctx.request_kv_length_offsets[j]) + int(ctx.request_query_lengths[j])
+                               < len(self._reqs[name].prompt))
+                if not mid_prefill:
+                    self._rows.setdefault(name, []).append(logits[i].detach().float().cpu().clone())
+            return orig()
+        ctl._dynamic_step_sample_logits = sample_and_record
 
     def add_request(self, request) -> None:
         from megatron.core.inference.sampling_params import SamplingParams
@@ -141,7 +166,16 @@ class MegatronAdapter(Adapter):
             if res.tokens[name] != tokens.get(name, []):
                 raise RuntimeError(f"request {name}: tokens streamed per step {res.tokens[name]} differ from the "
                                    f"engine's final record {tokens.get(name)}")
-        out = RunResult(tokens, reasons)
+        logits = {}
+        for name, toks in tokens.items():
+            rows = self._rows.get(name, [])[:len(toks)]
+            if toks and len(rows) == len(toks):
+                stacked = torch.stack(rows)
+                if stacked.argmax(-1).tolist() != toks:    # the row mapping is wrong, not the engine: no logits
+                    raise RuntimeError(f"request {name}: recorded logits rows do not give its tokens "
+                                       f"(adapter row mapping): {stacked.argmax(-1).tolist()} vs {toks}")
+                logits[name] = stacked
+        out = RunResult(tokens, reasons, logits=logits)
         out.schedule_facts = self.schedule_facts
         return out
 
