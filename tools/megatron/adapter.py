@@ -23,7 +23,7 @@ _NOTES = (
                "(request seed, position) sampler, so seeded outputs have no common truth"),
     ("schedule_log", "Megatron's scheduler is its own (token budget only: no prefill_chunk, pieces padded to "
                      "64 tokens); it is not our DESIGN §4 schedule, so there is no oracle log to compare (its "
-                     "per-step facts are in RunResult.schedule_facts)"),
+                     "per-step batches, rows and Mamba slots are in RunResult.schedule_facts)"),
     ("prefix_cache_reporting", "the adapter runs Megatron without prefix caching (not mapped yet)"),
     ("speculation_reporting", "MTP speculation needs MTP layers; the zoo models have none"),
 )
@@ -78,6 +78,7 @@ class MegatronAdapter(Adapter):
         self._final: dict[str, list[int]] = {}
         self.schedule_facts: list[dict] = []
         self._rows: dict[str, list[torch.Tensor]] = {}
+        self._batches: list[dict] = []
         self._hook_sampling()
 
     def _hook_sampling(self) -> None:
@@ -93,14 +94,19 @@ class MegatronAdapter(Adapter):
             ctx = ctl.inference_wrapped_model.inference_context
             lo, hi = ctx.paused_request_count, ctx.total_request_count
             logits = ctl._all_logits_cuda.squeeze(0)
+            batch = []
             for i, j in enumerate(range(lo, hi)):
                 name = self._names.get(int(ctx.request_ids[j]))
                 if name is None:
                     continue
-                mid_prefill = (int(ctx.request_kv_length_offsets[j]) + int(ctx.request_query_lengths[j])
-                               < len(self._reqs[name].prompt))
+                start, count = int(ctx.request_kv_length_offsets[j]), int(ctx.request_query_lengths[j])
+                batch.append({"request": name, "slot": j, "pos": start, "tokens": count,
+                              "mamba_slot": int(ctx.mamba_metadata.request_to_mamba_state_idx[j])
+                              if getattr(ctx, "mamba_metadata", None) is not None else -1})
+                mid_prefill = start + count < len(self._reqs[name].prompt)
                 if not mid_prefill:
                     self._rows.setdefault(name, []).append(logits[i].detach().float().cpu().clone())
+            self._batches.append({"rows": batch, "padded_tokens": int(ctx.padded_active_token_count)})
             return orig()
         ctl._dynamic_step_sample_logits = sample_and_record
 
@@ -136,14 +142,10 @@ class MegatronAdapter(Adapter):
             r = self.engine.step_modern()
         for f in r.get("finished_request_records", []):
             self._final[self._names[int(f.request_id)]] = _ints(f.merge().generated_tokens)
-        ctx = self.engine.context
-        self.schedule_facts.append({
-            "active": [self._names[int(i)] for i in r.get("active_request_ids", [])],
-            "finished": [self._names[int(f.request_id)] for f in r.get("finished_request_records", [])],
-            "prefill_requests": int(getattr(ctx, "num_prefill_requests", -1)),
-            "decode_requests": int(getattr(ctx, "num_decode_requests", -1)),
-            "padded_tokens": int(getattr(ctx, "padded_active_token_count", -1)),
-        })
+        self.schedule_facts.append({        # the batches sampled during this step (async: the overlapped one too)
+            "batches": self._batches,
+            "finished": [self._names[int(f.request_id)] for f in r.get("finished_request_records", [])]})
+        self._batches = []
         out = {}
         for name in self._ids:
             toks = self._tokens(name)

@@ -71,6 +71,8 @@ def setup(device: str = "cpu") -> None:
         _first_config_autotune()
     elif not torch.cuda.is_available():
         raise RuntimeError(f"--device {device}: CUDA is not available")
+    else:
+        torch.cuda.set_device(torch.device(device).index or 0)
     from . import flash_attn_standin
     flash_attn_standin.install()
     import torch.distributed as dist
