@@ -58,7 +58,10 @@ class MegatronAdapter(Adapter):
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
         super().__init__(model_path, trace, mode, device)
-        from . import cpu_shim, runtime
+        from . import available, cpu_shim, runtime
+        why = available()
+        if why:
+            raise RuntimeError(f"Megatron adapter: {why}")
         self._dtype = dtype or self.capabilities(device).compute_dtype
         self._cpu = torch.device(device).type == "cpu"
         self._shim = cpu_shim.active if self._cpu else _nullcontext
