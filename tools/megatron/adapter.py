@@ -176,9 +176,10 @@ class MegatronAdapter(Adapter):
             rows = self._rows.get(name, [])[:len(toks)]
             if toks and len(rows) == len(toks):
                 stacked = torch.stack(rows)
-                if stacked.argmax(-1).tolist() != toks:    # the row mapping is wrong, not the engine: no logits
-                    raise RuntimeError(f"request {name}: recorded logits rows do not give its tokens "
-                                       f"(adapter row mapping): {stacked.argmax(-1).tolist()} vs {toks}")
+                if stacked.argmax(-1).tolist() != toks:    # greedy: each token is its row's argmax
+                    raise RuntimeError(f"request {name}: the argmax of the logits rows recorded at sampling is "
+                                       f"{stacked.argmax(-1).tolist()}, its tokens are {toks} (the adapter's row "
+                                       "mapping or Megatron's greedy sampling is wrong)")
                 logits[name] = stacked
         out = RunResult(tokens, reasons, logits=logits)
         out.schedule_facts = self.schedule_facts
