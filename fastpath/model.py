@@ -40,6 +40,8 @@ class StepBatch:
     pre_cu_host: list[int]
     pre_start_host: list[int]
     table: object = None   # the SSD chunk table of the prefill pieces (built once per step)
+    checkpoints: tuple = ()  # (piece, absolute position p, bank slot): the piece's Mamba state at the chunk start
+                             # p inside it is also written to that slot (prefix-cache checkpoints, DESIGN §12)
 
 
 class FastModel:
@@ -179,6 +181,8 @@ class FastModel:
             xbc = torch.empty(T, c.conv_dim, dtype=zxbcdt.dtype, device=zxbcdt.device)
             if n:
                 ops.conv1d_step(xBC[:n], conv_w, conv_b, bank.conv(i), b.dec_slot, out=xbc[:n], backend=self.backend)
+        if b.checkpoints:                       # before the conv call below rewrites the pieces' windows
+            self._checkpoint_windows(xBC, b, bank.conv(i))
         if T > n:
             ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
                                      out=xbc[n:], validate=b.table is None, backend=self.backend)
@@ -194,11 +198,25 @@ class FastModel:
         if T > n:
             ops.ssd_varlen(x[n:], dt[n:], A, B[n:], C[n:], D, dt_bias, bank.ssm(i), b.pre_cu_host, b.pre_slot,
                            b.pre_start_host, b.pre_init, c.chunk_size, dt_limit=c.dt_limit, out=y[n:],
-                           table=b.table, backend=self.backend)
+                           table=b.table, backend=self.backend, checkpoints=b.checkpoints)
         if gate_in_step:                        # its RMS in out_proj's x load, its gain folded into out_proj
             return self._linear(y.reshape(T, c.d_inner), p + "out_proj", rms_eps=eps, residual=res)
         y = self._gated_norm(y.reshape(T, c.d_inner), z, self.w[p + "norm.weight"])
         return self._linear(y, p + "out_proj", residual=res)
+
+    @staticmethod
+    def _checkpoint_windows(xBC: Tensor, b: StepBatch, conv_bank: Tensor) -> None:
+        """conv_bank[slot] := the conv window at p (the d_conv-1 inputs before p, oldest first) for every
+        checkpoint (piece, p, slot): the rows of the piece's own inputs, after its initial window when p is
+        closer than d_conv-1 to the piece's start — the very values a piece ending at p leaves."""
+        K1 = conv_bank.shape[-1]
+        for s, p, slot in b.checkpoints:
+            rel, lo = p - b.pre_start_host[s], b.n_dec + b.pre_cu_host[s]
+            rows = xBC[lo + max(rel - K1, 0):lo + rel].t().to(conv_bank.dtype)
+            if rel < K1:                        # part of the window is the piece's initial one (zeros if none)
+                init = conv_bank.index_select(0, b.pre_slot[s:s + 1].long())[0] * b.pre_init[s].to(conv_bank.dtype)
+                rows = torch.cat([init[:, rel:], rows], dim=1)
+            conv_bank[slot].copy_(rows)
 
     def _gated_norm(self, y: Tensor, z: Tensor, weight: Tensor) -> Tensor:
         """Gated RMSNorm over groups of d_inner / n_groups (the hook TP overrides for groups spanning ranks)."""

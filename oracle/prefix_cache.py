@@ -4,10 +4,11 @@ A checkpoint is a deep copy of one request's model state at a block boundary p =
 SSM states and attention K/V for [0, p) — an `OracleState` at position p), filed under the chain hash of
 prompt[0:p].  The scheduler (oracle/scheduler.py) calls three things:
 
-    prefill_cap(start, L, P, B)   the largest piece a prefilling row may get: pieces never cross a block boundary
-                                  inside the prompt, so a piece ends on every boundary p < L (docs §9 says why)
     lookup(prompt, step)          at admission: the largest cached p = j·B <= len(prompt) - 1, or (0, None)
-    store(...)                    at the end of the step whose prefill ended at p: file a checkpoint, evict LRU
+    prefill(model, st, b)         a piece's prefill, split at the block boundaries inside it to keep their states
+                                  (pieces are cut exactly as without a cache: DESIGN §12)
+    store(...)                    at the end of the step: for every boundary p a piece passed or ended on, file a
+                                  checkpoint (LRU eviction when full)
 
 Keys: key_0 = sha256(b"hybridqual.prefix/1"), key_j = sha256(key_{j-1} || block j as little-endian int64).
 SHA-256 is collision resistant (no collision has ever been exhibited; a generic birthday collision among n keys
@@ -35,11 +36,9 @@ def block_keys(prompt: tuple[int, ...] | list[int], block_size: int) -> list[str
     return keys
 
 
-def prefill_cap(start: int, prompt_len: int, prefill_chunk: int, block_size: int) -> int:
-    """prefill_chunk, cut so that a piece starting at `start` ends no later than the next block boundary that
-    lies strictly inside the prompt (a boundary at the prompt's end needs no cut)."""
-    nxt = (start // block_size + 1) * block_size
-    return min(prefill_chunk, nxt - start) if nxt < prompt_len else prefill_chunk
+def boundaries(pos: int, count: int, block_size: int) -> list[int]:
+    """The block boundaries p = j*B that a piece [pos, pos+count) passes or ends on: pos < p <= pos + count."""
+    return list(range((pos // block_size + 1) * block_size, pos + count + 1, block_size))
 
 
 @dataclass
@@ -99,8 +98,13 @@ class PrefixCache:
 
 
 class SchedulerCache(PrefixCache):
-    """The cache as oracle/scheduler.py drives it: admission lookups, piece caps, stores after the forward; every
-    event goes into the step's log record (`rec.cache`: hits, stored, evicted; `cached_tokens` on admissions)."""
+    """The cache as oracle/scheduler.py drives it: admission lookups, split prefills, stores after the forward;
+    every event goes into the step's log record (`rec.cache`: hits, stored, evicted; `cached_tokens` on
+    admissions)."""
+
+    def __init__(self, block_size: int, capacity: int):
+        super().__init__(block_size, capacity)
+        self.inside: dict[tuple[str, int], Any] = {}     # (request, p): the state at a boundary inside a piece
 
     def admit(self, st: Any, rec: Any, step: int) -> None:
         """The request just admitted (rec.admit[-1]) starts from the longest cached prefix, if any."""
@@ -110,20 +114,29 @@ class SchedulerCache(PrefixCache):
             st.model_state, st.done = self.restore(entry), p
             rec.cache["hits"].append({"request": st.req.id, "pos": p})
 
-    def cap(self, st: Any, prefill_chunk: int) -> int:
-        """The prefill_chunk this row's next piece may use (cut at the next block boundary inside the prompt)."""
-        return prefill_cap(st.done, len(st.req.prompt), prefill_chunk, self.block_size)
+    def prefill(self, model: Any, st: Any, b: Any) -> tuple[Any, Any]:
+        """model.prefill of the piece b from the request's state, as consecutive prefills split at the block
+        boundaries inside it (their states kept for after_forward): the same chunked arithmetic, at fp64."""
+        prompt, state, start, end = st.req.prompt, st.model_state, b.pos, b.pos + b.count
+        for p in boundaries(b.pos, b.count, self.block_size):
+            if p < end:
+                _, state = model.prefill(list(prompt[start:p]), state)
+                self.inside[(b.request, p)], start = copy.deepcopy(state), p   # (a model may reuse it)
+        return model.prefill(list(prompt[start:end]), state)
 
     def after_forward(self, batch: list, requests: dict, rec: Any, step: int) -> None:
-        """Store a checkpoint for every prefill piece of this step that ended on a block boundary (batch order)."""
+        """Store a checkpoint for every block boundary each prefill piece of this step passed or ended on (batch
+        order, then position)."""
+        inside, self.inside = self.inside, {}
         for b in batch:
-            end = b.pos + b.count
-            if b.kind != "prefill" or end % self.block_size:
+            if b.kind != "prefill":
                 continue
-            st = requests[b.request]
-            assert getattr(st.model_state, "position", end) == end, "checkpoint state is not at the boundary"
-            entry, evicted = self.store(st.req.prompt, end, b.request, st.model_state, step)
-            if evicted is not None:
-                rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
-            if entry is not None:
-                rec.cache["stored"].append({"request": b.request, "pos": end})
+            st, end = requests[b.request], b.pos + b.count
+            for p in boundaries(b.pos, b.count, self.block_size):
+                state = st.model_state if p == end else inside[(b.request, p)]
+                assert getattr(state, "position", p) == p, "checkpoint state is not at the boundary"
+                entry, evicted = self.store(st.req.prompt, p, b.request, state, step)
+                if evicted is not None:
+                    rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
+                if entry is not None:
+                    rec.cache["stored"].append({"request": b.request, "pos": p})

@@ -200,9 +200,8 @@ class Scheduler:
         used = sum(b.count for b in batch)               # a verify row costs its m+1 tokens
         for r, st in live:
             if st.prefilling:
-                n = piece_length(st.done, len(st.req.prompt), self.budget - used,
-                                 self.cache.cap(st, self.prefill_chunk) if self.cache else self.prefill_chunk,
-                                 self.chunk_size)
+                n = piece_length(st.done, len(st.req.prompt), self.budget - used, self.prefill_chunk,
+                                 self.chunk_size)         # a prefix cache cuts nothing (DESIGN §12)
                 if n > 0:
                     batch.append(BatchRow(r, st.req.id, self.row_to_slot[r], "prefill", st.done, n))
                     used += n
@@ -224,8 +223,9 @@ class Scheduler:
                 row_tokens[b.row] = self.spec.forward(self.model, st, b, self.forced.get(b.request, ()))
                 continue
             if b.kind == "prefill":
-                logits, st.model_state = self.model.prefill(list(st.req.prompt[b.pos:b.pos + b.count]),
-                                                            st.model_state)
+                logits, st.model_state = (self.cache.prefill(self.model, st, b) if self.cache is not None else
+                                          self.model.prefill(list(st.req.prompt[b.pos:b.pos + b.count]),
+                                                             st.model_state))
                 st.done = b.pos + b.count
                 if st.prefilling:
                     continue

@@ -172,8 +172,8 @@ def test_lookup_always_leaves_a_prompt_token_to_compute(hybrid):
     eng = Engine(fast, _trace([("a", 0, SYS, 1)]).engine, max_len=32)
     c = eng.prefix
     assert block_keys(SYS, 8)[1] == block_keys(SYS + (1, 2), 8)[1]
-    c.store(SYS, 8, "a", 0, step=0)
-    c.store(SYS, 16, "a", 0, step=0)
+    c.file(SYS, 8, "a", step=0)
+    c.file(SYS, 16, "a", step=0)
     assert c.lookup(SYS, 1)[0] == 8 and c.lookup(SYS + (9,), 1)[0] == 16 and c.lookup(SYS[:8], 1) == (0, None)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from oracle import zoo
-from oracle.prefix_cache import PrefixCache, block_keys, prefill_cap
+from oracle.prefix_cache import PrefixCache, block_keys, boundaries
 from oracle.scheduler import run_request_alone, run_trace
 from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace, TraceError, parse_trace
 from test_scheduler_fake import FakeModel
@@ -36,9 +36,9 @@ def test_chain_keys_are_equal_exactly_for_equal_prefixes():
     assert block_keys(SYS[:7], 8) == []
 
 
-def test_prefill_cap_cuts_at_boundaries_inside_the_prompt_only():
-    assert prefill_cap(0, 30, 16, 8) == 8 and prefill_cap(8, 30, 32, 16) == 8 and prefill_cap(16, 30, 32, 16) == 32
-    assert prefill_cap(0, 16, 32, 16) == 32          # the boundary at the prompt's end needs no cut
+def test_a_piece_stores_every_boundary_it_passes_or_ends_on():
+    assert boundaries(0, 16, 8) == [8, 16] and boundaries(8, 8, 8) == [16] and boundaries(3, 20, 8) == [8, 16]
+    assert boundaries(0, 7, 8) == [] and boundaries(16, 3, 8) == []      # no boundary in (pos, pos + count]
 
 
 def test_lookup_leaves_one_token_and_lru_evicts_earliest_stored_on_ties():
@@ -85,9 +85,10 @@ def test_cached_run_gives_each_request_its_tokens_alone_and_hits_as_predicted(mo
     r = run_trace(m, t)
     for req in t.requests:
         assert r.tokens[req.id] == run_request_alone(m, req)[0], req.id
-    assert _events(r, "hits") == [(3, "b", 16), (5, "c", 8)]
-    assert _events(r, "stored") == [(0, "a", 8), (1, "a", 16), (5, "c", 16)]
-    assert _events(r, "evicted") == [(5, "a", 16)]                  # a@8 was hit at step 5: a@16 is the LRU one
+    assert _events(r, "hits") == [(3, "b", 16), (4, "c", 8)]
+    # a's first piece [0, 16) stores both boundaries (8 inside it, 16 at its end); c's piece [8, 17) stores 16
+    assert _events(r, "stored") == [(0, "a", 8), (0, "a", 16), (4, "c", 16)]
+    assert _events(r, "evicted") == [(4, "a", 16)]                  # a@8 was hit at step 4: a@16 is the LRU one
     admits = {a["request"]: a["cached_tokens"] for s in r.schedule_log.to_json()["steps"] for a in s["admit"]}
     assert admits == {"a": 0, "b": 16, "c": 8}
 

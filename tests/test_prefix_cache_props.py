@@ -54,24 +54,24 @@ def _replay_policy(trace: Trace, log: dict) -> int:
             if p:
                 live[keys[p // B - 1]] = (k, live[keys[p // B - 1]][1])
                 hits += 1
-        ends = [(b["request"], b["pos"] + b["count"]) for b in s["batch"] if b["kind"] == "prefill"]
-        evicted, before, stored = list(pc["evicted"]), set(live), set()
-        for e in pc["stored"]:
-            assert (e["request"], e["pos"]) in ends and e["pos"] % B == 0
-            key = block_keys(prompts[e["request"]][:e["pos"]], B)[-1]
-            assert key not in live
+        # stores: every block boundary each piece passes or ends on, in batch order then position (pieces are cut
+        # as without a cache, DESIGN §12), unless already cached; a full cache evicts its LRU entry first
+        passed = [(b["request"], p) for b in s["batch"] if b["kind"] == "prefill"
+                  for p in range((b["pos"] // B + 1) * B, b["pos"] + b["count"] + 1, B)]
+        evicted, want = list(pc["evicted"]), []
+        for rid, p in passed:
+            key = block_keys(prompts[rid][:p], B)[-1]
+            if key in live:
+                continue
             if len(live) == M:                      # LRU victim: least recent use, ties by earliest store
                 victim = min(live, key=lambda x: live[x])
                 assert evicted and evicted.pop(0) == owner[victim], (k, owner[victim], pc)
                 del live[victim]
             order += 1
-            live[key], owner[key] = (k, order), {"request": e["request"], "pos": e["pos"]}
-            stored.add(key)
+            live[key], owner[key] = (k, order), {"request": rid, "pos": p}
+            want.append({"request": rid, "pos": p})
+        assert pc["stored"] == want, (k, pc["stored"], want)
         assert not evicted and len(live) <= M
-        for rid, end in ends:                       # every boundary a piece ended on was cached or got stored
-            if end % B == 0:
-                key = block_keys(prompts[rid][:end], B)[-1]
-                assert key in before or key in stored, (k, rid, end)
     return hits
 
 

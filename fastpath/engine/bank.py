@@ -73,11 +73,13 @@ class StateBank:
             raise IndexError(f"StateBank.pool_slot: index {index} outside 0..{self.pool - 1}")
         return self.R + index
 
-    def copy_state(self, src: int, dst: int, kv_len: int) -> None:
-        """Slot dst := slot src: every Mamba layer's conv window and SSM state, and K/V of positions [0, kv_len)
-        of every attention layer (device copies, in stream order; the prefix cache's store and restore)."""
-        self.conv_state[:, dst].copy_(self.conv_state[:, src])
-        self.ssm_state[:, dst].copy_(self.ssm_state[:, src])
+    def copy_state(self, src: int, dst: int, kv_len: int, state: bool = True) -> None:
+        """Slot dst := slot src: every Mamba layer's conv window and SSM state (unless `state` is False), and K/V
+        of positions [0, kv_len) of every attention layer (device copies, in stream order; the prefix cache's
+        store and restore)."""
+        if state:
+            self.conv_state[:, dst].copy_(self.conv_state[:, src])
+            self.ssm_state[:, dst].copy_(self.ssm_state[:, src])
         if self.k_cache.numel() and kv_len:
             self.k_cache[:, dst, :kv_len].copy_(self.k_cache[:, src, :kv_len])
             self.v_cache[:, dst, :kv_len].copy_(self.v_cache[:, src, :kv_len])

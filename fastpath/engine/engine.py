@@ -207,8 +207,8 @@ class Engine:
             batch = self.build_batch()
             if batch:
                 self.pending = self.launch(batch, rec, tokens_on_device=False)
-                if self.prefix is not None:            # checkpoints of pieces that ended on a block boundary
-                    self.prefix.after_launch(batch, self.requests, rec, self.k)
+                if self.prefix is not None:            # the step's checkpoints (planned in launch), after its forward
+                    self.prefix.after_launch()
             else:
                 rec.row_to_slot = list(self.rows.row_to_slot)
         self.k += 1
@@ -252,8 +252,8 @@ class Engine:
         return piece_length(st.done, len(st.req.prompt), left, self.prefill_cap(st), self.config.chunk_size)
 
     def prefill_cap(self, st: RequestState) -> int:
-        """prefill_chunk, or with a prefix cache the distance to the next block boundary inside the prompt."""
-        return self.prefix.cap(st, self.ec.prefill_chunk) if self.prefix is not None else self.ec.prefill_chunk
+        """The largest piece a prefilling row may get: prefill_chunk (a prefix cache cuts nothing: DESIGN §12)."""
+        return self.ec.prefill_chunk
 
     # ------------------------------------------------------------------------------------------- launch
     def launch(self, batch: list[BatchRow], rec: StepRecord, tokens_on_device: bool) -> Launched:
@@ -290,9 +290,10 @@ class Engine:
         for b in pre:
             end += b.count
             last.append(end - 1)
+        ckpts = self.prefix.plan(list(enumerate(pre)), self.requests, rec, self.k) if self.prefix and pre else []
         sb = pack_step(self.device, self.config.chunk_size, ids, pos, [b.slot for b in dec],
                        [(b.pos, b.count, b.slot) for b in pre], last, self.bank.ssm_state.shape[1],
-                       backend=self.model.backend)
+                       backend=self.model.backend, checkpoints=ckpts)
         if tokens_on_device:            # overlapped: rows 0..n-1 in order, straight from the device tables
             sb.ids[:n].copy_(self.sampled[:n])
             sb.dec_slot = self.rows.row_to_slot_dev[:n]

@@ -72,21 +72,28 @@ def ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=None, dt_limit=(0.0, 
     return _into(out, y)
 
 
-def ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=None, n_slots=None, backend="triton"):
-    """Chunk table shared by the Mamba layers of one step (None on the torch backend)."""
+def ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=None, n_slots=None, backend="triton",
+                    checkpoints=None):
+    """Chunk table shared by the Mamba layers of one step (None on the torch backend); `checkpoints`: states at
+    chunk starts inside a piece also written to other bank slots (see fastpath.kernels.ssd.ssd_chunk_table)."""
     if backend != "triton":
         return None
-    return _ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=slot, n_slots=n_slots)
+    return _ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=slot, n_slots=n_slots,
+                            checkpoints=checkpoints)
 
 
 def ssd_varlen(x, dt, A, B, C, D, dt_bias, ssm_bank, cu_seqlens, slot, start_pos, has_initial_state, chunk_size,
-               dt_limit=(0.0, math.inf), out=None, table=None, backend="triton"):
-    """Varlen chunked SSD prefill (see fastpath.kernels.ssd.ssd_varlen)."""
+               dt_limit=(0.0, math.inf), out=None, table=None, backend="triton", checkpoints=()):
+    """Varlen chunked SSD prefill (see fastpath.kernels.ssd.ssd_varlen). `checkpoints` (sequence, position, bank
+    slot): interior chunk-start states also written to those slots; on Triton they must be in `table`."""
     if backend == "triton":
+        if checkpoints and (table is None or table.ckpt_slot is None):
+            raise ValueError("ssd_varlen: checkpoints need a chunk table built with them (ssd_chunk_table)")
         return _ssd_varlen(x, dt, A, B, C, D, dt_bias, ssm_bank, cu_seqlens, slot, start_pos, has_initial_state,
                            chunk_size, dt_limit=dt_limit, out=out, table=table)
     y = torch_ops.ssd_varlen(x, _dt(dt, dt_bias, dt_limit), A, B, C, D, ssm_bank, _ints(slot), _ints(cu_seqlens),
-                             _ints(start_pos), [bool(v) for v in _ints(has_initial_state)], chunk_size)
+                             _ints(start_pos), [bool(v) for v in _ints(has_initial_state)], chunk_size,
+                             checkpoints)
     return _into(out, y)
 
 

@@ -13,10 +13,12 @@ from . import ops
 
 
 def pack_step(device: torch.device, chunk_size: int, ids: list[int], pos: list[int], dec_slots: list[int],
-              pieces: list[tuple[int, int, int]], last: list[int], n_slots: int, backend: str = "triton"):
+              pieces: list[tuple[int, int, int]], last: list[int], n_slots: int, backend: str = "triton",
+              checkpoints: list[tuple[int, int, int]] = ()):
     """StepBatch of `len(dec_slots)` decode rows (the first tokens of ids/pos) then `pieces` (start, count, slot)
     packed after them; `last` = the token index of every logits row. Metadata goes up in one pinned non-blocking
-    copy; the chunk table of the pieces is built here (slots checked against the bank's `n_slots`)."""
+    copy; the chunk table of the pieces is built here (slots checked against the bank's `n_slots`).
+    `checkpoints` (piece, position, bank slot): prefix-cache checkpoints inside pieces (fastpath/model.py)."""
     from fastpath.model import StepBatch
     n = len(dec_slots)
     cu = [0]
@@ -39,7 +41,9 @@ def pack_step(device: torch.device, chunk_size: int, ids: list[int], pos: list[i
     dec_slot = take(n).to(torch.int32)
     pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pieces)).to(torch.int32)
     pre_start, pre_init, last_t = take(len(pieces)), take(len(pieces)).to(torch.int32), take(len(last))
-    sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts)
+    sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts,
+                   checkpoints=tuple(checkpoints))
     if pieces:   # once per step from the host lists, slots checked here: no layer's kernels read them back
-        sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, slots, n_slots, backend=backend)
+        sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, slots, n_slots, backend=backend,
+                                       checkpoints=list(checkpoints) or None)
     return sb

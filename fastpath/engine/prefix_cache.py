@@ -7,8 +7,11 @@ the pool never moves).  The host keeps only keys and LRU bookkeeping; every copy
 engine's stream, ordered after the forward that produced the state and before any forward that reads it.
 
     admit:  longest hit p <= len(prompt) - 1  ->  copy pool slot -> the request's zeroed slot, start at p
-    cap:    a piece never crosses a block boundary inside the prompt, so it ends on every boundary p
-    store:  after the forward whose piece ended on p: copy the slot -> a pool slot (the LRU victim's, if full)
+    plan:   before a forward, every block boundary p a prefill piece passes (pos < p <= end) is filed (LRU
+            eviction when full); a boundary inside the piece is written by the forward itself (the SSD kernel
+            writes the state entering the chunk at p, the model the conv window at p: fastpath/model.py)
+    store:  after the forward: a piece that ended on p copies its slot's whole state; an interior p copies K/V
+            of [0, p) — so pieces are cut exactly as with the cache off (DESIGN §12)
 """
 from __future__ import annotations
 
@@ -33,10 +36,9 @@ def block_keys(prompt: tuple[int, ...] | list[int], block_size: int) -> list[str
     return keys
 
 
-def prefill_cap(start: int, prompt_len: int, prefill_chunk: int, block_size: int) -> int:
-    """prefill_chunk, cut at the next block boundary strictly inside the prompt (the piece then ends on it)."""
-    nxt = (start // block_size + 1) * block_size
-    return min(prefill_chunk, nxt - start) if nxt < prompt_len else prefill_chunk
+def boundaries(pos: int, count: int, block_size: int) -> list[int]:
+    """The block boundaries p = j*B a piece [pos, pos+count) passes or ends on: pos < p <= pos + count."""
+    return list(range((pos // block_size + 1) * block_size, pos + count + 1, block_size))
 
 
 @dataclass
@@ -64,6 +66,7 @@ class PrefixCache:
         self.entries: dict[str, Entry] = {}
         self.free = list(range(self.capacity - 1, -1, -1))          # lowest pool index first
         self._seq = 0
+        self._writes: list = []                  # this step's stores, written by after_launch
         self.hits = self.stores = self.evictions = 0
 
     # ---- policy --------------------------------------------------------------------------------------
@@ -77,9 +80,8 @@ class PrefixCache:
                 return j * self.block_size, e
         return 0, None
 
-    def store(self, prompt: tuple[int, ...], pos: int, owner: str, slot: int,
-              step: int) -> tuple[Entry | None, Entry | None]:
-        """Checkpoint `slot` (at position pos) under key(prompt[0:pos]) unless cached; LRU eviction when full."""
+    def file(self, prompt: tuple[int, ...], pos: int, owner: str, step: int) -> tuple[Entry | None, Entry | None]:
+        """The policy of a store (no copy): a pool slot for key(prompt[0:pos]) unless cached; LRU when full."""
         key = block_keys(prompt[:pos], self.block_size)[-1]
         if key in self.entries:
             return None, None
@@ -91,7 +93,6 @@ class PrefixCache:
             self.evictions += 1
         self._seq += 1
         entry = Entry(key, self.free.pop(), pos, owner, self._seq, step)
-        self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos)
         self.entries[key] = entry
         self.stores += 1
         return entry, evicted
@@ -107,18 +108,28 @@ class PrefixCache:
             self.hits += 1
             rec.cache["hits"].append({"request": st.req.id, "pos": p})
 
-    def cap(self, st: Any, prefill_chunk: int) -> int:
-        """The prefill_chunk the row's next piece may use."""
-        return prefill_cap(st.done, len(st.req.prompt), prefill_chunk, self.block_size)
-
-    def after_launch(self, batch: list, requests: dict, rec: Any, step: int) -> None:
-        """Store every prefill piece of the launched step that ended on a block boundary (batch order)."""
-        for b in batch:
+    def plan(self, pieces: list[tuple[int, Any]], requests: dict, rec: Any, step: int) -> list[tuple[int, int, int]]:
+        """Before the forward: file a checkpoint for every block boundary each prefill piece (sequence index,
+        BatchRow) passes or ends on, in batch order then position (the log's store order); returns the interior
+        ones as (sequence, p, pool slot) for the forward to write. A pool slot filed twice in one step (evicted
+        again within it) is written only for its last store."""
+        ops = []
+        for seq, b in pieces:
             end = b.pos + b.count
-            if b.kind != "prefill" or end % self.block_size:
-                continue
-            entry, evicted = self.store(requests[b.request].req.prompt, end, b.request, b.slot, step)
-            if evicted is not None:
-                rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
-            if entry is not None:
-                rec.cache["stored"].append({"request": b.request, "pos": end})
+            for p in boundaries(b.pos, b.count, self.block_size):
+                entry, evicted = self.file(requests[b.request].req.prompt, p, b.request, step)
+                if evicted is not None:
+                    rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
+                if entry is not None:
+                    rec.cache["stored"].append({"request": b.request, "pos": p})
+                    ops.append((seq, b.slot, entry, p, evicted, p < end))
+        last = {op[2].index: i for i, op in enumerate(ops)}
+        self._writes = [op for i, op in enumerate(ops) if last[op[2].index] == i]
+        return [(seq, p, self.bank.pool_slot(entry.index)) for seq, _, entry, p, _, inside in self._writes if inside]
+
+    def after_launch(self) -> None:
+        """After the forward that `plan` prepared (device copies in stream order): a piece that ended on p gives
+        the pool slot its whole state; an interior p only the K/V of [0, p) (the forward wrote its Mamba state)."""
+        for _, slot, entry, pos, evicted, inside in self._writes:
+            self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos, state=not inside)
+        self._writes = []

@@ -41,10 +41,11 @@ def _kw(model) -> dict:
 
 
 def pack(bank: StateBank, chunk_size: int, dec: list[tuple[int, int, int]], pieces: list[Piece],
-         dec_ids: Tensor | None = None, kw: dict | None = None):
+         dec_ids: Tensor | None = None, kw: dict | None = None, checkpoints: list | None = None):
     """StepBatch for decode rows (token, pos, slot) then pieces, built by the engine's step packer (one chunk table
     per step, slots checked against `bank`); returns (batch, logits row ranges per sequence).
-    dec_ids: the decode rows' tokens already on the device (the draft loop), instead of the host values."""
+    dec_ids: the decode rows' tokens already on the device (the draft loop), instead of the host values;
+    checkpoints: the prefix cache's (piece, position, bank slot) inside pieces (PrefixCache.plan)."""
     n = len(dec)
     ids = [t for t, _, _ in dec] + [t for p in pieces for t in p.tokens]
     pos = [q for _, q, _ in dec] + [q for p in pieces for q in range(p.start, p.start + len(p.tokens))]
@@ -55,7 +56,8 @@ def pack(bank: StateBank, chunk_size: int, dec: list[tuple[int, int, int]], piec
         ranges.append((len(last), len(last) + len(rows)))
         last.extend(rows)
     sb = pack_step(bank.device, chunk_size, ids, pos, [s for _, _, s in dec],
-                   [(p.start, len(p.tokens), p.slot) for p in pieces], last, bank.ssm_state.shape[1], **(kw or {}))
+                   [(p.start, len(p.tokens), p.slot) for p in pieces], last, bank.ssm_state.shape[1],
+                   checkpoints=checkpoints or (), **(kw or {}))
     if dec_ids is not None:
         sb.ids[:n].copy_(dec_ids)
     return sb, ranges
@@ -266,9 +268,11 @@ class Speculator:
         for b in pre:
             pieces.append(Piece(list(eng.requests[b.request].req.prompt[b.pos:b.pos + b.count]), b.pos, b.slot))
             eng.requests[b.request].done = b.pos + b.count
+        ckpts = (eng.prefix.plan([(len(ver) + j, b) for j, b in enumerate(pre)], eng.requests, rec, eng.k)
+                 if eng.prefix is not None and pre else [])       # prefill pieces follow the verify pieces
         sb, ranges = pack(eng.bank, eng.config.chunk_size,
                           [(eng.requests[b.request].output[-1], b.pos, b.slot) for b in dec], pieces,
-                          kw=_kw(eng.model))
+                          kw=_kw(eng.model), checkpoints=ckpts)
         logits = eng.model.forward(sb, eng.bank)
         order = dec + ver + pre                            # the model's packing order
         seeded = []

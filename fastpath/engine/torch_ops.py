@@ -56,8 +56,10 @@ def _segsum(a: Tensor) -> Tensor:
 
 def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, ssm_bank: Tensor,
                slots: list[int], cu: list[int], start_pos: list[int], has_init: list[bool],
-               chunk_size: int) -> Tensor:
-    """Chunked SSD per packed sequence (fp32), state read/written at bank[slot]. x [T,H,P], B/C [T,G,N]."""
+               chunk_size: int, checkpoints: list[tuple[int, int, int]] = ()) -> Tensor:
+    """Chunked SSD per packed sequence (fp32), state read/written at bank[slot]. x [T,H,P], B/C [T,G,N].
+    checkpoints (sequence, absolute position, bank slot): the state at that chunk start also goes to bank[slot]."""
+    ckpt = {(s, p): b for s, p, b in checkpoints}
     T, H, P = x.shape
     rep = H // B.shape[1]
     y = torch.zeros(T, H, P, dtype=torch.float32, device=x.device)
@@ -70,6 +72,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         h = ssm_bank[slot].float() if has_init[s] else xf.new_zeros(H, P, B.shape[2])
         c0 = lo
         while c0 < hi:
+            if (s, start_pos[s] + c0 - lo) in ckpt:
+                ssm_bank[ckpt.pop((s, start_pos[s] + c0 - lo))] = h.to(ssm_bank.dtype)
             c1 = min(hi, c0 + chunk_size - (start_pos[s] + c0 - lo) % chunk_size)
             a = dtf[c0:c1] * Af
             L = torch.exp(_segsum(a))

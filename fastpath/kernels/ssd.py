@@ -39,16 +39,22 @@ class SSDChunkTable:
     n_tokens: int
     chunk_size: int
     slots_checked: bool = False  # the builder saw the slots: ssd_varlen then skips its host-side slot check
+    ckpt_slot: Tensor | None = None  # [n_chunks] int32 bank slot that receives the fp32 state entering the chunk
+                                     # (-1: none); the prefix cache's checkpoints inside a piece (DESIGN §12)
 
 
 def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int], chunk_size: int,
                     device: torch.device | str, slot: Tensor | list[int] | None = None,
-                    n_slots: int | None = None) -> SSDChunkTable:
+                    n_slots: int | None = None,
+                    checkpoints: list[tuple[int, int, int]] | None = None) -> SSDChunkTable:
     """Cut every sequence at absolute multiples of chunk_size (as oracle.ssd.chunk_bounds) into one table.
 
     Given `slot` and `n_slots` (the bank size) it also checks the slots once, so that every layer's
     ssd_varlen call with this table runs without a host sync; given host lists (as the engine does, once per
-    step) building it needs none either: its three arrays go to the device in one pinned, non-blocking copy."""
+    step) building it needs none either: its arrays go to the device in one pinned, non-blocking copy.
+    `checkpoints` (sequence s, absolute position p, bank slot b): the fp32 state of sequence s at p — a chunk
+    start strictly inside the sequence — is also written to bank[b] (bitwise the state a piece ending at p
+    leaves: the same carried sum), so a prefix cache can store a checkpoint in the middle of a piece."""
     if (slot is None) != (n_slots is None):
         raise KernelInputError(f"{OP}: give both `slot` and `n_slots` to the chunk table, or neither")
     if slot is not None:
@@ -76,12 +82,33 @@ def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int
             pos += hi - lo
             lo = hi
         ptr.append(len(starts))
-    host = torch.tensor(starts + lens + ptr, dtype=torch.int64)
+    ckpt = _checkpoint_chunks(checkpoints, cu, sp, starts, ptr, n_slots) if checkpoints else []
+    host = torch.tensor(starts + lens + ptr + ckpt, dtype=torch.int64)
     if torch.device(device).type == "cuda":
         host = host.pin_memory()            # one asynchronous host->device copy: the table costs no host sync
     dev, n = host.to(device, non_blocking=True), len(starts)
-    return SSDChunkTable(dev[:n], dev[n:2 * n].to(torch.int32), dev[2 * n:],
-                         n, cu[-1], chunk_size, slot is not None)
+    m = 3 * n + 1 + len(sp)
+    return SSDChunkTable(dev[:n], dev[n:2 * n].to(torch.int32), dev[2 * n:2 * n + len(sp) + 1],
+                         n, cu[-1], chunk_size, slot is not None, dev[2 * n + len(sp) + 1:m].to(torch.int32)
+                         if ckpt else None)
+
+
+def _checkpoint_chunks(checkpoints: list[tuple[int, int, int]], cu: list[int], sp: list[int], starts: list[int],
+                       ptr: list[int], n_slots: int | None) -> list[int]:
+    """Per chunk the bank slot that receives the state entering it (-1: none), from (sequence, position, slot)."""
+    ckpt = [-1] * len(starts)
+    for i, (s, p, b) in enumerate(checkpoints):
+        where = f"{OP}: `checkpoints`[{i}] = (sequence {s}, position {p}, slot {b})"
+        if not 0 <= s < len(sp):
+            raise KernelInputError(f"{where}: no such sequence ({len(sp)} sequences)")
+        if n_slots is not None and not 0 <= b < n_slots:
+            raise KernelInputError(f"{where}: slot outside 0..{n_slots - 1}")
+        c = next((c for c in range(ptr[s], ptr[s + 1]) if sp[s] + starts[c] - cu[s] == p), None)
+        if c is None or c == ptr[s]:
+            raise KernelInputError(f"{where}: not a chunk start strictly inside the sequence "
+                                   f"[{sp[s]}, {sp[s] + cu[s + 1] - cu[s]})")
+        ckpt[c] = b
+    return ckpt
 
 
 def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torch.dtype) -> dict:
@@ -188,6 +215,9 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     prev = torch.empty(max(nc, 1), H, P, N, dtype=x.dtype, device=dev)
     if n_seq > 0:
         r = rule["state"]
+        if table.ckpt_slot is not None and r.get("mode", "fused") != "fused":
+            raise KernelInputError(f"{OP}: checkpoint states need the fused chunk-state kernel (mode "
+                                   f"{r.get('mode')!r})")
         grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
         args = (x, B, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len,
                 slot, has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
@@ -209,7 +239,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         elif mode == "flat":
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         else:
-            ssd_chunk_state_kernel[grid](*args, **tiles)
+            ck = table.ckpt_slot
+            ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles)
     mark("state")
     if nc > 0 and rec:
         r = rule["scan"]

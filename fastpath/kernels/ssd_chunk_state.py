@@ -53,9 +53,12 @@ def ssd_chunk_state_kernel(
     stride_dt_h,
     stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
     stride_prev_c, stride_prev_h, stride_prev_p,
+    ckpt_ptr,
     BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_CKPT: tl.constexpr = False,
 ):
-    """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs): the tiles of a head run side by side."""
+    """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs): the tiles of a head run side by side. HAS_CKPT:
+    ckpt_ptr[c] >= 0 is a bank slot that receives the fp32 state entering chunk c (a prefix-cache checkpoint)."""
     n_nb = tl.cdiv(N, BLOCK_N)
     pb = tl.program_id(0) // n_nb
     nb = tl.program_id(0) % n_nb
@@ -80,6 +83,11 @@ def ssd_chunk_state_kernel(
     for c in range(c0, c1):
         prev = prev_ptr + c * stride_prev_c + h * stride_prev_h + offs_p[:, None] * stride_prev_p + offs_n[None, :]
         tl.store(prev, state.to(prev_ptr.dtype.element_ty), mask=mpn)
+        if HAS_CKPT:
+            ck = tl.load(ckpt_ptr + c).to(tl.int64)
+            ck_tile = (bank_ptr + ck * stride_bank_s + h * stride_bank_h
+                       + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
+            tl.store(ck_tile, state, mask=tl.where(ck >= 0, mpn, False))
         start = tl.load(chunk_start_ptr + c).to(tl.int64)
         length = tl.load(chunk_len_ptr + c)
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)

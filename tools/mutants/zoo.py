@@ -449,6 +449,9 @@ T_PC_POOL = T_PC + "::test_checkpoints_live_in_the_bank_pool_which_never_moves"
 T_PC_LOOKUP = T_PC + "::test_lookup_always_leaves_a_prompt_token_to_compute"
 T_PC_LATE = T_PC + "::test_hit_admitted_without_a_piece_survives_the_eviction_of_its_entry"
 T_PC_INERT = T_PC + "::test_inert_cache_fails_the_policy_check_with_zero_of_n_hits"
+T_PC_INSIDE = "tests/test_prefix_cache_inside.py"
+T_PC_INSIDE_BITS = T_PC_INSIDE + "::test_a_checkpoint_inside_a_piece_is_bitwise_the_state_a_piece_ending_there_leaves"
+T_PC_INSIDE_HYBRID = T_PC_INSIDE + "::test_a_hybrid_checkpoint_inside_a_piece_is_the_oracles_state_at_p"
 _RESTORE = "            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)\n"
 
 MUTANTS += [
@@ -491,13 +494,13 @@ MUTANTS += [
            (T_PC_POOL, T_PC_TRACES)),
     Mutant("pc_ssm_state_not_restored", "prefix cache",
            "store and restore copy conv windows and K/V but not the SSM state (a hit resumes from a zero state)",
-           BANK, "        self.ssm_state[:, dst].copy_(self.ssm_state[:, src])\n", "",
+           BANK, "            self.ssm_state[:, dst].copy_(self.ssm_state[:, src])\n", "            pass\n",
            (T_PC_POOL, T_PC_TRACES)),
     Mutant("pc_conv_window_wrong_position", "prefix cache",
            "the conv window is copied one position late (oldest-first window shifted by one): the state of "
            "positions p-4..p-2 where p-3..p-1 belong",
-           BANK, "        self.conv_state[:, dst].copy_(self.conv_state[:, src])\n",
-           "        self.conv_state[:, dst, :, 1:].copy_(self.conv_state[:, src, :, :-1])\n",
+           BANK, "            self.conv_state[:, dst].copy_(self.conv_state[:, src])\n",
+           "            self.conv_state[:, dst, :, 1:].copy_(self.conv_state[:, src, :, :-1])\n",
            (T_PC_TRACES, T_PC_POOL)),
     Mutant("pc_hit_recomputes_prefix", "prefix cache",
            "a hit restores the checkpoint but the request's prefill still starts at 0: right tokens, the cache saves "
@@ -507,8 +510,9 @@ MUTANTS += [
     Mutant("pc_stale_checkpoint_kv", "prefix cache",
            "a store into a reused pool slot (after an eviction) rewrites the recurrent state but not the K/V: the "
            "checkpoint keeps the evicted prefix's keys and values",
-           PC, "        self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos)\n",
-           "        self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos if evicted is None else 0)\n",
+           PC, "            self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos, state=not inside)\n",
+           "            self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos if evicted is None else 0,\n"
+           "                                 state=not inside)\n",
            (T_PC_POOL, T_PC_TRACES)),
     Mutant("pc_lru_evicts_most_recent", "prefix cache",
            "eviction takes the most recently used checkpoint instead of the least recently used",
@@ -519,19 +523,39 @@ MUTANTS += [
            "checkpoints are copied when the step is built, before its forward: the state at the piece's start "
            "is filed under the boundary the piece ends on",
            ENGINE, "                self.pending = self.launch(batch, rec, tokens_on_device=False)\n"
-                   "                if self.prefix is not None:            # checkpoints of pieces that ended on a "
-                   "block boundary\n"
-                   "                    self.prefix.after_launch(batch, self.requests, rec, self.k)\n",
+                   "                if self.prefix is not None:            # the step's checkpoints (planned in "
+                   "launch), after its forward\n"
+                   "                    self.prefix.after_launch()\n",
            "                if self.prefix is not None:\n"
-                   "                    self.prefix.after_launch(batch, self.requests, rec, self.k)\n"
+                   "                    self.prefix.after_launch()\n"
                    "                self.pending = self.launch(batch, rec, tokens_on_device=False)\n",
            (T_PC_TRACES,)),
-    Mutant("oracle_prefix_piece_not_cut", "spec: prefix cache",
-           "the truth lets a prefill piece run past a block boundary, so it stores only the boundaries pieces "
-           "happen to end on (and the fast path's cut pieces disagree with it)",
-           ORACLE_PC, "    return min(prefill_chunk, nxt - start) if nxt < prompt_len else prefill_chunk\n",
-           "    return prefill_chunk\n",
+    Mutant("oracle_prefix_inside_not_stored", "spec: prefix cache",
+           "the truth stores only the boundaries prefill pieces happen to end on, not those inside a piece (the "
+           "fast path, which stores both, disagrees with it)",
+           ORACLE_PC, "            for p in boundaries(b.pos, b.count, self.block_size):\n"
+                      "                state = st.model_state if p == end else inside[(b.request, p)]\n",
+           "            for p in [end] if end % self.block_size == 0 else []:\n"
+           "                state = st.model_state if p == end else inside[(b.request, p)]\n",
            ("tests/test_prefix_cache_oracle.py", T_PC_TRACES)),
+    Mutant("pc_inside_conv_window_late", "prefix cache",
+           "a checkpoint taken inside a piece copies the conv window one position late (inputs p-2..p instead of "
+           "p-3..p-1)",
+           MODEL, "            rows = xBC[lo + max(rel - K1, 0):lo + rel].t().to(conv_bank.dtype)\n",
+           "            rows = xBC[lo + max(rel - K1, 0) + 1:lo + rel + 1].t().to(conv_bank.dtype)\n",
+           (T_PC_INSIDE_BITS, T_PC_TRACES)),
+    Mutant("pc_inside_state_one_chunk_early", "prefix cache",
+           "the chunk table files an interior checkpoint on the chunk before p: the pool slot gets the SSM state "
+           "entering chunk p - chunk_size",
+           K + "ssd.py", "        ckpt[c] = b\n", "        ckpt[max(c - 1, ptr[s])] = b\n",
+           (T_PC_INSIDE_BITS + "[triton]",)),
+    Mutant("pc_inside_kv_not_copied", "prefix cache",
+           "a checkpoint taken inside a piece gets its Mamba state from the forward but its attention K/V of "
+           "[0, p) is never copied into the pool slot",
+           PC, "            self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos, state=not inside)\n",
+           "            self.bank.copy_state(slot, self.bank.pool_slot(entry.index), 0 if inside else pos,\n"
+           "                                 state=not inside)\n",
+           (T_PC_INSIDE_HYBRID, T_PC_TRACES)),
 ]
 
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.

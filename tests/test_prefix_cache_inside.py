@@ -1,0 +1,120 @@
+"""Checkpoints inside prefill pieces (DESIGN §12: "storing never requires a prefill piece to end at p"): with the
+cache on, the fast path cuts pieces exactly as with it off — the SSD chunk-state kernel writes the state entering
+the chunk at p into the pool slot and the model writes the conv window at p — so cache on == off is bitwise with
+the same step shapes, and the checkpoint is the state a piece ending at p leaves."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fastpath import Engine, FastModel  # noqa: E402
+from fastpath.batch_invariant import run_recording_logits  # noqa: E402
+from oracle import zoo  # noqa: E402
+from oracle.model import OracleModel  # noqa: E402
+from oracle.scheduler import run_trace as oracle_run  # noqa: E402
+from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace  # noqa: E402
+from tools.replay import compare_request_state  # noqa: E402
+
+DIMS = dict(hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
+LONG = tuple(16 + (5 * i + 1) % 48 for i in range(27))          # 27 tokens: blocks 8, 16 inside a 24-piece
+OTHER = tuple(20 + (3 * i + 2) % 40 for i in range(20))
+
+
+def _models(pattern: str):
+    cfg = (zoo.tiny_config("bamba", pattern=pattern, **DIMS) if "*" in pattern else
+           zoo.tiny_config("mamba2", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1))     # Mamba-only: "MM"
+    w = zoo.random_weights(cfg, seed=5)
+    return OracleModel(cfg, w, dtype=torch.float64), FastModel(cfg, w, "cpu", torch.float32)
+
+
+def _trace(reqs, B: int | None, P: int = 24, R: int = 2, budget: int = 48, M: int = 3, mode: str = "legacy"):
+    return Trace(EngineConfig(R, budget, P, mode, prefix_cache=PrefixCacheConfig(B, M) if B else None),
+                 tuple(Request(i, a, tuple(p), n) for i, a, p, n in reqs))
+
+
+def _strip(log) -> list[dict]:
+    """The schedule log without its cache fields (prefix_cache events, cached_tokens on admissions)."""
+    out = []
+    for s in log.to_json()["steps"]:
+        s = {k: v for k, v in s.items() if k != "prefix_cache"}
+        s["admit"] = [{k: v for k, v in a.items() if k != "cached_tokens"} for a in s["admit"]]
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("backend,mode", [("triton", "legacy"), ("torch", "async")])
+def test_cache_on_equals_off_bitwise_with_the_same_pieces_when_checkpoints_fall_inside_pieces(backend, mode):
+    """Two concurrent requests with different prompts (no hits): the cache only stores. The pieces, every other
+    schedule field, the tokens and every sampled logits row are those of the run without a cache, bitwise; the
+    stores include boundaries strictly inside pieces."""
+    omodel, fast = _models("M*M")
+    fast = fast.with_options(backend=backend)
+    reqs = [("a", 0, LONG, 2), ("b", 1, OTHER, 1)]
+    on_t, off_t = _trace(reqs, 8, mode=mode), _trace(reqs, None, mode=mode)
+    on, on_rows = run_recording_logits(Engine(fast, on_t.engine, max_len=40), on_t, mode)
+    off, off_rows = run_recording_logits(Engine(fast, off_t.engine, max_len=40), off_t, mode)
+    assert _strip(on.schedule_log) == _strip(off.schedule_log)
+    truth = oracle_run(omodel, on_t, mode)
+    assert on.tokens == off.tokens == truth.tokens
+    assert sorted(on_rows) == sorted(off_rows)
+    assert all(torch.equal(on_rows[k], off_rows[k]) for k in on_rows)
+    steps = on.schedule_log.to_json()["steps"]
+    ends = {(b["request"], b["pos"] + b["count"]) for s in steps for b in s["batch"]}
+    stored = [(e["request"], e["pos"]) for s in steps for e in s["prefix_cache"]["stored"]]
+    assert ("a", 8) in stored and ("a", 16) in stored and ("a", 8) not in ends and ("a", 16) not in ends
+    assert on.schedule_log.to_json() == truth.schedule_log.to_json()         # the truth stores the same
+
+
+def _pool_states(fast, P: int) -> dict[int, dict[str, torch.Tensor]]:
+    """Run LONG alone with block 8 and prefill_chunk P; the pool slot of each stored prefix length, copied."""
+    t = _trace([("a", 0, LONG, 1)], 8, P=P, R=1, budget=24)
+    eng = Engine(fast, t.engine, max_len=40)
+    eng.run_trace(t)
+    return {e.pos: eng.bank.slot_state(eng.bank.pool_slot(e.index)) for e in eng.prefix.entries.values()}
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_checkpoint_inside_a_piece_is_bitwise_the_state_a_piece_ending_there_leaves(backend):
+    """Mamba-only (prefill arithmetic is piece-invariant there, bitwise): pieces of 24 store 8 and 16 from inside
+    the piece; pieces of 8 end on every boundary and store by copying the slot. Same bits, conv and SSM."""
+    _, fast = _models("MM")
+    fast = fast.with_options(backend=backend)
+    inside, at_end = _pool_states(fast, 24), _pool_states(fast, 8)
+    assert sorted(inside) == sorted(at_end) == [8, 16, 24]
+    for p in (8, 16):
+        for name in ("conv", "ssm"):
+            assert torch.equal(inside[p][name], at_end[p][name]), (p, name)
+
+
+def test_a_hybrid_checkpoint_inside_a_piece_is_the_oracles_state_at_p():
+    """Hybrid, Triton kernels: the pool slot of each interior checkpoint (conv window, SSM state, K/V of [0, p))
+    matches the oracle's state after prompt[0:p] to fp32 rounding."""
+    omodel, fast = _models("M*M")
+    t = _trace([("a", 0, LONG, 1)], 8, R=1, budget=24)
+    eng = Engine(fast, t.engine, max_len=40)
+    eng.run_trace(t)
+    for e in eng.prefix.entries.values():
+        _, state = omodel.prefill(list(LONG[:e.pos]))
+        assert compare_request_state(eng, state, eng.bank.pool_slot(e.index), e.pos, 1e-5) is None, e.pos
+
+
+def test_a_checkpoint_closer_than_the_conv_window_to_the_piece_start_takes_the_initial_window():
+    """chunk_size 2 < d_conv - 1 = 3: a boundary 2 tokens into a piece needs an input from before the piece (its
+    initial conv window). Pieces of 6 (boundaries 2 and 4 tokens in): every checkpoint is the oracle's state at p
+    (not bitwise against pieces of 2: CPU GEMMs of 6 and of 2 rows round differently, measured 6e-7)."""
+    cfg = zoo.tiny_config("mamba2", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, chunk_size=2)
+    w = zoo.random_weights(cfg, seed=5)
+    fast = FastModel(cfg, w, "cpu", torch.float32).with_options(backend="torch")
+    omodel = OracleModel(cfg, w, dtype=torch.float64)
+    t = Trace(EngineConfig(1, 24, 6, "legacy", prefix_cache=PrefixCacheConfig(2, 16)), (Request("a", 0, LONG[:13], 1),))
+    eng = Engine(fast, t.engine, max_len=40)
+    eng.run_trace(t)
+    assert sorted(e.pos for e in eng.prefix.entries.values()) == list(range(2, 13, 2))
+    for e in eng.prefix.entries.values():
+        _, state = omodel.prefill(list(LONG[:e.pos]))
+        assert compare_request_state(eng, state, eng.bank.pool_slot(e.index), e.pos, 1e-5) is None, e.pos
