@@ -164,7 +164,17 @@ class FastpathAdapter(Adapter):
         else:
             import fastpath
             self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
-                                                          graphs=self.graphs)
+                                                          graphs=self.graphs, **self.kv_len(trace, device))
+
+    @staticmethod
+    def kv_len(trace, device: str) -> dict:
+        """On CPU the KV cache is sized to the trace (longest prompt + max_new_tokens, in 64-key steps) instead of
+        the engine's default 2048: the interpreter pays per decode-attention program, one per 64 keys of capacity,
+        so a 2048-key cache cost ~30x the work of a short trace's (docs/qualification.md). cuda keeps the default."""
+        if torch.device(device).type != "cpu" or not trace.requests:
+            return {}
+        need = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
+        return {"max_len": max(64, -(-need // 64) * 64)}
 
     def run_trace(self) -> RunResult:
         rows: dict[tuple[str, int], torch.Tensor] = {}
