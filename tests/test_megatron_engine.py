@@ -112,6 +112,26 @@ def test_finding_f1_shows_at_chunk_128_with_budget_200(tmp_path):
     assert "(6) must match the existing size (7)" in run["legacy: engine runs the trace"]["detail"]
 
 
+def test_hybrid_prefix_caching_hits_and_keeps_the_oracle_tokens():
+    """Megatron's hybrid prefix caching (LRU, Mamba states at block boundaries): `after` (17 tokens, sharing 16
+    with r0) starts computing at position 8, restored from the cache, and every request keeps the golden tokens
+    (the truth: each request alone, no cache). The three prefix traces pass qualify too (docs/megatron.md)."""
+    from oracle.trace import load_trace
+    from tools.megatron.adapter import MegatronPrefixAdapter
+    trace = load_trace(ROOT / "goldens" / "traces" / "prefix_shared_system.json")
+    adapter = MegatronPrefixAdapter(MODEL, trace, "legacy", "cpu")
+    result = adapter.run_trace()
+    golden = json.loads((ROOT / "goldens" / "outputs" / "zoo-bamba" / "prefix_shared_system.json").read_text())
+    assert result.tokens == {rid: r["tokens"] for rid, r in golden["requests"].items()}
+    first = {}
+    for fact in result.schedule_facts:
+        for batch in fact["batches"]:
+            for row in batch["rows"]:
+                first.setdefault(row["request"], row["pos"])
+    assert first["after"] == 8 and first["r0"] == 0, first
+    assert adapter.engine._prefix_cache_hits >= 1
+
+
 def _small_traces():
     from hypothesis import strategies as st
 

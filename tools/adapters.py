@@ -285,11 +285,12 @@ BUILTIN = {"fastpath": FastpathAdapter, "oracle": OracleAdapter, "hf": HFAdapter
 
 
 # Short names of adapters that live in optional subpackages (imported only when named).
-NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:MegatronRoundedAdapter"}
+NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:MegatronRoundedAdapter",
+         "megatron-prefix": "megatron:MegatronPrefixAdapter"}
 
 
 def resolve(spec: str) -> type[Adapter]:
-    """'fastpath' | 'oracle' | 'hf' | 'hf-batched' | 'megatron' | 'megatron-rounded' | 'package.module:Class' ->
+    """'fastpath' | 'oracle' | 'hf' | 'hf-batched' | 'megatron[-rounded|-prefix]' | 'package.module:Class' ->
     adapter class, with a clear error."""
     if spec in BUILTIN:
         return BUILTIN[spec]

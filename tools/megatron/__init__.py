@@ -32,7 +32,7 @@ def check_install() -> None:
 
 
 def __getattr__(name: str):
-    if name in ("MegatronAdapter", "MegatronRoundedAdapter"):
+    if name in ("MegatronAdapter", "MegatronRoundedAdapter", "MegatronPrefixAdapter"):
         from . import adapter
         return getattr(adapter, name)
     raise AttributeError(name)

@@ -24,7 +24,10 @@ _NOTES = (
     ("schedule_log", "Megatron's scheduler is its own (token budget only: no prefill_chunk, pieces padded to "
                      "64 tokens); it is not our DESIGN §4 schedule, so there is no oracle log to compare (its "
                      "per-step batches, rows and Mamba slots are in RunResult.schedule_facts)"),
-    ("prefix_cache_reporting", "the adapter runs Megatron without prefix caching (not mapped yet)"),
+    ("prefix_cache_reporting", "Megatron's prefix cache is its own (KV blocks with refcounts + Mamba states at "
+                               "block boundaries, LRU), not DESIGN §12's checkpoint policy, so there are no "
+                               "comparable hit/store/evict events (megatron runs without it; megatron-prefix with it, "
+                               "judged on tokens and logits)"),
     ("speculation_reporting", "MTP speculation needs MTP layers; the zoo models have none"),
 )
 
@@ -38,6 +41,7 @@ class MegatronAdapter(Adapter):
     """
     dtype: torch.dtype | None = None
     max_tokens_multiple = 1
+    prefix_caching = False
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
@@ -73,7 +77,8 @@ class MegatronAdapter(Adapter):
                     f"layers: {self.cfg.pattern} has no attention layer; Megatron's DynamicInferenceContext "
                     "raises NotImplementedError('Using `DynamicInferenceContext` with no attention is not "
                     "supported') (megatron/core/inference/contexts/dynamic_context.py:401, 0.19.2)")
-            self.engine = _make_engine(self.model, self.cfg, trace, mode, self.max_tokens_multiple)
+            self.engine = _make_engine(self.model, self.cfg, trace, mode, self.max_tokens_multiple,
+                                       self.prefix_caching)
         self._ids: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._reqs: dict[str, object] = {}
@@ -192,6 +197,13 @@ class MegatronRoundedAdapter(MegatronAdapter):
     max_tokens_multiple = 64
 
 
+class MegatronPrefixAdapter(MegatronRoundedAdapter):
+    """MegatronRoundedAdapter with Megatron's hybrid prefix caching on (`enable_prefix_caching`, Mamba states cached
+    at KV block boundaries within `prefix_caching_mamba_gb`; KV blocks of the trace's prefix_cache block_size). The
+    truth is unchanged: each request's tokens alone, cache or no cache (DESIGN §12)."""
+    prefix_caching = True
+
+
 def _ints(toks) -> list[int]:
     return [int(t) for t in (toks.tolist() if torch.is_tensor(toks) else toks)]
 
@@ -219,9 +231,10 @@ class _Tokenizer:
         return []
 
 
-def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1):
+def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, prefix_caching: bool = False):
     """DynamicInferenceContext + GPTInferenceWrapper + TextGenerationController + DynamicInferenceEngine."""
-    from megatron.core.inference.config import AsyncScheduleMode, InferenceConfig, MambaInferenceStateConfig
+    from megatron.core.inference.config import (AsyncScheduleMode, InferenceConfig, MambaInferenceStateConfig,
+                                                PrefixCachingEvictionPolicy)
     from megatron.core.inference.contexts import DynamicInferenceContext
     from megatron.core.inference.engines.dynamic_engine import DynamicInferenceEngine
     from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import GPTInferenceWrapper
@@ -229,13 +242,16 @@ def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1):
         TextGenerationController)
     e = trace.engine
     longest = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
-    block = int(os.environ.get("HQ_MEGATRON_BLOCK", "16"))
+    pc = getattr(e, "prefix_cache", None)
+    block = pc.block_size if (prefix_caching and pc is not None) else int(os.environ.get("HQ_MEGATRON_BLOCK", "16"))
     max_tokens = -(-e.max_tokens_per_step // max_tokens_multiple) * max_tokens_multiple
     max_seq = block * ((longest + block) // block + 1)
     ic = InferenceConfig(
         block_size_tokens=block, buffer_size_gb=0.05, max_requests=e.max_requests, max_tokens=max_tokens,
         max_sequence_length=max_seq, mamba_inference_state_config=MambaInferenceStateConfig.from_model(model),
         enable_chunked_prefill=True, materialize_only_last_token_logits=True,
+        enable_prefix_caching=prefix_caching, prefix_caching_mamba_gb=0.01 if prefix_caching else None,
+        prefix_caching_eviction_policy=PrefixCachingEvictionPolicy.LRU,
         async_sched_mode=AsyncScheduleMode.ASYNC if mode == "async" else AsyncScheduleMode.LEGACY)
     ctx = DynamicInferenceContext(model.config, ic)
     wrapper = GPTInferenceWrapper(model, ctx)
