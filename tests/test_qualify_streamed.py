@@ -161,3 +161,17 @@ def test_fail_fast_stops_at_the_first_fail_and_says_so(tmp_path, capsys):
     assert "(stopped early: --fail-fast)" in capsys.readouterr().out
     assert qualify.main(args) == 1                                                     # without: every check runs
     assert len(json.loads((out / "report.json").read_text())["checks"]) > 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("how", ["memory", "streamed"])
+def test_the_fp64_oracle_on_cuda_gives_the_cpu_verdicts(omodel, how):
+    """--oracle-device cuda, in memory and streamed: the same check lines as the CPU fp64 truth on a near-tie flip."""
+    obj, forced, tau = flip_case(omodel)
+    inst, cand = instance(obj, "streamed_cuda"), engine(omodel, forced)
+    truth, desc = load_truth(MODEL, how, "cuda")
+    assert "on cuda" in desc
+    cpu = check_instance(cand, MODEL, inst, ["legacy", "async"], omodel, "cpu", tau=tau)
+    gpu = check_instance(cand, MODEL, inst, ["legacy", "async"], truth, "cpu", tau=tau)
+    assert verdicts(gpu) == verdicts(cpu), [(c.name, c.detail) for c in gpu]
