@@ -84,6 +84,7 @@ def test_qualify_refuses_bad_arguments_naming_them(args, words, tmp_path):
     assert p.returncode == 2 and words in p.stderr, p.stderr
 
 
+@pytest.mark.tp          # the tp tier (`pytest -m tp`); the default tier's TP check is test_tp.py's gloo TP=2 == TP=1
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 def test_qualify_tp2_under_torchrun_matches_goldens(tmp_path):
     p = qualify("--tp", "2", "--trace", SEED, "--mode", "legacy", "--out", str(tmp_path),
