@@ -4,7 +4,8 @@
 #   run(command="bash tools/gpu_run.sh", carry=[".whl"])          # picked up after the built-in steps
 #   STEPS= bash tools/gpu_run.sh                                  # this step only
 # Installs the three wheels into /tmp/site (no network), then: qualify --engine megatron-rounded --device cuda over
-# every scenario of each model Megatron can run (zoo-bamba, tiny-sort), and the faithful adapter on finding F1's trace.
+# every scenario of each model Megatron can run (zoo-bamba, tiny-sort), megatron-prefix on the three prefix traces,
+# and the faithful adapter on finding F1's trace.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/gpu_run}
@@ -29,6 +30,9 @@ for model in ${MEGATRON_MODELS:-zoo-bamba tiny-sort}; do
     --model "goldens/models/$model" --out "$OUT/megatron-$model" --quiet ${MEGATRON_QUALIFY_ARGS:-} || rc=1
   echo "megatron-rounded $model cuda: qualify took $((SECONDS - t0)) s" >> "$OUT/megatron.summary"
 done
+timeout 180 $PY -m tools.qualify --engine megatron-prefix --device cuda --model goldens/models/zoo-bamba \
+  --trace goldens/traces/prefix_shared_system.json goldens/traces/prefix_multi_turn.json \
+  goldens/traces/prefix_eviction.json --out "$OUT/megatron-prefix" --quiet || rc=1
 timeout 120 $PY -m tools.qualify --engine megatron --device cuda --model goldens/models/zoo-bamba --mode legacy \
   --trace goldens/traces/megatron_token_budget.json --out "$OUT/megatron-f1" --quiet
 echo "F1 (faithful budget 16, expect 'engine runs the trace' FAIL on 0.19.2): exit $?" >> "$OUT/megatron.summary"
