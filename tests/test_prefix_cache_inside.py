@@ -118,3 +118,23 @@ def test_a_checkpoint_closer_than_the_conv_window_to_the_piece_start_takes_the_i
     for e in eng.prefix.entries.values():
         _, state = omodel.prefill(list(LONG[:e.pos]))
         assert compare_request_state(eng, state, eng.bank.pool_slot(e.index), e.pos, 1e-5) is None, e.pos
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_checkpoints_inside_pieces_keep_cache_on_equal_off_bitwise_bf16_with_cuda_graphs():
+    """GPU: the same comparison in bf16 with CUDA graphs (the kernel stores the fp32 carried state, not the bf16
+    copy the scan reads)."""
+    cfg = zoo.tiny_config("bamba", pattern="M*M", **DIMS)
+    w = zoo.random_weights(cfg, seed=5)
+    fast = FastModel(cfg, w, "cuda", torch.bfloat16)
+    reqs = [("a", 0, LONG, 4), ("b", 1, OTHER, 3)]
+    for mode in ("legacy", "async"):
+        on_t, off_t = _trace(reqs, 8, mode=mode), _trace(reqs, None, mode=mode)
+        on, on_rows = run_recording_logits(Engine(fast, on_t.engine, max_len=40, graphs=True), on_t, mode)
+        off, off_rows = run_recording_logits(Engine(fast, off_t.engine, max_len=40, graphs=True), off_t, mode)
+        assert _strip(on.schedule_log) == _strip(off.schedule_log) and on.tokens == off.tokens
+        assert sorted(on_rows) == sorted(off_rows) and all(torch.equal(on_rows[k], off_rows[k]) for k in on_rows)
+        stored = [(e["request"], e["pos"]) for s in on.schedule_log.to_json()["steps"]
+                  for e in s["prefix_cache"]["stored"]]
+        assert ("a", 8) in stored and ("a", 16) in stored

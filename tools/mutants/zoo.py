@@ -522,13 +522,12 @@ MUTANTS += [
     Mutant("pc_store_before_forward", "prefix cache",
            "checkpoints are copied when the step is built, before its forward: the state at the piece's start "
            "is filed under the boundary the piece ends on",
-           ENGINE, "                self.pending = self.launch(batch, rec, tokens_on_device=False)\n"
-                   "                if self.prefix is not None:            # the step's checkpoints (planned in "
-                   "launch), after its forward\n"
-                   "                    self.prefix.after_launch()\n",
-           "                if self.prefix is not None:\n"
-                   "                    self.prefix.after_launch()\n"
-                   "                self.pending = self.launch(batch, rec, tokens_on_device=False)\n",
+           ENGINE, "        ckpts = self.prefix.plan(list(enumerate(pre)), self.requests, rec, self.k) if self.prefix "
+                   "and pre else []\n",
+           "        ckpts = self.prefix.plan(list(enumerate(pre)), self.requests, rec, self.k) if self.prefix "
+           "and pre else []\n"
+           "        if self.prefix is not None:\n"
+           "            self.prefix.after_launch()\n",
            (T_PC_TRACES,)),
     Mutant("oracle_prefix_inside_not_stored", "spec: prefix cache",
            "the truth stores only the boundaries prefill pieces happen to end on, not those inside a piece (the "
