@@ -138,3 +138,15 @@ def test_checkpoints_inside_pieces_keep_cache_on_equal_off_bitwise_bf16_with_cud
         stored = [(e["request"], e["pos"]) for s in on.schedule_log.to_json()["steps"]
                   for e in s["prefix_cache"]["stored"]]
         assert ("a", 8) in stored and ("a", 16) in stored
+
+
+def test_checkpoint_positions_that_are_not_chunk_starts_inside_the_piece_are_errors_naming_them():
+    from fastpath.kernels._common import KernelInputError
+    from fastpath.kernels.ssd import ssd_chunk_table
+    t = ssd_chunk_table([0, 24], [8], 8, "cpu", [0], 4, checkpoints=[(0, 16, 3), (0, 24, 2)])
+    assert t.ckpt_slot.tolist() == [-1, 3, 2]                 # chunks start at 8, 16, 24: the state entering each
+    for bad, why in (((0, 12, 3), "not a chunk start"), ((0, 8, 3), "not a chunk start"),
+                     ((0, 32, 3), "not a chunk start"), ((1, 16, 3), "no such sequence"),
+                     ((0, 16, 4), "slot outside 0..3")):
+        with pytest.raises(KernelInputError, match=r"`checkpoints`\[0\] = .*" + why):
+            ssd_chunk_table([0, 24], [8], 8, "cpu", [0], 4, checkpoints=[bad])
