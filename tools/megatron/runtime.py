@@ -97,11 +97,13 @@ def setup(device: str = "cpu") -> None:
 
 def transformer_config(cfg, dtype: torch.dtype):
     """Megatron TransformerConfig for a mappable HybridConfig (mapping.check_mappable first)."""
-    from megatron.core.transformer import TransformerConfig
     import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    from .mapping import layer_plan
     n_heads = cfg.n_attn_heads or 1
     return TransformerConfig(
-        num_layers=len(__import__("tools.megatron.mapping", fromlist=["x"]).layer_plan(cfg)),
+        num_layers=len(layer_plan(cfg)),
         hidden_size=cfg.hidden_size, num_attention_heads=n_heads,
         num_query_groups=cfg.n_kv_heads or 1, kv_channels=cfg.attn_head_dim or cfg.hidden_size // n_heads,
         ffn_hidden_size=cfg.mlp_intermediate_size or 4 * cfg.hidden_size,
