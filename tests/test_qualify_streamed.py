@@ -12,12 +12,11 @@ import oracle
 import oracle.streamed as streamed
 from oracle.trace import parse_trace
 from tools import adapters, goldens, qualify
-from tools.compare import teacher_forced_logits, top2_margin
 from tools.qualify_checks import check_instance, check_task, truth_for
 from tools.qualify_truth import ScheduleOnly, StreamedTruth, load_truth
 from tools.scenarios import Instance
 
-from test_qualify_verdicts import biased, engine   # noqa: E402  (the oracle-with-forced-tokens engines)
+from test_qualify_verdicts import biased, engine, flip_case as verdicts_flip_case   # noqa: E402  (the oracle-with-forced-tokens engines)
 
 MODEL = goldens.MODELS / "zoo-bamba"
 SEED = goldens.TRACES / "seed_compaction.json"
@@ -39,15 +38,9 @@ def instance(obj: dict, name: str) -> Instance:
 
 
 def flip_case(omodel):
-    """seed_compaction with r1's runner-up at its near tie made r1's stop token; the engine flips that tie."""
-    obj = copy.deepcopy(oracle.load_trace(SEED).to_json())
-    truth = oracle.run_trace(omodel, parse_trace(obj), "legacy").tokens["r1"]
-    req = next(r for r in parse_trace(obj).requests if r.id == "r1")
-    row = teacher_forced_logits(omodel, req.prompt, truth)[1]
-    runner_up = int(torch.topk(row, 2).indices[1])
-    assert 0 < top2_margin(row) < 0.05 and runner_up not in truth, "premise: a near tie at r1@1"
-    next(r for r in obj["requests"] if r["id"] == "r1")["stop_token_ids"] = [runner_up]
-    return obj, {"r1": truth[:1] + [runner_up]}, 0.05
+    """test_qualify_verdicts' near-tie flip (r1's runner-up at r1@1 made its stop token), judged with τ = 0.05."""
+    obj, forced, _ = verdicts_flip_case(omodel)
+    return obj, forced, 0.05
 
 
 def verdicts(checks):

@@ -34,8 +34,13 @@ def instance(obj: dict, name: str = "seed_compaction") -> Instance:
 
 @pytest.fixture(scope="module")
 def flip(omodel):
+    return flip_case(omodel)
+
+
+def flip_case(omodel) -> tuple[dict, dict, float]:
     """seed_compaction with r1's runner-up at its near tie (position 1, margin 0.0173) made r1's stop token: the
-    oracle runs r1 for 3 tokens, an engine that flips the tie stops r1 after 2, so the schedule changes."""
+    oracle runs r1 for 3 tokens, an engine that flips the tie stops r1 after 2, so the schedule changes.
+    (trace JSON, the flipping engine's forced tokens, the tie's margin)."""
     obj = copy.deepcopy(oracle.load_trace(SEED).to_json())
     truth = oracle.run_trace(omodel, parse_trace(obj), "legacy").tokens["r1"]
     req = next(r for r in parse_trace(obj).requests if r.id == "r1")

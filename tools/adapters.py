@@ -28,6 +28,15 @@ from pathlib import Path
 import torch
 
 
+def installed_version(dist: str) -> str:
+    """The installed distribution's version, or "(not installed)" (a checkout used through PYTHONPATH)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an adapter supports; qualify skips (with the reason) every check outside it."""
@@ -145,11 +154,7 @@ class FastpathAdapter(Adapter):
 
     @classmethod
     def version(cls) -> str:
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            ver = version("hybridqual")
-        except PackageNotFoundError:
-            ver = "(not installed)"
+        ver = installed_version("hybridqual")
         return f"hybridqual fastpath {ver}" + (f" tp={cls.tp}" if cls.tp > 1 else "") + \
             (" batch-invariant" if cls.batch_invariant else "") + (" graphs" if cls.graphs else "")
 

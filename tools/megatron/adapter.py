@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import Adapter, Capabilities, RunResult
+from ..adapters import Adapter, Capabilities, RunResult, installed_version
 
 _NOTES = (
     ("seeded", "Megatron samples temperature/top-k/top-p with torch's generator per step, not the trace's keyed "
@@ -50,11 +50,7 @@ class MegatronAdapter(Adapter):
 
     @classmethod
     def version(cls) -> str:
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            ver = version("megatron-core")
-        except PackageNotFoundError:
-            ver = "(not installed)"
+        ver = installed_version("megatron-core")
         rounded = (f"; max_tokens rounded up to a multiple of {cls.max_tokens_multiple} (finding F1 workaround)"
                    if cls.max_tokens_multiple > 1 else "")
         return (f"megatron-core {ver} DynamicInferenceEngine; attention on the hybridqual flash-attn stand-in "
