@@ -97,35 +97,55 @@ def _qkv_split(cfg: HybridConfig, w) -> tuple[torch.Tensor, torch.Tensor, torch.
     return q.reshape(-1, w.shape[-1]), k.reshape(-1, w.shape[-1]), v.reshape(-1, w.shape[-1])
 
 
+# Per Megatron layer symbol: (canonical name under `layers.{i}.`, HybridModel name under `decoder.layers.{j}.`) of
+# every tensor that moves unchanged; the reshaped ones (conv weight, fused QKV, fused gate/up) are in _reshaped.
+_RENAMED = {
+    "M": (("mixer_norm.weight", "norm.weight"), ("mamba.in_proj.weight", "mixer.in_proj.weight"),
+          ("mamba.conv1d.bias", "mixer.conv1d_bias"), ("mamba.dt_bias", "mixer.dt_bias"),
+          ("mamba.A_log", "mixer.A_log"), ("mamba.D", "mixer.D"), ("mamba.norm.weight", "mixer.norm.weight"),
+          ("mamba.out_proj.weight", "mixer.out_proj.weight")),
+    "*": (("mixer_norm.weight", "input_layernorm.weight"), ("attn.o_proj.weight", "self_attention.linear_proj.weight")),
+    "-": (("ffn_norm.weight", "pre_mlp_layernorm.weight"), ("mlp.down_proj.weight", "mlp.linear_fc2.weight")),
+}
+
+
+def _layers(cfg: HybridConfig):
+    """(symbol, HybridModel prefix, canonical prefix) of every Megatron layer, in order."""
+    for j, (sym, i) in enumerate(layer_plan(cfg)):
+        yield sym, f"decoder.layers.{j}.", f"layers.{i}."
+
+
+def _reshaped(cfg: HybridConfig, sym: str, p: str, L: str, t: dict, sd: dict, forward: bool) -> None:
+    """The tensors of one layer whose layout differs: canonical `t` -> `sd` when `forward`, else `sd` -> `t`."""
+    if sym == "M":          # conv weight [conv_dim, K] <-> [conv_dim, 1, K]
+        if forward:
+            sd[p + "mixer.conv1d_weight"] = t[L + "mamba.conv1d.weight"].unsqueeze(1)
+        else:
+            t[L + "mamba.conv1d.weight"] = sd[p + "mixer.conv1d_weight"].squeeze(1)
+    elif sym == "*":        # q, k, v <-> one fused QKV, interleaved per KV group
+        names = [L + f"attn.{x}_proj.weight" for x in "qkv"]
+        if forward:
+            sd[p + "self_attention.linear_qkv.weight"] = _qkv_interleaved(cfg, *(t[n] for n in names))
+        else:
+            t.update(zip(names, _qkv_split(cfg, sd[p + "self_attention.linear_qkv.weight"])))
+    else:                   # gate, up <-> one fc1 ([gate; up])
+        names = [L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"]
+        if forward:
+            sd[p + "mlp.linear_fc1.weight"] = torch.cat([t[n] for n in names], 0)
+        else:
+            t.update(zip(names, sd[p + "mlp.linear_fc1.weight"].chunk(2, dim=0)))
+
+
 def to_megatron(cfg: HybridConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Canonical tensors (oracle.checkpoint) -> HybridModel state dict (parameter names only)."""
     check_mappable(cfg)
     sd = {"embedding.word_embeddings.weight": t["embed.weight"], "decoder.final_norm.weight": t["final_norm.weight"]}
     if not cfg.tie_word_embeddings:
         sd["output_layer.weight"] = t["lm_head.weight"]
-    for j, (sym, i) in enumerate(layer_plan(cfg)):
-        p, L = f"decoder.layers.{j}.", f"layers.{i}."
-        if sym == "M":
-            m = L + "mamba."
-            sd[p + "norm.weight"] = t[L + "mixer_norm.weight"]
-            sd[p + "mixer.in_proj.weight"] = t[m + "in_proj.weight"]
-            sd[p + "mixer.conv1d_weight"] = t[m + "conv1d.weight"].unsqueeze(1)       # [conv_dim, 1, K]
-            sd[p + "mixer.conv1d_bias"] = t[m + "conv1d.bias"]
-            for n in ("dt_bias", "A_log", "D"):
-                sd[p + "mixer." + n] = t[m + n]
-            sd[p + "mixer.norm.weight"] = t[m + "norm.weight"]
-            sd[p + "mixer.out_proj.weight"] = t[m + "out_proj.weight"]
-        elif sym == "*":
-            a = L + "attn."
-            sd[p + "input_layernorm.weight"] = t[L + "mixer_norm.weight"]
-            sd[p + "self_attention.linear_qkv.weight"] = _qkv_interleaved(
-                cfg, t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"])
-            sd[p + "self_attention.linear_proj.weight"] = t[a + "o_proj.weight"]
-        else:
-            f = L + "mlp."
-            sd[p + "pre_mlp_layernorm.weight"] = t[L + "ffn_norm.weight"]
-            sd[p + "mlp.linear_fc1.weight"] = torch.cat([t[f + "gate_proj.weight"], t[f + "up_proj.weight"]], 0)
-            sd[p + "mlp.linear_fc2.weight"] = t[f + "down_proj.weight"]
+    for sym, p, L in _layers(cfg):
+        for ours, theirs in _RENAMED[sym]:
+            sd[p + theirs] = t[L + ours]
+        _reshaped(cfg, sym, p, L, t, sd, forward=True)
     return sd
 
 
@@ -133,28 +153,8 @@ def from_megatron(cfg: HybridConfig, sd: dict[str, torch.Tensor]) -> dict[str, t
     """The inverse of `to_megatron` (for the round-trip test): HybridModel state dict -> canonical tensors."""
     t = {"embed.weight": sd["embedding.word_embeddings.weight"], "final_norm.weight": sd["decoder.final_norm.weight"]}
     t["lm_head.weight"] = t["embed.weight"] if cfg.tie_word_embeddings else sd["output_layer.weight"]
-    for j, (sym, i) in enumerate(layer_plan(cfg)):
-        p, L = f"decoder.layers.{j}.", f"layers.{i}."
-        if sym == "M":
-            m = L + "mamba."
-            t[L + "mixer_norm.weight"] = sd[p + "norm.weight"]
-            t[m + "in_proj.weight"] = sd[p + "mixer.in_proj.weight"]
-            t[m + "conv1d.weight"] = sd[p + "mixer.conv1d_weight"].squeeze(1)
-            t[m + "conv1d.bias"] = sd[p + "mixer.conv1d_bias"]
-            for n in ("dt_bias", "A_log", "D"):
-                t[m + n] = sd[p + "mixer." + n]
-            t[m + "norm.weight"] = sd[p + "mixer.norm.weight"]
-            t[m + "out_proj.weight"] = sd[p + "mixer.out_proj.weight"]
-        elif sym == "*":
-            a = L + "attn."
-            t[L + "mixer_norm.weight"] = sd[p + "input_layernorm.weight"]
-            q, k, v = _qkv_split(cfg, sd[p + "self_attention.linear_qkv.weight"])
-            t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"] = q, k, v
-            t[a + "o_proj.weight"] = sd[p + "self_attention.linear_proj.weight"]
-        else:
-            f = L + "mlp."
-            t[L + "ffn_norm.weight"] = sd[p + "pre_mlp_layernorm.weight"]
-            gate, up = sd[p + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-            t[f + "gate_proj.weight"], t[f + "up_proj.weight"] = gate, up
-            t[f + "down_proj.weight"] = sd[p + "mlp.linear_fc2.weight"]
+    for sym, p, L in _layers(cfg):
+        for ours, theirs in _RENAMED[sym]:
+            t[L + ours] = sd[p + theirs]
+        _reshaped(cfg, sym, p, L, t, sd, forward=False)
     return t
