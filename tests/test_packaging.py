@@ -77,6 +77,8 @@ def test_mutants_from_an_installed_copy_say_they_need_a_checkout(monkeypatch, ca
 
 
 class _Config:
+    """The pytest.Config method the plugin's pairing uses (getoption), over a dict of options."""
+
     def __init__(self, **opts):
         self.opts = opts
 

@@ -9,6 +9,8 @@ from oracle.zoo import write_hf_folder
 from tools.paths import ROOT
 from tools.scenarios import SCENARIOS
 
+from test_packaging import _Config   # noqa: E402  (the pytest.Config stand-in the plugin's pairing reads)
+
 TEST = "tests/test_packaging.py::test_hq_case_fits_its_model"      # reads the pair's files only: no engine
 
 
@@ -28,16 +30,6 @@ def test_hq_model_alone_runs_every_scenario_instantiated_for_a_chunk_256_model(t
     n_skip = int(out.split(" skipped")[0].split()[-1]) if " skipped" in out else 0
     assert n_pass + n_skip == len(SCENARIOS), out[-2000:]
     assert all("does not run on my-model:" in line for line in out.splitlines() if line.startswith("SKIPPED"))
-
-
-class _Config:
-    """The two pytest.Config methods the plugin's pairing uses."""
-
-    def __init__(self, **opts):
-        self.opts = opts
-
-    def getoption(self, name):
-        return self.opts.get(name, [])
 
 
 def test_hq_scenario_picks_scenarios_and_hq_trace_still_pairs_files(tmp_path):
