@@ -57,7 +57,11 @@ step_anchor() {
   local dir=${ANCHOR_DIR:-/tmp/anchor-3b} t0=$SECONDS
   [ -e "$dir/config.json" ] || timeout 300 $PY -m tools.anchor write "$dir" || return 1
   echo "anchor write: $((SECONDS - t0)) s"
-  $PY -m tools.peak oracle -- timeout "${ANCHOR_ORACLE_TIMEOUT:-300}" $PY -m tools.goldens regen --model "$dir" --oracle-device cuda
+  # goldens carried in (goldens/outputs/<name>/ from an earlier visit's anchor_goldens.tgz) are reused when they hold
+  if [ -z "${ANCHOR_REUSE_GOLDENS:-}" ] || [ ! -d "goldens/outputs/$(basename "$dir")" ]; then
+    $PY -m tools.peak oracle -- timeout "${ANCHOR_ORACLE_TIMEOUT:-300}" $PY -m tools.goldens regen --model "$dir" --oracle-device cuda
+    tar czf "$OUT/anchor_goldens.tgz" -C goldens/outputs "$(basename "$dir")"
+  fi
   $PY -m tools.peak qualify -- timeout "${ANCHOR_QUALIFY_TIMEOUT:-300}" $PY -m tools.qualify --model "$dir" --device cuda --graphs \
     --oracle-device cuda --out "$OUT/anchor_qualify" --quiet ${ANCHOR_QUALIFY_ARGS:-}
   local rc=$?

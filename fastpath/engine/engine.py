@@ -32,6 +32,7 @@ from .sample import sample_rows
 from .validate import check_engine_args, check_path, resolve_device, resolve_dtype
 
 MODES = ("legacy", "async")
+DECODE_KINDS = ("decode", "extra", "shadow")   # shadow: legacy's unlogged copy of an async extra row (shadow_rows)
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Launched:
 
     @property
     def decode_only(self) -> bool:
-        return bool(self.batch) and all(b.kind in ("decode", "extra") for b in self.batch)
+        return bool(self.batch) and all(b.kind in DECODE_KINDS for b in self.batch)
 
 
 def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
@@ -196,15 +197,19 @@ class Engine:
                     b.kind = "extra"
             self.pending = launched
         else:
-            if self.pending is not None:            # drain before admitting
-                self.resolve(self.pending)
+            prev = self.pending
+            if prev is not None:                    # drain before admitting
+                self.resolve(prev)
                 self.pending = None
             if self.all_finished():
                 return False
             rec = StepRecord(self.k)
             self.log.steps.append(rec)
+            shadows = self.shadow_rows(prev)
             self.admit(rec)
             batch = self.build_batch()
+            if batch and shadows:
+                batch = batch + shadows            # decode-only (shadow_rows' condition): after the decode rows
             if batch:
                 self.pending = self.launch(batch, rec, tokens_on_device=False)
                 if self.prefix is not None:            # the step's checkpoints (planned in launch), after its forward
@@ -213,6 +218,20 @@ class Engine:
                 rec.row_to_slot = list(self.rows.row_to_slot)
         self.k += 1
         return True
+
+    def shadow_rows(self, prev: Launched | None) -> list[BatchRow]:
+        """Legacy: the rows async mode still computes this step (requests freed by the decode-only step before,
+        when nothing waits and nothing prefills: can_overlap's condition) run again as shadow rows — computed in
+        their freed slot, discarded, not logged — so both modes run every step at the same row count.  The
+        projections' bits depend on it (cuBLAS picks kernels by M; one row takes the folded GEMV), and DESIGN §4
+        requires async == legacy bitwise (docs/engine.md, "Shadow rows")."""
+        if (self.mode != "legacy" or prev is None or not prev.decode_only or not prev.record.free
+                or self.spec is not None or self.rows.active == 0 or self.waiting(self.k)
+                or any(self.requests[rid].prefilling for rid in self.rows.live_requests())):
+            return []
+        pos = {b.request: b.pos for b in prev.batch}
+        return [BatchRow(f["row"], f["request"], f["slot"], "shadow", pos[f["request"]] + 1, 1)
+                for f in prev.record.free]
 
     def admit(self, rec: StepRecord) -> None:
         """Admit arrived requests while a slot is free; the slot's state is zeroed."""
@@ -260,8 +279,8 @@ class Engine:
         """Pack, forward, sample into `sampled`, start the token copy to the host; returns the pending step."""
         if self.spec is not None and any(b.kind == "verify" for b in batch):
             return self.spec.launch(batch, rec)        # eager and synchronous; see fastpath/engine/speculative.py
-        rec.batch = batch
-        dec = [b for b in batch if b.kind == "decode"]
+        rec.batch = [b for b in batch if b.kind != "shadow"]
+        dec = [b for b in batch if b.kind in DECODE_KINDS]
         pre = [b for b in batch if b.kind == "prefill"]
         assert batch[: len(dec)] == dec, "decode rows must come first"
         n = len(dec)
@@ -276,14 +295,14 @@ class Engine:
         ids, pos, samples, seeded = [], [], [], []
         for j, b in enumerate(batch):
             st = self.requests[b.request]
-            if b.kind == "decode":
+            if b.kind in DECODE_KINDS:
                 ids.append(0 if tokens_on_device else st.output[-1])
                 pos.append(b.pos)
             else:
                 ids.extend(st.req.prompt[b.pos:b.pos + b.count])
                 pos.extend(range(b.pos, b.pos + b.count))
                 st.done = b.pos + b.count
-            samples.append(b.kind == "decode" or not st.prefilling)
+            samples.append(b.kind in DECODE_KINDS or not st.prefilling)
             if st.req.sampling.kind == "seeded":
                 seeded.append((j, float(st.req.sampling.temperature), int(st.req.sampling.seed), b.pos + b.count))
         last, end = list(range(n)), n             # logits rows: every decode row, each piece's last token

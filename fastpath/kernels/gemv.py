@@ -162,6 +162,13 @@ def gemv_launch_rule(N: int, K: int) -> dict:
     return dict(BLOCK_N=2, BLOCK_K=min(512, next_pow2(K, 16)), SPLIT=1, num_warps=2, num_stages=1)
 
 
+def interpreter_tile(N: int) -> dict:
+    """CPU (the Triton interpreter): up to 256 rows per program. An interpreted program costs ~10 ms of Python
+    whatever its tile, and a row's sum does not depend on how many rows its program owns (each row accumulates its
+    own BLOCK_K lanes, then sums them), so the bits are those of the GPU tile with 10-100x fewer programs."""
+    return dict(BLOCK_N=min(256, next_pow2(N, 2)))
+
+
 def _conv_args(conv: ConvStep | None, N: int, weight: Tensor) -> tuple[tuple, dict]:
     """Validate the conv epilogue; (its kernel arguments, its constexprs; unused pointers get `weight`)."""
     dev = weight.device
@@ -229,7 +236,7 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
         raise KernelInputError(f"{OP}: `out` must be contiguous")
     if N == 0:
         return residual.x if residual is not None else out
-    r = {**gemv_launch_rule(N, K), **(rule or {})}
+    r = {**gemv_launch_rule(N, K), **(interpreter_tile(N) if dev.type == "cpu" else {}), **(rule or {})}
     bk = r["BLOCK_K"]
     cargs, cmeta = _conv_args(conv, N, weight)
     whole = conv is not None or rms_eps is not None or residual is not None   # epilogues that need whole rows
