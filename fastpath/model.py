@@ -42,6 +42,7 @@ class StepBatch:
     table: object = None   # the SSD chunk table of the prefill pieces (built once per step)
     checkpoints: tuple = ()  # (piece, absolute position p, bank slot): the piece's Mamba state at the chunk start
                              # p inside it is also written to that slot (prefix-cache checkpoints, DESIGN §12)
+    pre_slot_host: list | None = None   # pre_slot as a host list (None: attention reads the device tensors back)
 
 
 class FastModel:
@@ -251,8 +252,9 @@ class FastModel:
                 else:
                     qp, kp = (ops.rope(t, b.pos[n:], c.rope_dim, c.rope_theta, backend=self.backend)
                               for t in (qp, kp))
+            host = None if b.pre_slot_host is None else (b.pre_cu_host, b.pre_slot_host, b.pre_start_host)
             ops.attention_prefill_varlen(qp, kp, v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
-                                         c.attn_scale, out=o[n:], backend=self.backend)
+                                         c.attn_scale, out=o[n:], backend=self.backend, host=host)
         return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj", residual=res)
 
     def _residual(self, h: Tensor, out: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """The engine builds the SSD chunk table once per prefill step from the host lists it already has (slots checked
 there), so no Mamba layer's ssd_varlen / causal_conv1d_varlen reads its metadata back from the device: on CPU by
 recording every host read those wrappers make, on the GPU with torch.cuda.set_sync_debug_mode("error") around
-every launch of a Mamba-only model's prefill steps (hybrids still sync in attention_prefill_varlen's wrapper)."""
+every launch of a Mamba-only model's prefill steps; a hybrid's attention wrapper reads host lists too."""
 from __future__ import annotations
 
 import os
@@ -55,12 +55,42 @@ def test_prefill_steps_read_no_device_metadata_in_the_mamba_layers(monkeypatch):
     assert {op for op, _ in reads} == {"ssd_varlen", "causal_conv1d_varlen"}, reads
 
 
+def test_hybrid_prefill_steps_read_no_device_metadata_in_the_attention_layers(monkeypatch):
+    """A hybrid's attention_prefill_varlen gets the step's host lists (cu_seqlens, slot, start_pos) from the
+    packer, so its wrapper converts only lists (it used to read three device tensors back per layer); a call
+    without them does read the tensors, so the spy can fail."""
+    import fastpath.kernels.attention as attn_mod
+    cfg = zoo.tiny_config("bamba", pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2,
+                          n_kv_heads=1)
+    model = FastModel(cfg, zoo.random_weights(cfg, seed=1), "cpu", torch.float32)
+    reads, calls = [], []
+    real = attn_mod.host_ints
+
+    def spy(op, name, t):
+        calls.append(name)
+        if isinstance(t, torch.Tensor):
+            reads.append(name)
+        return real(op, name, t)
+    monkeypatch.setattr(attn_mod, "host_ints", spy)
+    one = Trace(TRACE.engine, TRACE.requests[1:])
+    Engine(model, one.engine, max_len=32).run_trace(one)
+    assert calls and reads == [], f"device metadata read back on the host: {reads}"
+    q = torch.zeros(2, 2, 8)
+    kc = torch.zeros(1, 4, 1, 8)
+    attn_mod.attention_prefill_varlen(q, q[:, :1], q[:, :1], kc, kc.clone(), torch.tensor([0, 2]),
+                                      torch.tensor([0]), torch.tensor([0]), 1.0)
+    assert reads == ["cu_seqlens", "slot", "start_pos"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_prefill_step_launch_has_no_host_sync_under_sync_debug_mode():
+@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+def test_prefill_step_launch_has_no_host_sync_under_sync_debug_mode(arch):
     """set_sync_debug_mode("error") around every launch (pack, one pinned H2D copy, table, forward, sample, token
-    copy) of a Mamba-only model's prefill steps: any synchronising CUDA call raises. Warm-up run first."""
-    cfg = zoo.tiny_config("mamba2", **SMALL)
+    copy) of a Mamba-only model's and a hybrid's prefill steps: any synchronising CUDA call raises. Warm-up run
+    first."""
+    extra = dict(pattern="M*", n_attn_heads=2, n_kv_heads=1) if arch == "bamba" else {}
+    cfg = zoo.tiny_config(arch, **SMALL, **extra)
     engine = Engine(FastModel(cfg, zoo.random_weights(cfg, seed=1), "cuda", torch.bfloat16), TRACE.engine,
                     max_len=32)
     want = engine.run_trace(TRACE)

@@ -13,6 +13,10 @@
    and the achieved bandwidth of each bs1 projection (M = 1 GEMM through F.linear, cold weights).
 3. Batch-64 decode at 32k context, anchor-3b vs anchor-3b-attn (the context is placed in the bank's
    bookkeeping without running the prefill: decode cost depends only on positions; attention reads them all).
+4. --prefix-cache (only): TTFT of a 100-token suffix after a 32k shared prefix, cold vs prefix-cache hit, then one
+   more hit timed by stage (validate, lookup, restore, forward, sample, resolve: host and CUDA-event device
+   times) and one under torch.profiler (top-10 kernels by device time, launches, syncs), printed last.
+   `--prefix-cache --tiny`: the same code path on a tiny model in seconds (CPU: TRITON_INTERPRET=1), a smoke run.
 """
 from __future__ import annotations
 
@@ -242,54 +246,6 @@ def long_prefill(model: FastModel, prompt_len: int = 131072, osl: int = 64, chun
     return res
 
 
-def _ttft(eng: Engine, rid: str, prompt: tuple[int, ...]) -> float:
-    """Seconds from submitting a one-token request to its token on the host (legacy steps until it is appended)."""
-    sync()
-    t0 = time.perf_counter()
-    eng.add_request(Request(rid, eng.k, prompt, 1))
-    while not eng.requests[rid].output:
-        eng.step()
-    sync()
-    return time.perf_counter() - t0
-
-
-def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, block: int = 16384,
-                chunk: int = 16384, hits: int = 3) -> dict:
-    """Time to first token of a `suffix`-token suffix after a `prefix_len`-token shared prefix (issue 17 / DESIGN
-    §8): cold (cache off; and cache on, which also stores the checkpoints) vs a prefix-cache hit, same run; plus
-    the bytes of one checkpoint beside the KV bytes of the prefix it covers."""
-    from oracle.trace import PrefixCacheConfig
-    c = model.config
-    gc.collect()
-    torch.cuda.empty_cache()
-    prefix = tuple((13 * j + 7) % c.vocab_size for j in range(prefix_len))
-    tail = lambda i: tuple((17 * j + 101 * i + 3) % c.vocab_size for j in range(suffix))   # noqa: E731
-    max_len = prefix_len + suffix + 8
-    on = Engine(model, EngineConfig(1, chunk, chunk, "legacy", prefix_cache=PrefixCacheConfig(block, 2)),
-                max_len=max_len)
-    off = Engine(model, EngineConfig(1, chunk, chunk, "legacy"), max_len=max_len)
-    _ttft(off, "warm", tuple((5 * j + 1) % c.vocab_size for j in range(2 * chunk + suffix)))   # JIT + allocator
-    cold_off = [_ttft(off, f"cold{i}", prefix + tail(i)) for i in range(2)]
-    cold_on = _ttft(on, "cold", prefix + tail(0))                # stores the 16k and 32k checkpoints
-    hit = [_ttft(on, f"hit{i}", prefix + tail(i + 1)) for i in range(hits)]
-    cached = [a["cached_tokens"] for s in on.log.to_json()["steps"] for a in s["admit"]]
-    b = on.bank
-    state = (b.conv_state[:, 0].numel() * b.conv_state.element_size()
-             + b.ssm_state[:, 0].numel() * b.ssm_state.element_size())
-    kv_tok = 2 * len(c.attention_layer_ids) * c.n_kv_heads * c.attn_head_dim * b.k_cache.element_size()
-    attn = named_config("anchor-3b-attn")
-    kv_attn_tok = 2 * len(attn.attention_layer_ids) * attn.n_kv_heads * attn.attn_head_dim * b.k_cache.element_size()
-    res = {"prefix": prefix_len, "suffix": suffix, "block": block, "chunk": chunk,
-           "ttft_cold_off_s": min(cold_off), "ttft_cold_on_s": cold_on, "ttft_hit_s": sorted(hit)[len(hit) // 2],
-           "cached_tokens": cached, "checkpoint_state_bytes": state, "checkpoint_kv_bytes": prefix_len * kv_tok,
-           "pool_slot_bytes": state + max_len * kv_tok, "attn_only_prefix_kv_bytes": prefix_len * kv_attn_tok}
-    res["speedup"] = res["ttft_cold_off_s"] / res["ttft_hit_s"]
-    del on, off
-    gc.collect()
-    torch.cuda.empty_cache()
-    return res
-
-
 GEMV_VARIANTS = {      # name -> rule(N, K); None = the code's rule
     "rule now": None,
     "whole K, 2 rows, 8 warps": lambda N, K: dict(BLOCK_N=2, BLOCK_K=triton.next_power_of_2(K), SPLIT=1,
@@ -325,6 +281,14 @@ def gemv_variants(model: FastModel, osl: int, roof: float, lines: list[str]) -> 
     return out
 
 
+def _write(args, report: dict, lines: list[str]) -> None:
+    print("\n".join(lines), flush=True)
+    for path, text in ((args.out, json.dumps(report, indent=1)), (args.summary, "\n".join(lines) + "\n")):
+        if path:
+            with open(path, "w") as f:
+                f.write(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
@@ -343,7 +307,12 @@ def main() -> None:
                     help="only: TTFT of a 100-token suffix after a 32k shared prefix, prefix-cache hit vs cold")
     ap.add_argument("--gemv-variants", action="store_true",
                     help="also: async+graphs bs1 with other GEMV launch rules patched in (bench-only comparison)")
+    ap.add_argument("--tiny", action="store_true", help="with --prefix-cache: a smoke run of the section's code path "
+                    "on a tiny zoo model (CPU without CUDA: run with TRITON_INTERPRET=1), seconds")
     args = ap.parse_args()
+    if args.tiny:
+        from .bench_prefix import tiny_prefix
+        return tiny_prefix(args, _write)
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -356,22 +325,11 @@ def main() -> None:
     lines = [f"anchor-3b {P:,} params bf16 | copy {bw / 1e12:.2f} TB/s -> bs1 roofline {roof:.0f} tok/s"]
     report["bs1"] = []
     if args.prefix_cache:
+        from .bench_prefix import prefix_lines, prefix_ttft
         r = prefix_ttft(model, 4096 if args.quick else 32768)
         report["prefix_cache"] = r
-        mib = lambda n: f"{n / 2**20:.1f} MiB"   # noqa: E731
-        lines.append(f"prefix cache: {r['suffix']}-token suffix after a {r['prefix']}-token prefix "
-                     f"(block {r['block']}): "
-                     f"TTFT cold {1e3 * r['ttft_cold_off_s']:.1f} ms (cache off; {1e3 * r['ttft_cold_on_s']:.1f} ms "
-                     f"cache on, storing), hit {1e3 * r['ttft_hit_s']:.2f} ms -> {r['speedup']:.1f}x (goal >= 50x); "
-                     f"cached_tokens {r['cached_tokens']}")
-        lines.append(f"prefix cache: one checkpoint = Mamba state {mib(r['checkpoint_state_bytes'])} + prefix KV "
-                     f"{mib(r['checkpoint_kv_bytes'])} (pool slot {mib(r['pool_slot_bytes'])} at max_len); the same "
-                     f"prefix's KV in anchor-3b-attn: {mib(r['attn_only_prefix_kv_bytes'])}")
-        print("\n".join(lines), flush=True)
-        for path, text in ((args.out, json.dumps(report, indent=1)), (args.summary, "\n".join(lines) + "\n")):
-            if path:
-                with open(path, "w") as f:
-                    f.write(text)
+        lines += prefix_lines(r)
+        _write(args, report, lines)
         return
     if args.profile:
         report["kernels"] = {}

@@ -5,7 +5,8 @@ The activation term counts the tensors the batched forward holds at once for a s
 
     mamba:      h, u [T,D] · zxbcdt [T,in_proj] · conv out [T,conv_dim] · y [T,d_inner] · SSD scratch
                 (dt, dA cumsum [H,T] fp32; C·B [chunks,G,Q,Q] fp32; chunk states [chunks,H,P,N] fp32)
-    attention:  h, u · q, k, v, rotated q, k · output · o_proj output
+    attention:  h, u · q, k, v, rotated q, k · output · o_proj output · split-key partials (fp32 acc, max, sum
+                per query row, head and split of the short pieces: fastpath/kernels/attention.py)
     mlp:        h, u · gate_up [T,2F] · act(gate) [T,F] · act·up [T,F]
     residual:   old h, u, block output, new h
 
@@ -33,8 +34,10 @@ def activation_bytes(config, tokens: int, dtype: torch.dtype, sequences: int = 1
         peaks.append(T * per_tok * e + scratch)                                   # inside the SSD
         peaks.append(T * (per_tok + c.d_inner + D) * e)                           # gated norm + out_proj
     if c.attention_layer_ids:
+        from fastpath.kernels.attention import SPLIT_MAX_QUERIES, SPLIT_MAX_SPLITS
         q, kv = c.n_attn_heads * c.attn_head_dim, c.n_kv_heads * c.attn_head_dim
-        peaks.append(T * (2 * D + 2 * q + 4 * kv + q + D) * e)
+        split = min(T, sequences * SPLIT_MAX_QUERIES) * SPLIT_MAX_SPLITS * c.n_attn_heads * (c.attn_head_dim + 2) * 4
+        peaks.append(T * (2 * D + 2 * q + 4 * kv + q + D) * e + split)
     if any(s.ffn == "mlp" for s in c.layers):
         F = c.mlp_intermediate_size
         peaks.append(T * (2 * D + 4 * F) * e)

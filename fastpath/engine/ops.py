@@ -137,12 +137,13 @@ def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope
 
 
 def attention_prefill_varlen(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=None,
-                             backend="triton"):
-    """Packed causal prefill, K/V written to the slot's cache (see fastpath.kernels.attention)."""
+                             backend="triton", host=None):
+    """Packed causal prefill, K/V written to the slot's cache (see fastpath.kernels.attention); host: the
+    (cu_seqlens, slot, start_pos) host lists, so the wrapper reads nothing back from the device."""
     if backend == "triton":
-        return _attn_prefill(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=out)
-    y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, _ints(slot), _ints(cu_seqlens), _ints(start_pos),
-                                   scale)
+        return _attn_prefill(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=out, host=host)
+    cu, sl, sp = host if host is not None else (cu_seqlens, slot, start_pos)
+    y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, _ints(sl), _ints(cu), _ints(sp), scale)
     return _into(out, y)
 
 

@@ -42,7 +42,7 @@ def pack_step(device: torch.device, chunk_size: int, ids: list[int], pos: list[i
     pre_cu, pre_slot = take(len(cu)).to(torch.int32), take(len(pieces)).to(torch.int32)
     pre_start, pre_init, last_t = take(len(pieces)), take(len(pieces)).to(torch.int32), take(len(last))
     sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts,
-                   checkpoints=tuple(checkpoints))
+                   checkpoints=tuple(checkpoints), pre_slot_host=slots)
     if pieces:   # once per step from the host lists, slots checked here: no layer's kernels read them back
         sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, slots, n_slots, backend=backend,
                                        checkpoints=list(checkpoints) or None)

@@ -5,6 +5,12 @@ Each call first writes the new K/V at positions start_pos[s] + i, then attends: 
 position p sees cached keys at positions <= p. Prefill (varlen, packed, continuation pieces allowed); RoPE is
 applied beforehand (fastpath/kernels/rope.py). Decode (one token per row, RoPE and the K/V write included, split
 over the context) is fastpath/kernels/attention_decode.py.
+
+Split over the keys: a piece of <= SPLIT_MAX_QUERIES tokens whose context is longer than one chunk (a prefix-cache
+hit's suffix, a short continuation) would otherwise get (1..4 query blocks) x heads programs, each walking the
+whole context serially. Each of its query blocks gets one program per `chunk` keys instead, writing partials to
+a workspace that attention_combine.py merges in split order. The plan is made on the host from each sequence's
+own (start, length) and the cache length, so a sequence's bits do not depend on what else is in the batch.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .attention_combine import combine_partials
 from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
                       host_ints, next_pow2, pdl_enter, pdl_meta, token_sequence_index)
 
@@ -43,20 +50,25 @@ def kv_cache_write_kernel(
 
 @triton.jit
 def attention_kernel(
-    q_ptr, kc_ptr, vc_ptr, o_ptr, blk_seq_ptr, blk_q0_ptr, cu_ptr, slot_ptr, start_ptr,
-    scale, q_per_kv, D,
+    q_ptr, kc_ptr, vc_ptr, o_ptr, meta_ptr, cu_ptr, slot_ptr, start_ptr, acc_ptr, ml_ptr,
+    scale, q_per_kv, D, Hq, n_blk, n_item, n_seq, chunk,
     stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
     stride_o_t, stride_o_h,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Grid (n_query_blocks, Hq): flash-style online softmax over the slot's cached keys."""
+    """Grid (n_items, Hq): flash-style online softmax of one query block over keys [lo, hi) of the slot's cache.
+    meta (int32): blk_seq, blk_q0 [n_blk] | item_blk, item_split [n_item] | part_base, n_split [n_seq]. Split -1:
+    every key up to the block's end, normalised output to o; split j >= 0: keys [j·chunk, (j+1)·chunk), the
+    unnormalised partial (acc, max, sum) of each query row to row part_base + i·n_split + j of the workspace."""
     pdl_enter(PDL)
-    b = tl.program_id(0)
+    it = tl.program_id(0)
     hq = tl.program_id(1).to(tl.int64)
     kvh = hq // q_per_kv
-    s = tl.load(blk_seq_ptr + b)
-    q0 = tl.load(blk_q0_ptr + b).to(tl.int64)
+    b = tl.load(meta_ptr + 2 * n_blk + it)
+    j = tl.load(meta_ptr + 2 * n_blk + n_item + it)
+    s = tl.load(meta_ptr + b)
+    q0 = tl.load(meta_ptr + n_blk + b).to(tl.int64)
     first = tl.load(cu_ptr + s).to(tl.int64)
     L = tl.load(cu_ptr + s + 1).to(tl.int64) - first
     slot = tl.load(slot_ptr + s).to(tl.int64)
@@ -73,11 +85,13 @@ def attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     kv_end = tl.where(live, sp + tl.minimum(L, q0 + BLOCK_M), 0)
+    lo = tl.where(j >= 0, j.to(tl.int64) * chunk, 0)
+    hi = tl.where(j >= 0, tl.minimum(lo + chunk, kv_end), kv_end)
     kbase = kc_ptr + slot * stride_kc_s + kvh * stride_kc_h
     vbase = vc_ptr + slot * stride_vc_s + kvh * stride_vc_h
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mn = offs_n < kv_end
+        mn = offs_n < hi
         k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
         sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
         vis = (offs_n[None, :] <= qpos[:, None]) & mn[None, :]
@@ -89,15 +103,60 @@ def attention_kernel(
         v = tl.load(vbase + offs_n[:, None] * stride_vc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o = tl.where(live, o, 0.0)
-    tl.store(o_ptr + (first + offs_m)[:, None] * stride_o_t + hq * stride_o_h + d[None, :],
-             o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & md[None, :])
+    if j < 0:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o = tl.where(live, o, 0.0)
+        tl.store(o_ptr + (first + offs_m)[:, None] * stride_o_t + hq * stride_o_h + d[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & md[None, :])
+    else:
+        base = tl.load(meta_ptr + 2 * n_blk + 2 * n_item + s).to(tl.int64)
+        nsp = tl.load(meta_ptr + 2 * n_blk + 2 * n_item + n_seq + s).to(tl.int64)
+        row = (base + offs_m * nsp + j) * Hq + hq
+        tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=mm[:, None] & md[None, :])
+        tl.store(ml_ptr + 2 * row, m_i, mask=mm)
+        tl.store(ml_ptr + 2 * row + 1, l_i, mask=mm)
 
 
 def attention_launch_rule(head_dim: int) -> dict:
     """64 query rows and 64 keys per step, 4 warps."""
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4)
+
+
+SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
+SPLIT_MAX_SPLITS = 16
+SPLIT_MIN_KEYS = 1024
+
+
+def attention_split_rule(max_len: int) -> int:
+    """Keys per split (keyed on the cache length only, like the decode kernel's): >= SPLIT_MIN_KEYS and at most
+    SPLIT_MAX_SPLITS splits of a full cache. A piece splits iff it has <= SPLIT_MAX_QUERIES tokens, a live slot
+    and its context end start_pos + length exceeds one chunk — its own shape only, never the batch's."""
+    return max(SPLIT_MIN_KEYS, next_pow2(triton.cdiv(max_len, SPLIT_MAX_SPLITS)))
+
+
+def split_plan(cu: list[int], sp: list[int], sl: list[int], block_m: int, chunk: int) -> dict:
+    """Host plan of one call: query blocks (blk_seq, blk_q0), work items (item_blk, item_split: -1 = the whole key
+    range, else split j), per sequence the workspace base and split count, and the merge rows (t, base, n)."""
+    blk_seq, blk_q0, item_blk, item_split, rows = [], [], [], [], []
+    n_seq = len(cu) - 1
+    base, nsp, used = [0] * n_seq, [0] * n_seq, 0
+    for s in range(n_seq):
+        L = cu[s + 1] - cu[s]
+        end = sp[s] + L
+        split = sl[s] >= 0 and 0 < L <= SPLIT_MAX_QUERIES and end > chunk
+        if split:
+            base[s], nsp[s] = used, triton.cdiv(end, chunk)
+            used += L * nsp[s]
+            rows += [v for i in range(L) for v in (cu[s] + i, base[s] + i * nsp[s], triton.cdiv(sp[s] + i + 1, chunk))]
+        for q0 in range(0, L, block_m):
+            blk_seq.append(s)
+            blk_q0.append(q0)
+            n = triton.cdiv(sp[s] + min(L, q0 + block_m), chunk) if split else 0
+            for j in (range(n) if split else (-1,)):
+                item_blk.append(len(blk_seq) - 1)
+                item_split.append(j)
+    return dict(meta=blk_seq + blk_q0 + item_blk + item_split + base + nsp, n_blk=len(blk_seq),
+                n_item=len(item_blk), part_rows=used, rows=rows)
 
 
 def check_qkv_cache(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor,
@@ -118,26 +177,38 @@ def check_qkv_cache(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor,
     return T, Hq, Hkv
 
 
-def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, blk_seq, blk_q0, scale, rule) -> None:
-    """Write K/V, then attend."""
+def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan, chunk, scale, rule) -> None:
+    """Write K/V, attend (items of the plan), merge the split rows."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
-    pm = pdl_meta(q.device)
+    dev = q.device
+    pm = pdl_meta(dev)
+    host = torch.tensor(plan["meta"] + plan["rows"], dtype=torch.int32)
+    meta = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+    n_rows = len(plan["rows"]) // 3
+    acc = torch.empty(max(plan["part_rows"], 1) * Hq * D, dtype=torch.float32, device=dev)
+    ml = torch.empty(max(plan["part_rows"], 1) * Hq * 2, dtype=torch.float32, device=dev)
     kv_cache_write_kernel[(T, Hkv)](
         k, v, k_cache, v_cache, tok_seq, cu, slot, start, k_cache.shape[1], D,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         BLOCK_D=rule["BLOCK_D"], num_warps=1, **pm)
-    attention_kernel[(blk_seq.shape[0], Hq)](
-        q, k_cache, v_cache, out, blk_seq, blk_q0, cu, slot, start, float(scale), Hq // Hkv, D,
+    attention_kernel[(plan["n_item"], Hq)](
+        q, k_cache, v_cache, out, meta, cu, slot, start, acc, ml, float(scale), Hq // Hkv, D, Hq, plan["n_blk"],
+        plan["n_item"], cu.shape[0] - 1, chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
         DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"], **pm)
+    if n_rows:
+        combine_partials(acc, ml, out, meta[len(plan["meta"]):], n_rows)
 
 
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                              cu_seqlens: Tensor, slot: Tensor, start_pos: Tensor, scale: float,
-                             out: Tensor | None = None) -> Tensor:
-    """Packed q [T,Hq,d], k/v [T,Hkv,d] of sequences at start_pos: write K/V into the cache, attend -> [T,Hq,d]."""
+                             out: Tensor | None = None, host: tuple | None = None,
+                             split_keys: int | None = None) -> Tensor:
+    """Packed q [T,Hq,d], k/v [T,Hkv,d] of sequences at start_pos: write K/V into the cache, attend -> [T,Hq,d].
+    host: (cu_seqlens, slot, start_pos) as Python lists equal to the tensors (the engine has them: no host sync);
+    split_keys: keys per split instead of attention_split_rule's (tests force the split at small shapes)."""
     op = OP_PREFILL
     T, Hq, Hkv = check_qkv_cache(op, q, k, v, k_cache, v_cache)
     dev = q.device
@@ -145,8 +216,14 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
     n_seq = cu_seqlens.shape[0] - 1
     check(op, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
     check(op, "start_pos", start_pos, (n_seq,), INDEX_DTYPES, dev)
-    cu, sp, sl = (host_ints(op, n, t) for n, t in (("cu_seqlens", cu_seqlens), ("start_pos", start_pos),
-                                                   ("slot", slot)))
+    if host is None:
+        cu, sl, sp = (host_ints(op, n, t) for n, t in (("cu_seqlens", cu_seqlens), ("slot", slot),
+                                                       ("start_pos", start_pos)))
+    else:
+        cu, sl, sp = (host_ints(op, n, t) for n, t in zip(("cu_seqlens", "slot", "start_pos"), host))
+        if (len(cu), len(sl), len(sp)) != (n_seq + 1, n_seq, n_seq):
+            raise KernelInputError(f"{op}: `host` lists have lengths {(len(cu), len(sl), len(sp))}, expected "
+                                   f"{(n_seq + 1, n_seq, n_seq)} (cu_seqlens, slot, start_pos)")
     if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
         raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}")
     check_slots(op, sl, k_cache.shape[0])
@@ -157,17 +234,15 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
     if out is None:
         out = torch.empty_like(q)
     check(op, "out", out, tuple(q.shape), (q.dtype,), dev)
+    if out.stride(-1) != 1:
+        raise KernelInputError(f"{op}: the head dim of `out` must be contiguous")
+    if split_keys is not None and split_keys < 1:
+        raise KernelInputError(f"{op}: `split_keys`={split_keys} must be >= 1")
     if T == 0:
         return out
     rule = attention_launch_rule(q.shape[2])
-    bm = rule["BLOCK_M"]
-    blk_seq, blk_q0 = [], []
-    for s in range(n_seq):
-        for q0 in range(0, cu[s + 1] - cu[s], bm):
-            blk_seq.append(s)
-            blk_q0.append(q0)
+    chunk = split_keys or attention_split_rule(k_cache.shape[1])
+    plan = split_plan(cu, sp, sl, rule["BLOCK_M"], chunk)
     tok_seq = token_sequence_index(cu_seqlens, T)
-    _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos,
-            torch.tensor(blk_seq, dtype=torch.int32, device=dev), torch.tensor(blk_q0, dtype=torch.int32, device=dev),
-            scale, rule)
+    _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos, plan, chunk, scale, rule)
     return out
