@@ -1,19 +1,22 @@
 """The replay debugger on speculative traces (DESIGN §13, issue 18 item 3): the table shows each verify row's
-proposals and each step's accepted counts, and the bisection checks every rollback in its two stages (restore,
-replay), so a rollback defect is named by step, stage, layer and tensor (conv state vs SSM state vs KV)."""
+proposals and each step's accepted counts, and the bisection checks every verify row right after its rollback (the
+copy of its last accepted input's snapshot, or none), so a rollback defect is named by step, stage, layer and
+tensor (conv state vs SSM state vs KV)."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from fastpath import Engine, FastModel
-from fastpath.engine.speculative import Snapshot
+from fastpath.engine.verify import PositionSnapshots, _attention as REAL_ATTENTION
 from oracle import zoo
 from oracle.model import OracleModel
 from oracle.scheduler import run_trace as oracle_run
 from oracle.trace import load_trace
 from tools import goldens
-from tools.replay import ROLLBACK_REPLAY, ROLLBACK_RESTORE, bisect, step_table
+from tools.replay import ROLLBACK_NONE, ROLLBACK_RESTORE, bisect, step_table
 
 TRACE = goldens.TRACES / "spec_scripted.json"      # made for this tiny Bamba (seed 3): rejections at first/last
 ENGINE_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
@@ -28,14 +31,14 @@ def setup():
     return trace, OracleModel(cfg, w, dtype=torch.float64), Engine(fast, trace.engine, max_len=32)
 
 
-def restore_without_conv(self, j: int, slot: int) -> None:
-    """Snapshot.restore with the bug: the SSM state comes back, the conv window keeps the rejected drafts."""
-    self.bank.ssm_state[:, slot].copy_(self.ssm[:, j])
+def restore_without_conv(self, j: int, r: int, slot: int) -> None:
+    """PositionSnapshots.restore with the bug: the SSM state comes back, the conv window keeps the rejected drafts."""
+    self.bank.ssm_state[:, slot].copy_(self.ssm[:, j, r])
 
 
-def restore_without_ssm(self, j: int, slot: int) -> None:
-    """Snapshot.restore with the bug: the conv window comes back, the SSM state stays at the last draft."""
-    self.bank.conv_state[:, slot].copy_(self.conv[:, j])
+def restore_without_ssm(self, j: int, r: int, slot: int) -> None:
+    """PositionSnapshots.restore with the bug: the conv window comes back, the SSM state stays at the last draft."""
+    self.bank.conv_state[:, slot].copy_(self.conv[:, j, r])
 
 
 def test_table_shows_each_verify_rows_proposals_and_the_accepted_counts(setup):
@@ -62,38 +65,32 @@ def test_bisection_passes_a_correct_speculative_engine(setup):
 @pytest.mark.parametrize("bug,tensor", [(restore_without_conv, "conv_state"), (restore_without_ssm, "ssm_state")],
                          ids=["conv_not_rolled_back", "ssm_not_rolled_back"])
 def test_bisection_names_the_state_a_broken_rollback_left_behind(setup, monkeypatch, bug, tensor):
-    """The first rejected draft's rollback: right after the restore, only the tensor the bug forgot differs, in the
-    first Mamba layer (the other Mamba tensor is still right, and the attention KV is never rolled back)."""
+    """The first rejected draft's rollback: right after the snapshot copy, only the tensor the bug forgot differs, in
+    the first Mamba layer (the other Mamba tensor is still right, and the attention KV is never rolled back)."""
     trace, omodel, engine = setup
-    monkeypatch.setattr(Snapshot, "restore", bug)
+    monkeypatch.setattr(PositionSnapshots, "restore", bug)
     d = bisect(engine, trace, "legacy", omodel, rtol=1e-4)
     assert d is not None, "the broken rollback went unnoticed"
     assert d.stage == ROLLBACK_RESTORE and d.kind == "mamba" and d.layer == omodel.config.mamba_layer_ids[0]
     assert [n for n, _ in d.tensors] == [tensor], d.describe()
-    assert tensor in d.describe() and "after restoring the pre-verify snapshot" in d.describe()
+    assert tensor in d.describe() and "after copying the last accepted input's snapshot" in d.describe()
 
 
-def rollback_replay_one_late(self) -> None:
-    """Speculator.rollback with the bug: the replay of the accepted inputs is placed one position late (at p+1,
-    not at the last token's p), so their K/V land on the wrong positions with the wrong RoPE."""
-    from fastpath.engine.speculative import Piece, _kw, pack
-    eng, pieces = self.engine, []
-    verified, self.verified = self.verified, []
-    for b, v in verified:
-        if eng.requests[b.request].finish_reason is None and v.accepted < len(b.proposals):
-            self.snap.restore(v.snap, b.slot)
-            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos + 1, b.slot))
-    if pieces:
-        eng.model.forward(pack(eng.bank, eng.config.chunk_size, [], pieces, kw=_kw(eng.model))[0], eng.bank)
+def attention_one_late(model, i, u, vb, bank):
+    """The verify forward's attention with the bug: every draft position's K/V (and RoPE) is placed one position
+    late (p+j+1 for j >= 1), so the drafts' K/V land on the wrong positions."""
+    pos = vb.pos.clone()
+    pos[vb.nb:] += 1
+    return REAL_ATTENTION(model, i, u, dataclasses.replace(vb, pos=pos), bank)
 
 
-def test_bisection_names_the_kv_when_the_replay_writes_it_at_the_wrong_positions(setup, monkeypatch):
-    """The restore is right; after the replay the Mamba states are the accepted tokens' (they do not depend on
-    positions) and the attention layer's K/V is wrong: the bisection names k_cache at the replay stage."""
-    from fastpath.engine.speculative import Speculator
+def test_bisection_names_the_kv_when_the_verify_writes_it_at_the_wrong_positions(setup, monkeypatch):
+    """The Mamba states are right (they do not depend on positions) and the attention layer's K/V is wrong: the
+    bisection names k_cache at the first verify row's rollback check."""
+    from fastpath.engine import verify
     trace, omodel, engine = setup
-    monkeypatch.setattr(Speculator, "rollback", rollback_replay_one_late)
+    monkeypatch.setattr(verify, "_attention", attention_one_late)
     d = bisect(engine, trace, "legacy", omodel, rtol=1e-4)
-    assert d is not None and d.stage == ROLLBACK_REPLAY, d and d.describe()
+    assert d is not None and d.stage in (ROLLBACK_RESTORE, ROLLBACK_NONE), d and d.describe()
     assert d.kind == "attention" and d.layer == omodel.config.attention_layer_ids[0], d.describe()
     assert d.tensors[0][0] == "k_cache", d.describe()

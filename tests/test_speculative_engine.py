@@ -1,5 +1,5 @@
-"""Speculative decoding in the fast-path engine (DESIGN §13): verify rows through the prefill path, snapshot +
-replay rollback, against the oracle and against the engine without speculation.
+"""Speculative decoding in the fast-path engine (DESIGN §13): verify rows as one decode-shaped forward with
+per-position snapshots, rollback = a snapshot copy, against the oracle and against the engine without speculation.
 
 Most runs use the plain-torch kernel stand-ins (the scheduling, packing and rollback code under test is the same);
 one scripted trace runs the Triton kernels (interpreter on CPU)."""
@@ -126,8 +126,8 @@ def test_speculative_log_and_tokens_equal_oracle_async_equals_legacy(models, pro
 
 
 def test_engine_speculation_matches_engine_without_it(models):
-    """Same engine, with and without speculation: the same tokens (not bitwise logits: a verify row runs the
-    chunked prefill arithmetic, plain decode the one-token recurrence)."""
+    """Same engine, with and without speculation: the same tokens (not bitwise logits: a verify batch runs its
+    projections over every verify position at once, plain decode over one token per row)."""
     oracle_model, fast = models
     plain, _ = _run(fast, _trace(None), "legacy")
     spec, _ = _run(fast, _trace({"kind": "ngram", "min_n": 1, "max_n": 2}), "legacy")
@@ -150,9 +150,9 @@ def _states_by_length(eng, rid: str) -> dict[int, dict]:
 
 
 def test_state_after_each_step_is_the_state_of_the_accepted_tokens(models):
-    """After resolving a verify step (restore + replay where a draft was rejected) the slot's conv window, SSM
-    state and KV hold exactly the prompt and every emitted token but the last: compared with the engine without
-    speculation at the same output length (close, not bitwise: chunked vs recurrent arithmetic)."""
+    """After resolving a verify step (the accepted position's snapshot copied back where a draft was rejected) the
+    slot's conv window, SSM state and KV hold exactly the prompt and every emitted token but the last: compared with
+    the engine without speculation at the same output length (close, not bitwise: other GEMM shapes)."""
     oracle_model, fast = models
     solo = {**BASE, "requests": [dict(BASE["requests"][0], max_new_tokens=10)]}
     toks = oracle_run(oracle_model, _trace(None, solo)).tokens["a"]
@@ -251,7 +251,7 @@ def test_corpus_spec_traces_on_the_torch_stand_ins_equal_the_oracle(models, name
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", SPEC_TRACES)
 def test_gpu_bf16_graphs_speculative_equals_non_speculative(name):
-    """bf16 with CUDA graphs (decode-only steps replay graphs, verify steps eager): async == legacy bitwise with
+    """bf16 with CUDA graphs (decode-only steps and greedy verify steps replay graphs): async == legacy bitwise with
     speculation; speculative and plain tokens both track the oracle tie-aware; acceptance consistent."""
     from oracle.trace import load_trace
     from tools.compare import TAU, compare_tie_aware
@@ -343,8 +343,8 @@ def test_generated_scripted_proposals_keep_tokens_and_follow_the_oracle(models, 
 
 
 def test_padded_graph_decode_steps_between_verify_steps(models):
-    """pad_decode=True (the CUDA-graph bucket shapes, eager on CPU): zero-draft steps take the graph path, verify
-    steps the eager one; tokens and log == the oracle's."""
+    """pad_decode=True (the CUDA-graph bucket shapes, eager on CPU): zero-draft steps take the decode-graph path,
+    verify steps the verify buckets; tokens and log == the oracle's."""
     oracle_model, fast = models
     greedy = {**BASE, "requests": [r for r in BASE["requests"] if "sampling" not in r]}
     plain = oracle_run(oracle_model, _trace(None, greedy))
@@ -360,8 +360,9 @@ def test_padded_graph_decode_steps_between_verify_steps(models):
 
 
 def test_every_speculative_forward_packs_through_the_engines_step_packer(models, monkeypatch):
-    """Verify steps, rollback replays and draft passes build their chunk table in the engine's one packer
-    (fastpath/engine/packing.py), slots checked against the bank they run on: no twin of the builder."""
+    """The prefill pieces of verify steps and the draft passes build their chunk table in the engine's one packer
+    (fastpath/engine/packing.py), slots checked against the bank they run on: no twin of the builder (verify
+    batches themselves are decode-shaped: no chunk table)."""
     import fastpath.engine.ops as ops
     from fastpath.engine import packing, speculative
     oracle_model, fast = models

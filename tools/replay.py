@@ -11,9 +11,9 @@
    tokens. The first (step, request) whose state differs beyond tolerance is reported with the first layer and
    the tensors that differ, in the fixed order ssm_state, conv_state (Mamba), k_cache, v_cache (attention).
    Speculative traces (DESIGN §13): the table shows each verify row's proposals and each step's accepted counts,
-   and the bisection also checks every verify row's rollback in its two stages — right after the restore (the
-   slot must hold the state before the verify row, at its position p) and after the replay (the prompt and every
-   emitted token but the bonus) — so a rollback defect is named by stage, layer and tensor.
+   and the bisection also checks every verify row right after its rollback — the copy of its last accepted
+   input's per-position snapshot into the slot, or none when every draft was accepted — against the prompt and every
+   emitted token but the bonus, so a rollback defect is named by stage, layer and tensor.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class StateDivergence:
     layer: int
     kind: str                          # "mamba" | "attention"
     tensors: list[tuple[str, float]]   # (name, relative difference), in the fixed order
-    stage: str = "after the step"      # speculative rollback: ROLLBACK_RESTORE or ROLLBACK_REPLAY
+    stage: str = "after the step"      # speculative rollback: ROLLBACK_RESTORE or ROLLBACK_NONE
 
     def describe(self) -> str:
         what = ", ".join(f"{n} (rel. diff {d:.3g})" for n, d in self.tensors)
@@ -47,8 +47,7 @@ class StateDivergence:
                 f"layer {self.layer} ({self.kind}): {what}")
 
 
-ROLLBACK_RESTORE = "verify rollback: after restoring the pre-verify snapshot"
-ROLLBACK_REPLAY = "verify rollback: after replaying the accepted tokens"
+ROLLBACK_RESTORE = "verify rollback: after copying the last accepted input's snapshot into the slot"
 ROLLBACK_NONE = "verify step: every draft accepted, no rollback"
 
 
@@ -121,9 +120,9 @@ def _check_slot(engine, oracle_model, rtol: float, step: int, rid: str, slot: in
 
 def watch_rollback(engine, oracle_model, rtol: float, found: list[StateDivergence]):
     """Wrap the engine's speculative rollback (fastpath/engine/speculative.py) so that each verify row's state is
-    checked after the restore (bank[slot] must be the state before the row: its first p = pos tokens) and after
-    the replay (every emitted token but the bonus); the first divergence is appended to `found`. Returns the
-    function that removes the wrappers."""
+    checked right after its snapshot copy (restore(j, r, slot): bank[slot] must hold its first pos + j + 1 tokens)
+    and again after the rollback (every emitted token but the bonus; a row that accepted every draft has no copy);
+    the first divergence is appended to `found`. Returns the function that removes the wrappers."""
     spec = engine.spec
     real_rollback, real_restore = spec.rollback, spec.snap.restore
 
@@ -132,10 +131,10 @@ def watch_rollback(engine, oracle_model, rtol: float, found: list[StateDivergenc
         step = engine.pending.step if engine.pending is not None else engine.k
         row_of = {b.slot: b for b, _ in verified}
 
-        def restore(j: int, slot: int) -> None:
-            real_restore(j, slot)
+        def restore(j: int, r: int, slot: int) -> None:
+            real_restore(j, r, slot)
             b = row_of[slot]
-            if not found and (d := _check_slot(engine, oracle_model, rtol, step, b.request, slot, b.pos,
+            if not found and (d := _check_slot(engine, oracle_model, rtol, step, b.request, slot, b.pos + j + 1,
                                                ROLLBACK_RESTORE)):
                 found.append(d)
         spec.snap.restore = restore
@@ -147,7 +146,7 @@ def watch_rollback(engine, oracle_model, rtol: float, found: list[StateDivergenc
             st = engine.requests[b.request]
             if found or st.finish_reason is not None:
                 continue
-            stage = ROLLBACK_REPLAY if v.accepted < len(b.proposals) else ROLLBACK_NONE
+            stage = ROLLBACK_RESTORE if v.accepted < len(b.proposals) else ROLLBACK_NONE
             n = len(st.req.prompt) + len(st.output) - 1
             if d := _check_slot(engine, oracle_model, rtol, step, b.request, b.slot, n, stage):
                 found.append(d)

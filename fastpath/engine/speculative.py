@@ -1,14 +1,15 @@
 """Speculative decoding in the fast-path engine (DESIGN §13, docs/engine.md "Speculative decoding").
 
-A verify row [last token, d_1..d_m] at positions [p, p+m] runs as a prefill piece of m+1 tokens through every layer
-(varlen conv / SSD / attention continue from bank[slot] at any position) with logits at all m+1 positions.
-Recurrent-state rollback is *snapshot + replay*: before the forward the verify slots' conv windows and SSM states
-are copied into a snapshot buffer (allocated once); when the row accepted a < m drafts, resolve copies the snapshot
-back and replays the a+1 accepted inputs as one piece (logits discarded). Attention KV needs no rollback: K/V are
-indexed by position and a row only ever reads positions below its own, so the rejected positions are rewritten
-before they are read. Verify steps run eager and synchronously (the host needs the tokens to decide the replay),
-and a step with verify rows is never overlapped in async mode (the oracle's rule: speculative traces never
-overlap). Written independently of oracle/speculative.py: only oracle's trace/log types are imported.
+A step with verify rows runs its decode and verify rows as one verify batch (fastpath/engine/verify.py): row r
+feeds [last token, d_1..d_m] at positions [p, p+m]; projections run once over every token, the Mamba layers'
+decode-step kernels and attention_decode position by position, and each Mamba layer's conv window and SSM state
+after every position but the last are kept as per-position snapshots in scratch allocated once. Rollback = copy
+snapshot a (the last accepted input) back into the slot: no second forward. Verify batches run at (rows, width)
+buckets as CUDA graphs when the engine has graphs (greedy rows), else eagerly (padded like the graphs under
+pad_decode: the bitwise reference). Prefill pieces of the same step run as a second, ordinary forward. Verify
+steps are synchronous (the host needs the tokens to decide acceptance), and a step with verify rows is never
+overlapped in async mode (the oracle's rule: speculative traces never overlap). Written independently of
+oracle/speculative.py: only oracle's trace/log types are imported.
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def pack(bank: StateBank, chunk_size: int, dec: list[tuple[int, int, int]], piec
 
 
 class Snapshot:
-    """Conv windows and SSM states of up to R slots, copied out before a verify forward and back for a replay."""
+    """Conv windows and SSM states of up to R slots of a bank, copied out and back (the draft model's own state
+    around its drafting steps)."""
 
     def __init__(self, bank: StateBank, R: int):
         self.bank = bank
@@ -160,7 +162,8 @@ def engine_key(spec):
 
 @dataclass
 class Verified:
-    """A verify row's outcome: the sampler's choices c_0..c_m, the accepted count, its snapshot index, its inputs."""
+    """A verify row's outcome: the sampler's choices c_0..c_m, the accepted count, its row in the verify batch
+    (its snapshots' index), its inputs."""
     choices: list[int]
     accepted: int
     snap: int
@@ -188,7 +191,10 @@ class Speculator:
                     if t >= V:
                         raise TraceError(f"engine.speculative.proposer.proposals.{rid}.{n}[{j}]",
                                          f"token id {t} >= vocab_size {V}")
-        self.snap = Snapshot(bank, R)
+        from .verify import VerifyRunner
+        g = engine.graphs                               # verify buckets follow the decode graphs' choice
+        self.runner = VerifyRunner(engine, self.k, capture=g is not None and g.capture, padded=g is not None)
+        self.snap = self.runner.snaps                   # per-position snapshots (rollback)
         self.out = torch.zeros(R * (self.k + 1), dtype=torch.int64, device=engine.device)   # verify-step tokens
         self.verified: list[tuple[BatchRow, Verified]] = []     # the last verify step's rows, until resolved
         p = spec.proposer
@@ -252,87 +258,99 @@ class Speculator:
 
     # ---- the verify step -----------------------------------------------------------------------------------
     def launch(self, batch: list[BatchRow], rec):
-        """Snapshot the verify slots, forward decode rows + verify pieces + prefill pieces, sample every verify
-        position (seeded: keyed by each absolute position), decide acceptance on the host. The returned pending
-        step lists each verify row as m+1 one-token rows (pos+i), of which the first a+1 sample, so resolve
-        appends them in order and stops at a stop token or max_new_tokens like any other token."""
+        """Decode + verify rows as one verify batch (each verify position sampled; seeded: keyed by its own absolute
+        position), prefill pieces as a second forward; acceptance decided on the host. The returned pending step
+        lists each verify row as m+1 one-token rows (pos+i), of which the first a+1 sample, so resolve appends them
+        in order and stops at a stop token or max_new_tokens like any other token."""
         from .engine import Launched
         eng = self.engine
         rec.batch = batch
-        dec = [b for b in batch if b.kind == "decode"]
-        ver = [b for b in batch if b.kind == "verify"]
+        rows = [b for b in batch if b.kind in ("decode", "verify")]
         pre = [b for b in batch if b.kind == "prefill"]
-        self.snap.save([b.slot for b in ver])
-        pieces = [Piece([eng.requests[b.request].output[-1]] + list(b.proposals), b.pos, b.slot, all_logits=True)
-                  for b in ver]
-        for b in pre:
-            pieces.append(Piece(list(eng.requests[b.request].req.prompt[b.pos:b.pos + b.count]), b.pos, b.slot))
-            eng.requests[b.request].done = b.pos + b.count
-        ckpts = (eng.prefix.plan([(len(ver) + j, b) for j, b in enumerate(pre)], eng.requests, rec, eng.k)
-                 if eng.prefix is not None and pre else [])       # prefill pieces follow the verify pieces
-        sb, ranges = pack(eng.bank, eng.config.chunk_size,
-                          [(eng.requests[b.request].output[-1], b.pos, b.slot) for b in dec], pieces,
-                          kw=_kw(eng.model), checkpoints=ckpts)
-        logits = eng.model.forward(sb, eng.bank)
-        order = dec + ver + pre                            # the model's packing order
+        inputs = [[eng.requests[b.request].output[-1]] + list(b.proposals or ()) for b in rows]
+        nb, _ = self.runner.shape(len(rows), max(len(x) for x in inputs))
         seeded = []
-        for b, (lo, hi) in zip(order, ranges):
+        for r, b in enumerate(rows):
             sp = eng.requests[b.request].req.sampling
             if sp.kind == "seeded":
-                first_pos = b.pos + b.count - (hi - lo) + 1     # the token logits row lo predicts
-                for i in range(hi - lo):                        # each verify position keyed by its own position
-                    seeded.append((lo + i, float(sp.temperature), int(sp.seed), first_pos + i))
-        L = logits.shape[0]
-        sample_rows(logits, self.out[:L], seeded, **_kw(eng.model))
+                first_pos = b.pos + 1                           # the token logits row r predicts
+                for i in range(len(inputs[r])):                 # each verify position keyed by its own position
+                    seeded.append((i * nb + r, float(sp.temperature), int(sp.seed), first_pos + i))
+        nb, w, logits, tok = self.runner.run(inputs, [b.pos for b in rows], [b.slot for b in rows], seeded)
+        plog = self._prefill(pre, rec) if pre else None
         if eng.on_logits is not None:                      # one pseudo decode row per logits row
-            eng.on_logits(self._expand(order, ranges), logits)
-        toks = self.out[:L].tolist()                       # verify steps are synchronous
-        span = {id(b): r for b, r in zip(order, ranges)}
-        rows, samples, host = [], [], []
+            eng.on_logits(*self._expand(rows, inputs, nb, logits, pre, plog))
+        vt = tok[:nb * w].tolist()                         # verify steps are synchronous
+        pt = self.out[:len(pre)].tolist()
+        row_of = {id(b): r for r, b in enumerate(rows)}
+        out_rows, samples, host = [], [], []
         rec.verify, self.verified = [], []
         for b in batch:
-            lo, hi = span[id(b)]
-            if b.kind != "verify":
-                rows.append(b)
-                samples.append(b.kind == "decode" or not eng.requests[b.request].prefilling)
-                host.append(toks[lo])
+            if b.kind == "prefill":
+                out_rows.append(b)
+                samples.append(not eng.requests[b.request].prefilling)
+                host.append(pt[pre.index(b)])
                 continue
-            choices = toks[lo:hi]
+            r = row_of[id(b)]
+            choices = [vt[i * nb + r] for i in range(len(inputs[r]))]
+            if b.kind == "decode":
+                out_rows.append(b)
+                samples.append(True)
+                host.append(choices[0])
+                continue
             a = 0
             while a < len(b.proposals) and b.proposals[a] == choices[a]:
                 a += 1
             rec.verify.append({"request": b.request, "accepted": a})
-            inputs = [eng.requests[b.request].output[-1]] + list(b.proposals)
-            self.verified.append((b, Verified(choices, a, ver.index(b), inputs)))
+            self.verified.append((b, Verified(choices, a, r, inputs[r])))
             for i in range(len(choices)):                  # emitted: c_0..c_a (accepted drafts, then the bonus)
-                rows.append(BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1))
+                out_rows.append(BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1))
                 samples.append(i <= a)
                 host.append(choices[i])
-        return Launched(eng.k, rows, rec, samples, torch.tensor(host, dtype=torch.int64), None)
+        return Launched(eng.k, out_rows, rec, samples, torch.tensor(host, dtype=torch.int64), None)
+
+    def _prefill(self, pre: list[BatchRow], rec) -> Tensor:
+        """The step's prefill pieces as an ordinary forward (the engine's packer; prefix-cache checkpoints planned
+        for them); their tokens sampled into self.out[:len(pre)]."""
+        eng = self.engine
+        pieces = []
+        for b in pre:
+            pieces.append(Piece(list(eng.requests[b.request].req.prompt[b.pos:b.pos + b.count]), b.pos, b.slot))
+            eng.requests[b.request].done = b.pos + b.count
+        ckpts = (eng.prefix.plan(list(enumerate(pre)), eng.requests, rec, eng.k) if eng.prefix is not None else [])
+        sb, _ = pack(eng.bank, eng.config.chunk_size, [], pieces, kw=_kw(eng.model), checkpoints=ckpts)
+        logits = eng.model.forward(sb, eng.bank)
+        seeded = []
+        for j, b in enumerate(pre):
+            sp = eng.requests[b.request].req.sampling
+            if sp.kind == "seeded":
+                seeded.append((j, float(sp.temperature), int(sp.seed), b.pos + b.count))
+        sample_rows(logits, self.out[:len(pre)], seeded, **_kw(eng.model))
+        return logits
 
     @staticmethod
-    def _expand(order: list[BatchRow], ranges) -> list[BatchRow]:
-        rows = []
-        for b, (lo, hi) in zip(order, ranges):
-            if b.kind == "verify":
-                rows.extend(BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1) for i in range(hi - lo))
-            else:
-                rows.append(b)
-        return rows
+    def _expand(rows: list[BatchRow], inputs: list[list[int]], nb: int, logits: Tensor, pre: list[BatchRow],
+                plog: Tensor | None) -> tuple[list[BatchRow], Tensor]:
+        """on_logits' view of a verify step: every real verify position as a decode row (row order, then
+        position), then the prefill pieces; their logits rows gathered in that order."""
+        out, idx = [], []
+        for r, b in enumerate(rows):
+            for i in range(len(inputs[r])):
+                out.append(b if b.kind == "decode" else BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1))
+                idx.append(i * nb + r)
+        lg = logits.index_select(0, torch.tensor(idx, dtype=torch.int64, device=logits.device))
+        return out + list(pre), (lg if plog is None else torch.cat([lg, plog]))
 
     # ---- resolve -------------------------------------------------------------------------------------------
     def rollback(self) -> None:
-        """Rows that rejected a draft and go on: bank[slot] := snapshot, then replay the a+1 accepted inputs as
-        one piece per row (one forward for all of them), so conv and SSM state end at the last accepted input."""
-        eng, pieces = self.engine, []
+        """Rows that rejected a draft and go on: bank[slot] := their snapshot after the last accepted input (every
+        Mamba layer's conv window and SSM state). A row that accepted every draft already holds that state (its
+        positions past m were slot -1 in the verify forward); a finished row is skipped."""
+        eng = self.engine
         verified, self.verified = self.verified, []
         for b, v in verified:
             if eng.requests[b.request].finish_reason is not None:
                 continue
             if v.accepted == len(b.proposals):             # every draft accepted: the forward left the right state
                 continue
-            self.snap.restore(v.snap, b.slot)
-            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))
-        if pieces:
-            sb, _ = pack(eng.bank, eng.config.chunk_size, [], pieces, kw=_kw(eng.model))
-            eng.model.forward(sb, eng.bank)
+            self.snap.restore(v.accepted, v.snap, b.slot)

@@ -565,32 +565,32 @@ QUICK = {
 }
 
 # ---------------------------------------------------------------- speculative decoding (issue 18, DESIGN §13)
-SPEC, ORACLE_SPEC = "fastpath/engine/speculative.py", "oracle/speculative.py"
+SPEC, ORACLE_SPEC, VERIFY = "fastpath/engine/speculative.py", "oracle/speculative.py", "fastpath/engine/verify.py"
 T_SPEC = "tests/test_speculative_engine.py"
 T_SPEC_STATE = T_SPEC + "::test_state_after_each_step_is_the_state_of_the_accepted_tokens"
 T_SPEC_LOG = T_SPEC + "::test_speculative_log_and_tokens_equal_oracle_async_equals_legacy"
 T_SPEC_CORPUS = T_SPEC + "::test_corpus_spec_traces_on_the_torch_stand_ins_equal_the_oracle"
 T_SPEC_BUDGET = T_SPEC + "::test_verify_rows_and_prefill_pieces_share_the_budget"
-_REPLAY = ("            self.snap.restore(v.snap, b.slot)\n"
-           "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))\n")
+_RESTORE = "            self.snap.restore(v.accepted, v.snap, b.slot)\n"
 
 MUTANTS += [
     Mutant("spec_state_at_last_draft", "speculative rollback",
-           "after a rejection the slot keeps the state the verify forward left: conv and SSM state (and KV) at the "
-           "last draft instead of the last accepted token",
-           SPEC, _REPLAY, "",
+           "after a rejection the slot keeps the state the verify forward left: conv and SSM state at the last draft "
+           "instead of the last accepted token (the accepted position's snapshot is never copied back)",
+           SPEC, _RESTORE, "",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_conv_not_rolled_back", "speculative rollback",
-           "the rollback restores the SSM state from the snapshot but not the conv window, so the replay continues "
-           "a window that already holds the rejected drafts",
-           SPEC, "        self.bank.conv_state[:, slot].copy_(self.conv[:, j])\n", "",
+           "the rollback copies the accepted position's SSM snapshot back but not its conv window, so the next step "
+           "continues a window that already holds the rejected drafts",
+           VERIFY, "        self.bank.conv_state[:, slot].copy_(self.conv[:, j, r])\n", "",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_stale_state_after_full_accept", "speculative rollback",
-           "a row that accepted every draft is reset to its pre-verify snapshot with nothing replayed: the next "
-           "(zero-draft) step reads a stale state (the vLLM Nemotron-H/Qwen3.5 report)",
+           "a row that accepted every draft is reset to a stale snapshot (the one after its first input, as if no "
+           "draft had been accepted): the next (zero-draft) step reads a stale state (the vLLM Nemotron-H/Qwen3.5 "
+           "report)",
            SPEC, "            if v.accepted == len(b.proposals):             # every draft accepted: the forward "
                  "left the right state\n                continue\n",
-           "            if v.accepted == len(b.proposals):\n                self.snap.restore(v.snap, b.slot)\n"
+           "            if v.accepted == len(b.proposals):\n                self.snap.restore(0, v.snap, b.slot)\n"
            "                continue\n",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_bonus_from_wrong_position", "speculative verify",
@@ -606,11 +606,10 @@ MUTANTS += [
            "            a = min(a + 1, len(b.proposals))\n",
            (T_SPEC_LOG,)),
     Mutant("spec_kv_length_not_cut", "speculative rollback",
-           "the row's KV length after a rejection counts every fed token: the replay writes the accepted inputs' K/V "
-           "(and RoPE) after the rejected drafts' positions instead of over them",
-           SPEC, "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos, b.slot))\n",
-           "            pieces.append(Piece(v.inputs[:v.accepted + 1], b.pos + len(b.proposals) - v.accepted, "
-           "b.slot))\n",
+           "a verify row's fed length is not cut at its own m+1 inputs: the batch width's padding positions run in the "
+           "row's slot (not slot -1), so its conv/SSM state and K/V advance over padding tokens past its last input",
+           VERIFY, "            for j, t in enumerate(toks):\n",
+           "            for j, t in enumerate(list(toks) + [0] * (w - len(toks))):\n",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_stop_inside_drafts_ignored", "speculative finishing",
            "a stop token (or max_new_tokens) reached inside the accepted drafts does not cut the emitted list: the "

@@ -1,0 +1,239 @@
+"""Verify steps of speculative decoding as decode-shaped batches (DESIGN §13, docs/engine.md "Speculative decoding").
+
+A verify batch is nb rows x w positions, laid out position-major: token t = j*nb + r is row r's input j at position
+pos_r + j. Every projection, norm and MLP runs once over all T = nb*w tokens (one pass over the weights); each Mamba
+layer runs the decode-step kernels (conv1d_step, ssm_step) position by position on the slot, and after position
+j < w-1 copies every row's conv window and SSM state into scratch snapshot j (per-position snapshots); attention
+runs attention_decode position by position (position j's K/V is written before position j+1 reads it). A row's
+positions past its own m drafts, and padding rows, carry slot -1: no kernel reads or writes their state. So after
+the forward each slot holds the state after its last real input, and a row that accepted a < m drafts only needs
+snapshot a copied back (`PositionSnapshots.restore`): no second forward. KV needs no rollback (positions past the
+accepted ones are rewritten before anything reads them).
+
+On CUDA each (rows bucket, width bucket) is captured once as a graph over static buffers (greedy rows); the eager
+padded path (`capture=False`, the engine's pad_decode) runs exactly the same shapes and kernels, so graph replay ==
+eager padded bitwise by construction, as for the decode graphs (fastpath/engine/graphs.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import ops
+from .bank import StateBank
+from .graphs import buckets
+from .sample import sample_rows
+
+
+def width_buckets(k: int) -> list[int]:
+    """Verify widths (positions per row): 2, 3, 5, 9, ... (1 + powers of two) below k+1, then k+1."""
+    out, b = [], 1
+    while b + 1 < k + 1:
+        out.append(b + 1)
+        b *= 2
+    return out + [k + 1]
+
+
+class PositionSnapshots:
+    """Conv windows and SSM states of every Mamba layer after verify positions 0..k-1 of up to R rows, allocated
+    once: conv [n_mamba, k, R, conv_dim, d_conv-1], ssm [n_mamba, k, R, H, P, N] (the bank's dtypes)."""
+
+    def __init__(self, bank: StateBank, R: int, k: int):
+        self.bank = bank
+        n_m = bank.conv_state.shape[0]
+        self.conv = torch.zeros((n_m, k, R) + tuple(bank.conv_state.shape[2:]), dtype=bank.conv_state.dtype,
+                                device=bank.device)
+        self.ssm = torch.zeros((n_m, k, R) + tuple(bank.ssm_state.shape[2:]), dtype=bank.ssm_state.dtype,
+                               device=bank.device)
+
+    def save(self, m: int, j: int, src: Tensor) -> None:
+        """snapshot[m, j, r] := bank[m, src[r]] for every row r (Mamba layer index m, after position j)."""
+        n = src.shape[0]
+        torch.index_select(self.bank.conv_state[m], 0, src, out=self.conv[m, j, :n])
+        torch.index_select(self.bank.ssm_state[m], 0, src, out=self.ssm[m, j, :n])
+
+    def restore(self, j: int, r: int, slot: int) -> None:
+        """bank[:, slot] := snapshot[:, j, r]: row r's state after its input j, in every Mamba layer."""
+        self.bank.ssm_state[:, slot].copy_(self.ssm[:, j, r])
+        self.bank.conv_state[:, slot].copy_(self.conv[:, j, r])
+
+    def nbytes(self) -> int:
+        """Bytes of scratch (the memory the per-position rollback costs)."""
+        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+
+
+@dataclass
+class VerifyBatch:
+    """Device inputs of one verify forward (views of one metadata tensor, position-major)."""
+    ids: Tensor      # [w*nb] int64
+    pos: Tensor      # [w*nb] int64
+    slot: Tensor     # [w, nb] int64: the row's slot at its real positions, -1 elsewhere
+    src: Tensor      # [nb] int64: the slot each row's snapshots copy (padding rows: row 0's)
+    nb: int
+    w: int
+
+    @staticmethod
+    def view(meta: Tensor, nb: int, w: int) -> "VerifyBatch":
+        T = nb * w
+        return VerifyBatch(meta[:T], meta[T:2 * T], meta[2 * T:3 * T].view(w, nb), meta[3 * T:3 * T + nb], nb, w)
+
+
+def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots) -> Tensor:
+    """FastModel.forward's layer loop over a verify batch with sequential mixers; logits [w*nb, V] at every token."""
+    c, w = model.config, model.w
+    h = F.embedding(vb.ids, w["embed.weight"])
+    if c.embedding_multiplier != 1.0:
+        h = h * c.embedding_multiplier
+    h = h.to(model.stream_dtype)
+    out = None
+    for i, spec in enumerate(c.layers):
+        if spec.mixer is not None:
+            h, u = model._add_norm(h, out, f"layers.{i}.mixer_norm.weight")
+            out = _mamba(model, i, u, vb, bank, snaps) if spec.mixer == "mamba" else _attention(model, i, u, vb, bank)
+        if spec.ffn is not None:
+            h, u = model._add_norm(h, out, f"layers.{i}.ffn_norm.weight")
+            p = f"layers.{i}."
+            out = model.mlp(u, p + "mlp.") if spec.ffn == "mlp" else model.moe(u, p + "moe.")
+    _, h = model._add_norm(h, out, "final_norm.weight")
+    return model._logits(h)
+
+
+def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots) -> Tensor:
+    """FastModel.mamba with the conv and SSM updates as w decode steps, snapshots after positions 0..w-2."""
+    c, p, nb, be = model.config, f"layers.{i}.mamba.", vb.nb, model.backend
+    conv_w, conv_b = model.w[p + "conv1d.weight"], model.w.get(p + "conv1d.bias")
+    zxbcdt = model._linear(u, p + "in_proj")
+    T, H, P, G, N = zxbcdt.shape[0], c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
+    z, xBC, dt = torch.split(zxbcdt, [c.d_inner, c.conv_dim, H], dim=-1)
+    xbc = torch.empty(T, c.conv_dim, dtype=zxbcdt.dtype, device=zxbcdt.device)
+    y = torch.empty(T, H, P, dtype=zxbcdt.dtype, device=zxbcdt.device)
+    A, D, dt_bias, m = model.A[i], model.w[p + "D"], model.w[p + "dt_bias"], bank.mamba_index[i]
+    for j in range(vb.w):
+        s = slice(j * nb, (j + 1) * nb)
+        ops.conv1d_step(xBC[s], conv_w, conv_b, bank.conv(i), vb.slot[j], out=xbc[s], backend=be)
+        x, B, C = torch.split(xbc[s], [c.d_inner, G * N, G * N], dim=-1)
+        ops.ssm_step(bank.ssm(i), x.reshape(nb, H, P), dt[s], A, B.reshape(nb, G, N), C.reshape(nb, G, N), D,
+                     dt_bias, vb.slot[j], dt_limit=c.dt_limit, out=y[s], backend=be)
+        if j < vb.w - 1:
+            snaps.save(m, j, vb.src)
+    y = model._gated_norm(y.reshape(T, c.d_inner), z, model.w[p + "norm.weight"])
+    return model._linear(y, p + "out_proj")
+
+
+def _attention(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank) -> Tensor:
+    """FastModel.attention with one attention_decode per position (K/V written at pos_r + j, read up to it)."""
+    c, p, nb = model.config, f"layers.{i}.attn.", vb.nb
+    Hq, Hkv, d = c.n_attn_heads, c.n_kv_heads, c.attn_head_dim
+    T = u.shape[0]
+    if p + "qkv.weight" in model.w:
+        qk, v = model._linear(u, p + "qkv").split([(Hq + Hkv) * d, Hkv * d], dim=-1)
+        qk, v = qk.view(T, Hq + Hkv, d), v.view(T, Hkv, d)
+        q, k = qk[:, :Hq], qk[:, Hq:]
+    else:
+        q = model._linear(u, p + "q_proj").view(T, Hq, d)
+        k = model._linear(u, p + "k_proj").view(T, Hkv, d)
+        v = model._linear(u, p + "v_proj").view(T, Hkv, d)
+    kc, vc = bank.kv(i)
+    o = torch.empty(T, Hq, d, dtype=q.dtype, device=q.device)
+    for j in range(vb.w):
+        s = slice(j * nb, (j + 1) * nb)
+        ops.attention_decode(q[s], k[s], v[s], kc, vc, vb.slot[j], vb.pos[s], c.attn_scale, out=o[s],
+                             rope_dim=c.rope_dim, rope_theta=c.rope_theta, backend=model.backend)
+    return model._linear(o.view(T, Hq * d), p + "o_proj")
+
+
+class VerifyRunner:
+    """Verify forwards at (rows, width) shapes: exact (eager, no graphs), bucketed eager (pad_decode: the bitwise
+    reference), or bucketed CUDA graphs (greedy batches; a batch with seeded rows runs the same shapes eagerly)."""
+
+    def __init__(self, engine, k: int, capture: bool, padded: bool):
+        self.model, self.bank, self.k = engine.model, engine.bank, k
+        dev, R = engine.device, engine.R
+        self.device = dev
+        self.capture = capture and dev.type == "cuda"
+        self.padded = padded or self.capture
+        self.row_buckets, self.widths = buckets(R), width_buckets(k)
+        self.snaps = PositionSnapshots(engine.bank, R, k)
+        self.stage = torch.zeros(3 * R * (k + 1) + R, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self.meta: dict[tuple[int, int], Tensor] = {}
+        self.tok: dict[tuple[int, int], Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._logits: dict[tuple[int, int], Tensor] = {}
+        self.pool = None
+        self.replays = 0
+
+    def shape(self, rows: int, width: int) -> tuple[int, int]:
+        """(nb, w) a batch of `rows` rows of at most `width` inputs runs at."""
+        if not self.padded:
+            return rows, width
+        return next(b for b in self.row_buckets if b >= rows), next(w for w in self.widths if w >= width)
+
+    def _buffers(self, key: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        if key not in self.meta:
+            nb, w = key
+            self.meta[key] = torch.zeros(3 * nb * w + nb, dtype=torch.int64, device=self.device)
+            self.tok[key] = torch.zeros(nb * w, dtype=torch.int64, device=self.device)
+        return self.meta[key], self.tok[key]
+
+    def _body(self, key: tuple[int, int]) -> Tensor:
+        meta, tok = self._buffers(key)
+        logits = verify_forward(self.model, VerifyBatch.view(meta, *key), self.bank, self.snaps)
+        ops.greedy_sample(logits, tok, backend=self.model.backend)
+        self._logits[key] = logits
+        return logits
+
+    def _capture(self, key: tuple[int, int]) -> None:
+        """Warm up on a side stream with every slot -1 (the bank untouched), then capture; metadata restored."""
+        meta, _ = self._buffers(key)
+        T = key[0] * key[1]
+        saved = meta.clone()
+        meta[2 * T:3 * T].fill_(-1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body(key)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            self._body(key)
+        self.pool = g.pool()
+        self.graphs[key] = g
+        meta.copy_(saved)
+
+    def capture_all(self) -> None:
+        """Capture every (rows, width) bucket now (benchmarks: no capture inside a timed run), largest first."""
+        if self.capture:
+            for key in sorted(((nb, w) for nb in self.row_buckets for w in self.widths), reverse=True):
+                if key not in self.graphs:
+                    self._capture(key)
+
+    def run(self, inputs: list[list[int]], pos: list[int], slot: list[int],
+            seeded: list[tuple[int, float, int, int]]) -> tuple[int, int, Tensor, Tensor]:
+        """Row r feeds inputs[r] at positions pos[r].. in slot[r]; returns (nb, w, logits [w*nb, V], tokens [w*nb])
+        with token t = j*nb + r the sampler's choice after row r's input j. `seeded` (logits row, temperature, seed,
+        position) is laid out by the caller with shape()'s nb."""
+        S = len(inputs)
+        nb, w = self.shape(S, max(len(x) for x in inputs))
+        T = nb * w
+        ids, ps, sl = [0] * T, [0] * T, [-1] * T
+        for r, (toks, p, s) in enumerate(zip(inputs, pos, slot)):
+            for j, t in enumerate(toks):
+                ids[j * nb + r], ps[j * nb + r], sl[j * nb + r] = t, p + j, s
+        vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
+        key = (nb, w)
+        meta, tok = self._buffers(key)
+        self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
+        meta.copy_(self.stage[:len(vals)], non_blocking=True)    # the stage is reused after the step's sync
+        if self.capture and not seeded:
+            if key not in self.graphs:
+                self._capture(key)
+            self.graphs[key].replay()
+            self.replays += 1
+            return nb, w, self._logits[key], tok
+        logits = verify_forward(self.model, VerifyBatch.view(meta, nb, w), self.bank, self.snaps)
+        sample_rows(logits, tok, seeded, backend=self.model.backend)
+        return nb, w, logits, tok
