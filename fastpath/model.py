@@ -43,6 +43,7 @@ class StepBatch:
     checkpoints: tuple = ()  # (piece, absolute position p, bank slot): the piece's Mamba state at the chunk start
                              # p inside it is also written to that slot (prefix-cache checkpoints, DESIGN §12)
     pre_slot_host: list | None = None   # pre_slot as a host list (None: attention reads the device tensors back)
+    pre_tok_seq: Tensor | None = None   # [T - n_dec] int32 piece of each prefill token (built once per step)
 
 
 class FastModel:
@@ -186,7 +187,7 @@ class FastModel:
             self._checkpoint_windows(xBC, b, bank.conv(i))
         if T > n:
             ops.causal_conv1d_varlen(xBC[n:], conv_w, conv_b, bank.conv(i), b.pre_cu, b.pre_slot, b.pre_init,
-                                     out=xbc[n:], validate=b.table is None, backend=self.backend)
+                                     out=xbc[n:], validate=b.table is None, backend=self.backend, tok_seq=b.pre_tok_seq)
         x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
         x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
         A, D, dt_bias = self.A[i], self.w[p + "D"], self.w[p + "dt_bias"]
@@ -254,7 +255,8 @@ class FastModel:
                               for t in (qp, kp))
             host = None if b.pre_slot_host is None else (b.pre_cu_host, b.pre_slot_host, b.pre_start_host)
             ops.attention_prefill_varlen(qp, kp, v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
-                                         c.attn_scale, out=o[n:], backend=self.backend, host=host)
+                                         c.attn_scale, out=o[n:], backend=self.backend, host=host,
+                                         tok_seq=b.pre_tok_seq)
         return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj", residual=res)
 
     def _residual(self, h: Tensor, out: Tensor) -> Tensor:

@@ -161,7 +161,7 @@ def _token_list(v: Any, path: str, rid: str | None, allow_empty: bool, vocab_siz
     if not v and not allow_empty:
         raise TraceError(path, "must not be empty", rid)
     if v and set(map(type, v)) == {int} and min(v) >= 0 and (vocab_size is None or max(v) < vocab_size):
-        return tuple(v)       # all plain in-range ints: ~25x faster on a 32k-token prompt; else the loop names the bad one
+        return tuple(v)       # plain in-range ints, checked in bulk (8x faster on a 32k prompt); else the loop
     out = []
     for j, t in enumerate(v):
         if not _is_int(t):

@@ -58,7 +58,9 @@ def test_prefill_steps_read_no_device_metadata_in_the_mamba_layers(monkeypatch):
 def test_hybrid_prefill_steps_read_no_device_metadata_in_the_attention_layers(monkeypatch):
     """A hybrid's attention_prefill_varlen gets the step's host lists (cu_seqlens, slot, start_pos) from the
     packer, so its wrapper converts only lists (it used to read three device tensors back per layer); a call
-    without them does read the tensors, so the spy can fail."""
+    without them does read the tensors, so the spy can fail. The token -> piece index is built once per step by
+    the packer, never per conv or attention layer."""
+    import fastpath.kernels._common as common_mod
     import fastpath.kernels.attention as attn_mod
     cfg = zoo.tiny_config("bamba", pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2,
                           n_kv_heads=1)
@@ -72,9 +74,19 @@ def test_hybrid_prefill_steps_read_no_device_metadata_in_the_attention_layers(mo
             reads.append(name)
         return real(op, name, t)
     monkeypatch.setattr(attn_mod, "host_ints", spy)
+    built = {"step": 0, "layer": 0}
+    real_index = common_mod.token_sequence_index
+
+    def index(where):
+        return lambda *a: built.__setitem__(where, built[where] + 1) or real_index(*a)
+    monkeypatch.setattr(common_mod, "token_sequence_index", index("step"))
+    monkeypatch.setattr(attn_mod, "token_sequence_index", index("layer"))
+    monkeypatch.setattr(conv_mod, "token_sequence_index", index("layer"))
     one = Trace(TRACE.engine, TRACE.requests[1:])
-    Engine(model, one.engine, max_len=32).run_trace(one)
+    got = Engine(model, one.engine, max_len=32).run_trace(one)
     assert calls and reads == [], f"device metadata read back on the host: {reads}"
+    steps = sum(1 for s in got.schedule_log.to_json()["steps"] if s["batch"])
+    assert built == {"step": steps, "layer": 0}, built
     q = torch.zeros(2, 2, 8)
     kc = torch.zeros(1, 4, 1, 8)
     attn_mod.attention_prefill_varlen(q, q[:, :1], q[:, :1], kc, kc.clone(), torch.tensor([0, 2]),

@@ -69,6 +69,25 @@ def test_qualify_line_judges_the_reported_facts(oracle_model):
     assert qualify_check("m/t", "legacy", plain, None, oracle_model, None) is None
 
 
+def test_qualify_line_replays_the_policy_with_the_engines_tokens_and_fails_outputs_no_schedule_produces(oracle_model):
+    """The events are judged on the oracle schedule replayed with the engine's own tokens (a math-free model, as
+    the schedule check): correct facts beside a different but well-formed continuation still PASS; one token past
+    max_new_tokens breaks the finish rule, which FAILs naming it."""
+    import dataclasses
+    run = CacheReportingEngine(MODEL, TRACE, "legacy").run_trace()
+    caps = CacheReportingEngine.capabilities("cpu")
+    req = max(TRACE.requests, key=lambda r: r.max_new_tokens)
+    stops = set(req.stop_token_ids)
+    other = next(t for t in range(1, 50) if t not in stops and t != run.tokens[req.id][-1])
+    changed = dict(run.tokens, **{req.id: run.tokens[req.id][:-1] + [other]})
+    assert len(changed[req.id]) == req.max_new_tokens and not stops      # finished by length: still well-formed
+    ok = qualify_check("m/t", "legacy", TRACE, dataclasses.replace(run, tokens=changed), oracle_model, caps)
+    assert ok.status == "PASS", ok.detail
+    longer = dict(run.tokens, **{req.id: run.tokens[req.id] + [other] * (req.max_new_tokens + 1)})
+    bad = qualify_check("m/t", "legacy", TRACE, dataclasses.replace(run, tokens=longer), oracle_model, caps)
+    assert bad.status == "FAIL" and "break the finish rule" in bad.detail, bad.detail
+
+
 def test_oracle_adapter_reports_the_facts_of_its_log(oracle_model):
     run = OracleAdapter(MODEL, TRACE, "async").run_trace()
     assert isinstance(run.prefix_cache, CacheEvents)

@@ -224,3 +224,23 @@ def test_cache_on_equals_off_bitwise_bf16_with_cuda_graphs(device, dtype):
     for on, off in ((runs[0], runs[2]), (runs[1], runs[3])):
         assert on[0].tokens == off[0].tokens
         _same_logits(on[1], off[1])
+
+
+@pytest.mark.parametrize("device,dtype", [pytest.param("cuda", torch.bfloat16, marks=GPU, id="cuda-bf16")])
+def test_hit_suffix_over_a_long_prefix_takes_the_split_key_attention_and_stays_bitwise(device, dtype):
+    """GPU: a 5-token suffix after a 2048-token shared prefix (block 1024): the hit's piece is short over a context
+    longer than one split chunk, so attention splits over the keys (fastpath/kernels/attention.py); cache on ==
+    cache off bitwise (the cold run's last piece is the same piece, so the same split plan)."""
+    from fastpath.kernels.attention import SPLIT_MAX_QUERIES, attention_split_rule
+    _, _, fast = _weights(device, dtype)
+    prefix = tuple(16 + (5 * i + 1) % 48 for i in range(2048))
+    reqs = [("a", 0, prefix + (20, 21, 22, 23, 24), 4), ("b", 6, prefix + (30, 31, 32, 33, 34), 4)]
+    mk = lambda B: Trace(EngineConfig(1, 1024, 1024, "legacy",  # noqa: E731
+                                      prefix_cache=PrefixCacheConfig(B, 2) if B else None),
+                         tuple(Request(i, a, p, n) for i, a, p, n in reqs))
+    on_t, off_t = mk(1024), mk(0)
+    assert 5 <= SPLIT_MAX_QUERIES and 2053 > attention_split_rule(2053 + 8)
+    on, off = (run_recording_logits(Engine(fast, t.engine, max_len=2053 + 8), t, "legacy") for t in (on_t, off_t))
+    assert _hits(on[0]) == {"a": 0, "b": 2048}
+    assert on[0].tokens == off[0].tokens
+    _same_logits(on[1], off[1])

@@ -177,7 +177,8 @@ def prefix_lines(r: dict) -> list[str]:
     mib = lambda n: f"{n / 2**20:.1f} MiB"   # noqa: E731
     out = [f"prefix cache: {r['suffix']}-token suffix after a {r['prefix']}-token prefix (block {r['block']}): "
            f"TTFT cold {1e3 * r['ttft_cold_off_s']:.1f} ms (cache off; {1e3 * r['ttft_cold_on_s']:.1f} ms cache on, "
-           f"storing), hit {1e3 * r['ttft_hit_s']:.2f} ms (hits {', '.join(f'{1e3 * t:.2f}' for t in r['ttft_hits_s'])})"
+           f"storing), hit {1e3 * r['ttft_hit_s']:.2f} ms "
+           f"(hits {', '.join(f'{1e3 * t:.2f}' for t in r['ttft_hits_s'])})"
            f" -> {r['speedup']:.1f}x (goal >= 50x); cached_tokens {r['cached_tokens']}",
            f"prefix cache: one checkpoint = Mamba state {mib(r['checkpoint_state_bytes'])} + prefix KV "
            f"{mib(r['checkpoint_kv_bytes'])} (pool slot {mib(r['pool_slot_bytes'])} at max_len); the same prefix's KV "

@@ -53,11 +53,11 @@ def conv1d_step(x, weight, bias, conv_bank, slot, silu=True, out=None, backend="
 
 
 def causal_conv1d_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=True, out=None,
-                         validate=True, backend="triton"):
+                         validate=True, backend="triton", tok_seq=None):
     """Prefill conv (see fastpath.kernels.conv1d.causal_conv1d_varlen)."""
     if backend == "triton":
         return _conv_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=silu, out=out,
-                            validate=validate)
+                            validate=validate, tok_seq=tok_seq)
     y = torch_ops.conv_varlen(x, weight, bias, conv_bank, _ints(slot), _ints(cu_seqlens),
                               [bool(v) for v in _ints(has_initial_state)])
     return _into(out, F.silu(y.float()).to(x.dtype) if silu else y)
@@ -137,11 +137,13 @@ def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope
 
 
 def attention_prefill_varlen(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=None,
-                             backend="triton", host=None):
+                             backend="triton", host=None, tok_seq=None):
     """Packed causal prefill, K/V written to the slot's cache (see fastpath.kernels.attention); host: the
-    (cu_seqlens, slot, start_pos) host lists, so the wrapper reads nothing back from the device."""
+    (cu_seqlens, slot, start_pos) host lists, so the wrapper reads nothing back from the device; tok_seq: the
+    step's token -> sequence index, built once for all layers."""
     if backend == "triton":
-        return _attn_prefill(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=out, host=host)
+        return _attn_prefill(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=out, host=host,
+                             tok_seq=tok_seq)
     cu, sl, sp = host if host is not None else (cu_seqlens, slot, start_pos)
     y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, _ints(sl), _ints(cu), _ints(sp), scale)
     return _into(out, y)

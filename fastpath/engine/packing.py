@@ -43,6 +43,9 @@ def pack_step(device: torch.device, chunk_size: int, ids: list[int], pos: list[i
     pre_start, pre_init, last_t = take(len(pieces)), take(len(pieces)).to(torch.int32), take(len(last))
     sb = StepBatch(ids_t, pos_t, n, dec_slot, pre_cu, pre_slot, pre_start, pre_init, last_t, cu, starts,
                    checkpoints=tuple(checkpoints), pre_slot_host=slots)
+    if pieces and backend == "triton":   # every conv and attention layer's token -> piece index, built once
+        from fastpath.kernels._common import token_sequence_index
+        sb.pre_tok_seq = token_sequence_index(pre_cu, T - n)
     if pieces:   # once per step from the host lists, slots checked here: no layer's kernels read them back
         sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, slots, n_slots, backend=backend,
                                        checkpoints=list(checkpoints) or None)

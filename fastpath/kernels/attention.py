@@ -205,10 +205,11 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan, chun
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                              cu_seqlens: Tensor, slot: Tensor, start_pos: Tensor, scale: float,
                              out: Tensor | None = None, host: tuple | None = None,
-                             split_keys: int | None = None) -> Tensor:
+                             split_keys: int | None = None, tok_seq: Tensor | None = None) -> Tensor:
     """Packed q [T,Hq,d], k/v [T,Hkv,d] of sequences at start_pos: write K/V into the cache, attend -> [T,Hq,d].
     host: (cu_seqlens, slot, start_pos) as Python lists equal to the tensors (the engine has them: no host sync);
-    split_keys: keys per split instead of attention_split_rule's (tests force the split at small shapes)."""
+    split_keys: keys per split instead of attention_split_rule's (tests force the split at small shapes);
+    tok_seq: token_sequence_index(cu_seqlens, T), when the caller built it once for every layer of a step."""
     op = OP_PREFILL
     T, Hq, Hkv = check_qkv_cache(op, q, k, v, k_cache, v_cache)
     dev = q.device
@@ -243,6 +244,8 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
     rule = attention_launch_rule(q.shape[2])
     chunk = split_keys or attention_split_rule(k_cache.shape[1])
     plan = split_plan(cu, sp, sl, rule["BLOCK_M"], chunk)
-    tok_seq = token_sequence_index(cu_seqlens, T)
+    if tok_seq is None:
+        tok_seq = token_sequence_index(cu_seqlens, T)
+    check(op, "tok_seq", tok_seq, (T,), INDEX_DTYPES, dev)
     _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos, plan, chunk, scale, rule)
     return out

@@ -161,10 +161,11 @@ def _check_common(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, conv_
 
 def causal_conv1d_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor,
                          cu_seqlens: Tensor, slot: Tensor, has_initial_state: Tensor, silu: bool = True,
-                         out: Tensor | None = None, validate: bool = True) -> Tensor:
+                         out: Tensor | None = None, validate: bool = True, tok_seq: Tensor | None = None) -> Tensor:
     """Packed x [T, conv_dim] -> y [T, conv_dim]; each sequence's window continued from/written to the bank.
 
-    validate=False skips the host-side checks of cu_seqlens and slots (no host sync; the caller checked)."""
+    validate=False skips the host-side checks of cu_seqlens and slots (no host sync; the caller checked);
+    tok_seq: token_sequence_index(cu_seqlens, T), when the caller built it once for every layer of a step."""
     op = OP_PREFILL
     Dc, K = _check_common(op, x, weight, bias, conv_bank)
     T, dev = x.shape[0], x.device
@@ -184,7 +185,9 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_ba
         return out
     rule = conv1d_launch_rule(Dc)
     has_init = has_initial_state.to(torch.int32)
-    tok_seq = token_sequence_index(cu_seqlens, T)
+    if tok_seq is None:
+        tok_seq = token_sequence_index(cu_seqlens, T)
+    check(op, "tok_seq", tok_seq, (T,), INDEX_DTYPES, dev)
     b = bias if bias is not None else weight
     if T > 0:
         conv1d_varlen_kernel[(triton.cdiv(T, rule["BLOCK_T"]), triton.cdiv(Dc, rule["BLOCK_D"]))](
