@@ -26,14 +26,15 @@ ROOT = Path(__file__).parent.parent
 MODEL = ROOT / "goldens" / "models" / "tiny-sort"
 ZOO_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=4, mamba_n_groups=2, n_attn_heads=4, n_kv_heads=2)
 TRACES = sorted(p.stem for p in (ROOT / "goldens" / "traces").glob("*.json"))
-# The CPU tier's budget (≤ 10 min on 2 cores): the default tier proves the property on these traces (compaction,
-# async overlap with its extra rows, speculative verify rows) on the Triton interpreter; every other corpus trace
+# The CPU tier's budget (≤ 10 min on 2 cores): the default tier proves the property on these traces (async_drain:
+# a compaction move and async overlap with its extra rows; spec_scripted: speculative verify rows) on the Triton
+# interpreter, and uses async_drain for the padded-rows test and the negative control; every other corpus trace
 # runs in the slow tier here, and compiled in the gpu tier (test_batch_invariant_bf16_alone_equals_batched_...).
 # Prefix-cache batch invariance (cache on == off bitwise, hits while the owner runs) is the default-tier
 # test_prefix_cache_engine.py::...batch_invariant_mode....
-DEFAULT = {"seed_compaction", "async_drain", "spec_scripted"}
+DEFAULT = {"async_drain", "spec_scripted"}
 SLOW = set(TRACES) - DEFAULT
-CONTROL = "seed_compaction"
+CONTROL = "async_drain"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INTERPRET, KernelInputError, check
+from ._common import FLOAT_DTYPES, INTERPRET, KernelInputError, check, next_pow2
 
 OP = "matmul"
 BLOCK_M = 64
@@ -79,6 +79,14 @@ def matmul_launch_rule(N: int, K: int) -> dict:
     return dict(BN=32, BK=128, SPLIT=1, num_warps=4, num_stages=5)   # qkv, o_proj
 
 
+def interpreter_tile(N: int, bk: int) -> dict:
+    """The Triton interpreter: up to 256 output columns per program (the [BM, BK, BN] product within Triton's
+    tensor size limit). An interpreted program costs tens of ms of
+    Python whatever its tile, and the interpreter's product sums each element over k in order whatever the tile
+    (USE_DOT off), so the bits are the rule's with several times fewer programs; BK and SPLIT stay the rule's."""
+    return dict(BN=min(256, next_pow2(N, 16), (1 << 20) // (BLOCK_M * bk)))
+
+
 def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
            rule: dict | None = None) -> Tensor:
     """x [..., K] @ weight[N, K].T (+ bias[N]) -> [..., N] in x's dtype, batch-invariant (rule: benches only)."""
@@ -100,7 +108,8 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | 
     y = out.view(M, N) if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not (M and N):
         return y.view(*lead, N)
-    r = {**matmul_launch_rule(N, K), **(rule or {})}
+    r = matmul_launch_rule(N, K)
+    r = {**r, **(interpreter_tile(N, r["BK"]) if INTERPRET else {}), **(rule or {})}
     bk, split = r["BK"], r["SPLIT"]
     k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk          # a multiple of BK: same k0 steps for every M
     split = triton.cdiv(K, k_split)

@@ -40,6 +40,7 @@ T_OFFSETS = "tests/test_kernel_offsets_int64.py"
 T_ATTN = "tests/test_kernel_attention.py::test_attention_prefill_pieces_then_decode_match_oracle"
 T_ROPE = "tests/test_kernel_attention.py::test_rope_matches_oracle_in_and_out_of_place"
 T_ATTN_DEC = "tests/test_kernel_attention.py::test_attention_decode_split_context_with_rope_matches_oracle"
+T_ATTN_SPLIT = "tests/test_kernel_attention.py::test_attention_prefill_split_over_keys_matches_unsplit_and_oracle"
 
 
 MUTANTS: list[Mutant] = [
@@ -271,6 +272,11 @@ MUTANTS: list[Mutant] = [
            "(the whole context for a short one) is left out",
            K + "attention_decode.py", "tl.minimum(p // CHUNK + 1, n_split)", "tl.minimum(p // CHUNK, n_split)",
            (T_ATTN_DEC, T_ATTN)),
+    Mutant("attn_prefill_merge_drops_last_split", "split-KV merge",
+           "the split-key prefill attention merges a query row's splits up to its position exclusive: the split "
+           "holding the row's own and newest keys is left out (a prefix-cache hit's suffix sees a stale context)",
+           K + "attention.py", "triton.cdiv(sp[s] + i + 1, chunk)", "(sp[s] + i) // chunk",
+           (T_ATTN_SPLIT,)),
     # ---------------------------------------------------------------- async bookkeeping / finishing
     Mutant("async_extra_token_appended", "async",
            "the token computed for a request in the step after it finished is appended to its output",
