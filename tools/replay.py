@@ -109,11 +109,26 @@ def compare_request_state(engine, oracle_state, slot: int, n_tokens: int, rtol: 
     return None
 
 
+def _oracle_state(oracle_model, tokens: list[int], cache: dict | None, rid: str):
+    """The oracle's state after `tokens`, continued from the request's last cached state when that state's tokens
+    are a prefix of these (one step's new tokens instead of the whole sequence again: O(n) not O(n²) per request)."""
+    hit = cache.get(rid) if cache is not None else None
+    if hit is not None and len(hit[0]) <= len(tokens) and list(hit[0]) == tokens[:len(hit[0])]:
+        done, ostate = hit
+        if len(done) < len(tokens):
+            _, ostate = oracle_model.prefill(tokens[len(done):], ostate)
+    else:
+        _, ostate = oracle_model.prefill(tokens)
+    if cache is not None:
+        cache[rid] = (tuple(tokens), ostate)
+    return ostate
+
+
 def _check_slot(engine, oracle_model, rtol: float, step: int, rid: str, slot: int, n: int,
-                stage: str) -> StateDivergence | None:
+                stage: str, cache: dict | None = None) -> StateDivergence | None:
     """The slot's state vs the oracle's state after the request's first n tokens (prompt + output)."""
     st = engine.requests[rid]
-    _, ostate = oracle_model.prefill((list(st.req.prompt) + list(st.output))[:n])
+    ostate = _oracle_state(oracle_model, (list(st.req.prompt) + list(st.output))[:n], cache, rid)
     found = compare_request_state(engine, ostate, slot, n, rtol)
     return StateDivergence(step, rid, slot, *found, stage=stage) if found else None
 
@@ -176,6 +191,7 @@ def bisect(engine, trace, mode: str, oracle_model, rtol: float) -> StateDivergen
 def _bisect_steps(engine, oracle_model, rtol: float, found: list[StateDivergence]) -> StateDivergence | None:
     home: dict[str, int] = {}            # request -> the slot it was admitted to (state never moves)
     consumed: dict[str, int] = {}        # request -> tokens fed into its state so far (from the batches)
+    states: dict = {}                     # request -> (tokens, oracle state after them): _oracle_state's cache
     while engine.step():
         if found:                         # a verify row's rollback (inside this step's resolve) diverged
             return found[0]
@@ -191,7 +207,7 @@ def _bisect_steps(engine, oracle_model, rtol: float, found: list[StateDivergence
             n = consumed[rid]
             if n > len(st.req.prompt) + len(st.output):   # an in-flight step (async, or a verify row not yet
                 continue                                   # resolved) fed tokens not yet appended: check later
-            if d := _check_slot(engine, oracle_model, rtol, rec.step, rid, home[rid], n, "after the step"):
+            if d := _check_slot(engine, oracle_model, rtol, rec.step, rid, home[rid], n, "after the step", states):
                 return d
     return None
 
