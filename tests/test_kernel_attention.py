@@ -190,8 +190,8 @@ def test_attention_prefill_split_over_keys_matches_unsplit_and_oracle(device, dt
     whole, _, _ = run(None)                               # default rule: chunk 1024 > every context: no split
     assert rel(split, whole) < REL[dtype]
     for i, (s, st, n) in enumerate(pieces):
-        ref = oracle_attention(q[cu[i]:cu[i + 1]].double(), kc[s, :st + n].double(), vc[s, :st + n].double(),
-                               torch.arange(st, st + n), torch.arange(st + n), scale)
-        assert rel(split[cu[i]:cu[i + 1]], ref) < REL[dtype], f"piece {i}"
+        ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
+                               vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
+        assert rel(split[cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
     again = run(48, sel=[3, 0], host=True)[0]               # another packing, from host lists: the same bits
     assert torch.equal(again, torch.cat([split[cu[3]:cu[4]], split[cu[0]:cu[1]]])), "repacked run differs"

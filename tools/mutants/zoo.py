@@ -480,8 +480,8 @@ MUTANTS += [
            "entry: a store in between (capacity reached) evicts and overwrites the entry being restored",
            PC, _RESTORE, "            st.restore_from = (entry.index, p)        # copied when its first piece runs\n",
            (T_PC_LATE,),
-           more=((ENGINE, "        rec.batch = batch\n",
-                  "        rec.batch = batch\n"
+           more=((ENGINE, "        rec.batch = [b for b in batch if b.kind != \"shadow\"]\n",
+                  "        rec.batch = [b for b in batch if b.kind != \"shadow\"]\n"
                   "        for b in batch:\n"
                   "            src = getattr(self.requests[b.request], 'restore_from', None)\n"
                   "            if src is not None and b.kind == 'prefill':\n"
@@ -598,6 +598,11 @@ MUTANTS += [
                  "left the right state\n                continue\n",
            "            if v.accepted == len(b.proposals):\n                self.snap.restore(0, v.snap, b.slot)\n"
            "                continue\n",
+           (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_snapshot_index_off_by_one", "speculative rollback",
+           "the rollback copies the snapshot of the last accepted *draft's* index (a-1) instead of the last accepted "
+           "*input's* (a: input 0 is the row's last token): the state is one accepted token short",
+           SPEC, _RESTORE, "            self.snap.restore(max(v.accepted - 1, 0), v.snap, b.slot)\n",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_bonus_from_wrong_position", "speculative verify",
            "after a rejected draft the bonus token is taken from the logits row after the rejected draft instead "
