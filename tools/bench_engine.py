@@ -301,7 +301,8 @@ def main() -> None:
     ap.add_argument("--long-only", action="store_true", help="only the 131k-token long prefill + memory prediction")
     ap.add_argument("--batch-only", action="store_true", help="only the 32k-context batch decode, hybrid vs attention")
     ap.add_argument("--spec", action="store_true", help="only speculative bs1 (tools/bench_spec.py): none vs ngram vs "
-                    "a 4-layer draft, k in --spec-k, async + graphs; acceptance and verify vs decode step times")
+                    "an upper bound (scripted drafts = the run's own tokens) vs a 4-layer draft (32 tokens, time cap), "
+                    "k in --spec-k, async + graphs; acceptance, ratio, verify vs k+1 decode step times")
     ap.add_argument("--spec-k", default="1,2,4,8", help="k values for --spec (comma-separated)")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="only: TTFT of a 100-token suffix after a 32k shared prefix, prefix-cache hit vs cold")

@@ -364,7 +364,7 @@ class Engine:
             if st.finish_reason is not None:
                 finished.append(r)
         if self.spec is not None:
-            self.spec.rollback()                       # rows that rejected a draft: restore + replay
+            self.spec.rollback()                       # rows that rejected a draft: copy their accepted snapshot
         finished.sort()
         for (rid, slot), r in zip(rt.release(finished), finished):
             rec.free.append({"request": rid, "row": r, "slot": slot, "reason": self.requests[rid].finish_reason})

@@ -172,7 +172,7 @@ class Verified:
 
 class Speculator:
     """Engine hooks: `row` (proposals when building a decode row), `launch` (a step with verify rows), `tokens`
-    (what a resolved row emits), `rollback` (restore + replay rows that rejected a draft)."""
+    (what a resolved row emits), `rollback` (rows that rejected a draft get their accepted position's snapshot)."""
 
     def __init__(self, engine, spec):
         self.engine, self.spec, self.k = engine, spec, spec.k
