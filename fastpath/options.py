@@ -12,6 +12,8 @@ of class attributes and a module global that tests and benches used to flip.
     fold_norm        with the GEMV and folded gains: the one-row decode step normalises in the projections' loads
                      and adds the residual in their epilogues (no norm kernels but the final one)
     batch_invariant  fixed-tile GEMMs and request-only prefill pieces (fastpath/batch_invariant.py)
+    spec_replay      speculative rollback by replaying the accepted positions' conv/SSM steps from saved inputs
+                     (False, the default: per-position snapshots; fastpath/engine/verify.py, docs/engine.md)
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class FastOptions:
     fold_gains: bool = True
     fold_norm: bool = True
     batch_invariant: bool = False
+    spec_replay: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:

@@ -170,6 +170,41 @@ def test_verify_scratch_is_allocated_once_and_sized_by_k(models):
     assert s.nbytes() == K * 3 * (bank.conv_state[:, 0].numel() + bank.ssm_state[:, 0].numel()) * 4
 
 
+def _run_with_states(fast, trace, **kw):
+    """Run the trace; after every resolve, every live request's slot state keyed by (request, output length)."""
+    eng = Engine(fast, trace.engine, max_len=32, **kw)
+    seen, original = {}, eng.resolve
+
+    def resolve(p, inflight=None):
+        original(p, inflight)
+        for r, rid in enumerate(eng.rows.row_request[:eng.rows.active]):
+            st = eng.requests[rid]
+            if st.output and st.finish_reason is None and not st.prefilling:
+                seen[(rid, len(st.output))] = eng.bank.slot_state(eng.rows.row_to_slot[r])
+    eng.resolve = resolve
+    return eng.run_trace(trace, "legacy"), seen, eng
+
+
+def test_replay_rollback_leaves_the_snapshot_rollbacks_bits(models):
+    """FastOptions.spec_replay (pre-verify state back, then the accepted positions' conv/SSM steps re-run from the
+    logged inputs) vs per-position snapshots: same tokens and log, bitwise the same slot state after every step;
+    the replay keeps no snapshots (its record: R pre-verify states + (k+1)*R rows of conv inputs and dt)."""
+    oracle_model, fast = models
+    plain = oracle_run(oracle_model, _trace(None))
+    trace = _trace(_mixed_script(plain.tokens, fast.config.vocab_size))
+    snap, s_states, s_eng = _run_with_states(fast, trace)
+    rep, r_states, r_eng = _run_with_states(fast.with_options(spec_replay=True), trace)
+    assert rep.tokens == snap.tokens == plain.tokens
+    assert rep.schedule_log.to_json() == snap.schedule_log.to_json()
+    assert r_eng.spec.runner.snaps is None and s_eng.spec.runner.inputs is None
+    assert any(v["accepted"] < len(b.proposals) for s in rep.schedule_log.steps for b, v in
+               zip([b for b in s.batch if b.kind == "verify"], s.verify or []))
+    assert s_states.keys() == r_states.keys() and len(s_states) > 5
+    for key in s_states:
+        for name in s_states[key]:
+            assert torch.equal(s_states[key][name], r_states[key][name]), (key, name)
+
+
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SPEC_TRACES = sorted(p.stem for p in TRACES.glob("spec_*.json"))
 
@@ -231,3 +266,20 @@ def test_gpu_bf16_graphs_ngram_speculation_keeps_the_tokens(arch):
             assert v.ok, f"{req.id}: {v.failure} {v.note}"
     if verify_rows(legacy.schedule_log):
         assert eng.spec.runner.replays > 0
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("name", SPEC_TRACES)
+def test_gpu_replay_rollback_equals_snapshot_rollback_bitwise_with_graphs(name):
+    """bf16 + CUDA graphs: the replay rollback (FastOptions.spec_replay) and the per-position snapshots give the same
+    tokens, logs and logits bitwise (the verify forward differs only by what it copies aside)."""
+    from fastpath.batch_invariant import run_recording_logits
+    from oracle.trace import load_trace
+    cfg = zoo.tiny_config("bamba", **ENGINE_MODEL)
+    fast = FastModel(cfg, zoo.random_weights(cfg, seed=3), "cuda", torch.bfloat16)
+    trace = load_trace(TRACES / f"{name}.json")
+    (a, la), (b, lb) = (run_recording_logits(Engine(m, trace.engine, max_len=64, graphs=True), trace, "legacy")
+                        for m in (fast, fast.with_options(spec_replay=True)))
+    assert a.tokens == b.tokens and a.schedule_log.to_json() == b.schedule_log.to_json()
+    assert la.keys() == lb.keys() and all(torch.equal(la[k], lb[k]) for k in la)

@@ -67,12 +67,12 @@ def _step_kind(batch, *_) -> str:
 
 
 def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, prompt: tuple[int, ...],
-             n_req: int = 3, own: list[int] | None = None, passes: int = 4) -> dict:
+             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4) -> dict:
     """n_req requests one at a time (the first is warm-up): tok/s (no per-step syncs), acceptance, and in one more
     pass with a sync after every launch: verify-step and decode-step times and the rollback time. Verify graphs are
-    captured before any timed request. own (the upper bound): scripted drafts start as these tokens and are refined
-    (up to `passes` untimed runs) to the speculative run's own greedy tokens, since a verify batch's arithmetic may
-    flip a near tie of the non-speculative run."""
+    captured before any timed request. own (the upper bound): scripted drafts `script(tokens)` start from these
+    tokens and are refined (up to `passes` untimed runs) to the speculative run's own greedy tokens, since a verify
+    batch's arithmetic may flip a near tie of the non-speculative run."""
     C, k = model.config.chunk_size, spec.k if spec else 0
     B = max(C, len(prompt), k + 1)
     eng = Engine(model, EngineConfig(1, B, B, mode, spec), max_len=len(prompt) + osl + 8, graphs=graphs)
@@ -86,7 +86,7 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
         if out == own:
             break
         own, refined = out, refined + 1
-        eng.spec.use_trace(upper_bound_spec(k, own, n_req))
+        eng.spec.use_trace(script(own))
     rates, acc, prop, tokens = [], 0, 0, []
     for i in range(n_req):
         eng.reset(mode)
@@ -123,9 +123,15 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
             "script_refinements": refined}
 
 
-def upper_bound_spec(k: int, continuation: list[int], n_req: int) -> SpecConfig:
-    """Scripted proposals = the non-speculative run's own greedy continuation, for every request id spec_run uses."""
-    per = tuple((n, tuple(continuation[n:n + k])) for n in range(1, len(continuation)) if continuation[n:n + k])
+def upper_bound_spec(k: int, continuation: list[int], n_req: int, wrong_last: int = 0) -> SpecConfig:
+    """Scripted proposals = the run's own greedy continuation, for every request id spec_run uses; wrong_last = V:
+    the last draft of every step is made wrong ((t + 1) mod V), so every step accepts m-1 and rolls back."""
+    def drafts(n: int) -> tuple[int, ...]:
+        d = list(continuation[n:n + k])
+        if wrong_last and d:
+            d[-1] = (d[-1] + 1) % wrong_last
+        return tuple(d)
+    per = tuple((n, drafts(n)) for n in range(1, len(continuation)) if continuation[n:n + k])
     ids = [f"q{i}" for i in range(n_req)] + ["timed"]
     return SpecConfig(k, ProposerConfig("scripted", proposals=tuple((rid, per) for rid in ids)))
 
@@ -164,6 +170,7 @@ def _canonical(cfg, w: dict) -> dict:
 
 def _line(r: dict, base: dict) -> str:
     k = r["k"]
+    same = r["tokens"] == base["tokens"][:len(r["tokens"])]
     steps = (k + 1) * base["decode_ms"]
     ver = (f"verify step {r['verify_ms']:.3f} ms + rollback {r['rollback_ms_per_verify']:.3f} ms (x{r['verify_steps']}, "
            f"{r['verify_graph_replays']} graph replays) vs k+1 = {k + 1} one-token decode steps {steps:.3f} ms "
@@ -172,23 +179,32 @@ def _line(r: dict, base: dict) -> str:
     return (f"spec {r['label']:28s} {r['mode']} graphs={'on' if r['graphs'] else 'off'}: {r['tok_s']:8.1f} tok/s "
             f"({r['tok_s'] / base['tok_s']:4.2f}x of {base['tok_s']:.1f}), acceptance {r['accepted']}/{r['proposed']}"
             f" = {100 * r['acceptance']:5.1f}%, {ver}"
-            + (f"; drafts refined by {r['script_refinements']} untimed runs" if r.get("script_refinements") else ""))
+            + (f"; drafts refined by {r['script_refinements']} untimed runs" if r.get("script_refinements") else "")
+            + ("" if r is base else f"; tokens == no-spec: {'yes' if same else 'NO (near tie?)'}"))
 
 
 def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", graphs: bool = True,
                draft_layers: int = 4, prompt_len: int = 256, draft_osl: int = 32,
-               draft_budget_s: float = 60.0, n_req: int = 3) -> tuple[list[dict], list[str]]:
-    """Baseline, then ngram, upper bound and draft at each k; returns (rows, printable lines)."""
+               draft_budget_s: float = 60.0, n_req: int = 2, budget_s: float = 150.0,
+               rollbacks: tuple[str, ...] = ("snapshots", "replay")) -> tuple[list[dict], list[str]]:
+    """Baseline, then at each k: ngram, upper bound, the upper bound with its last draft wrong under each rollback
+    (per-position snapshots, replay: FastOptions.spec_replay), draft; rows after `budget_s` (draft rows: after
+    `draft_budget_s` of them) are skipped; returns (rows, printable lines)."""
     prompt = code_like_prompt(prompt_len, model.config.vocab_size)
     rows, lines = [], []
+    t_start = time.perf_counter()
 
     def emit(text: str) -> None:
         lines.append(text)
         print(text, flush=True)
 
-    def one(label: str, kind: str, spec, osl_: int = osl, n: int = n_req, own=None) -> dict | None:
+    def one(label: str, kind: str, spec, osl_: int = osl, n: int = n_req, own=None, script=None,
+            m=model) -> dict | None:
+        if rows and time.perf_counter() - t_start > budget_s:
+            emit(f"spec {label}: skipped (bench time cap {budget_s:.0f} s spent)")
+            return None
         try:
-            r = spec_run(model, spec, mode, graphs, osl_, prompt, n, own=own)
+            r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script)
         except Exception as e:                        # one GPU visit reports every case it can
             emit(f"spec {label}: FAILED {type(e).__name__}: {e}"[:300])
             return None
@@ -202,12 +218,20 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
         return rows, lines
     for k in ks:
         one(f"ngram k={k}", "ngram", SpecConfig(k, ProposerConfig("ngram", min_n=1, max_n=4)))
+    V = model.config.vocab_size
     for k in ks:
         one(f"upper bound k={k} (drafts=own)", "upper_bound", upper_bound_spec(k, base["tokens"], n_req),
-            own=base["tokens"])
+            own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
+    for name in rollbacks:
+        m = model.with_options(spec_replay=name == "replay")
+        for k in ks:
+            one(f"last draft wrong k={k} {name}", f"last_wrong_{name}", upper_bound_spec(k, base["tokens"], n_req, V),
+                own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req, V), m=m)
     emit("spec upper bound = scripted drafts copied from the run's own greedy tokens (the non-speculative run's, "
          "refined by untimed runs where a near tie flipped under verify arithmetic): acceptance ~100% by "
-         "construction; it measures the mechanism, not a proposer")
+         "construction; it measures the mechanism, not a proposer. 'last draft wrong': the same drafts with the "
+         "last one wrong, so every step accepts m-1 and rolls back (snapshots: a copy; replay: the accepted "
+         "positions' conv/SSM steps re-run)")
     with tempfile.TemporaryDirectory() as d:
         try:
             write_draft(model, draft_layers, d)
@@ -220,9 +244,11 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
                 emit(f"spec draft{draft_layers} k={k}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
                 continue
             one(f"draft{draft_layers} k={k} ({draft_osl} tok)", "draft",
-                SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, n=2)
-    for r in rows:
-        r.pop("tokens", None)
+                SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl)
+    want = list(base["tokens"])
+    for r in rows:                  # the token lists stay out of the report; whether they matched the baseline's in
+        toks = r.pop("tokens", None)  # it (bf16: a near tie may flip under verify arithmetic)
+        r["tokens_equal_baseline"] = toks == want if r["osl"] == osl else toks == want[:len(toks)]
     return rows, lines
 
 

@@ -345,12 +345,18 @@ class Speculator:
     def rollback(self) -> None:
         """Rows that rejected a draft and go on: bank[slot] := their snapshot after the last accepted input (every
         Mamba layer's conv window and SSM state). A row that accepted every draft already holds that state (its
-        positions past m were slot -1 in the verify forward); a finished row is skipped."""
-        eng = self.engine
+        positions past m were slot -1 in the verify forward); a finished row is skipped. With FastOptions.spec_replay
+        the rows' pre-verify state comes back and their accepted positions' conv/SSM steps re-run instead."""
+        eng, redo = self.engine, []
         verified, self.verified = self.verified, []
         for b, v in verified:
             if eng.requests[b.request].finish_reason is not None:
                 continue
             if v.accepted == len(b.proposals):             # every draft accepted: the forward left the right state
                 continue
+            if self.runner.replaying:                      # FastOptions.spec_replay: re-run the accepted steps
+                redo.append((v.snap, v.accepted, b.slot))
+                continue
             self.snap.restore(v.accepted, v.snap, b.slot)
+        if redo:
+            self.runner.replay(redo)

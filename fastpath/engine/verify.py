@@ -10,6 +10,11 @@ the forward each slot holds the state after its last real input, and a row that 
 snapshot a copied back (`PositionSnapshots.restore`): no second forward. KV needs no rollback (positions past the
 accepted ones are rewritten before anything reads them).
 
+The measured alternative (FastOptions.spec_replay): no per-position snapshots; each Mamba layer keeps the rows'
+pre-verify conv window and SSM state and its conv inputs and dt at every position (`InputLog`), and a rollback
+restores the pre-verify state and re-runs only the conv and SSM steps of the accepted positions (`replay`), with the
+same kernels on the same inputs, so both rollbacks leave the same bits.
+
 On CUDA each (rows bucket, width bucket) is captured once as a graph over static buffers (greedy rows); the eager
 padded path (`capture=False`, the engine's pad_decode) runs exactly the same shapes and kernels, so graph replay ==
 eager padded bitwise by construction, as for the decode graphs (fastpath/engine/graphs.py).
@@ -65,6 +70,31 @@ class PositionSnapshots:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
 
 
+class InputLog:
+    """The replay rollback's record, allocated once: every row's pre-verify conv window and SSM state per Mamba
+    layer (conv0 [n_mamba, R, ...], ssm0), and each Mamba layer's conv inputs xBC and dt at every verify token
+    (xbc [n_mamba, (k+1)*R, conv_dim], dt [n_mamba, (k+1)*R, H]; the model dtype)."""
+
+    def __init__(self, bank: StateBank, R: int, k: int, dtype: torch.dtype):
+        c, n_m, dev = bank.config, bank.conv_state.shape[0], bank.device
+        self.bank = bank
+        self.conv0 = torch.zeros((n_m, R) + tuple(bank.conv_state.shape[2:]), dtype=bank.conv_state.dtype, device=dev)
+        self.ssm0 = torch.zeros((n_m, R) + tuple(bank.ssm_state.shape[2:]), dtype=bank.ssm_state.dtype, device=dev)
+        self.xbc = torch.zeros(n_m, (k + 1) * R, c.conv_dim, dtype=dtype, device=dev)
+        self.dt = torch.zeros(n_m, (k + 1) * R, c.mamba_n_heads, dtype=dtype, device=dev)
+
+    def save(self, m: int, src: Tensor, xBC: Tensor, dt: Tensor) -> None:
+        """Before layer m's first verify position: its rows' state, and its conv inputs and dt at every token."""
+        n, T = src.shape[0], xBC.shape[0]
+        torch.index_select(self.bank.conv_state[m], 0, src, out=self.conv0[m, :n])
+        torch.index_select(self.bank.ssm_state[m], 0, src, out=self.ssm0[m, :n])
+        self.xbc[m, :T].copy_(xBC)
+        self.dt[m, :T].copy_(dt)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv0, self.ssm0, self.xbc, self.dt))
+
+
 @dataclass
 class VerifyBatch:
     """Device inputs of one verify forward (views of one metadata tensor, position-major)."""
@@ -81,7 +111,8 @@ class VerifyBatch:
         return VerifyBatch(meta[:T], meta[T:2 * T], meta[2 * T:3 * T].view(w, nb), meta[3 * T:3 * T + nb], nb, w)
 
 
-def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots) -> Tensor:
+def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,
+                   log: InputLog | None = None) -> Tensor:
     """FastModel.forward's layer loop over a verify batch with sequential mixers; logits [w*nb, V] at every token."""
     c, w = model.config, model.w
     h = F.embedding(vb.ids, w["embed.weight"])
@@ -92,7 +123,8 @@ def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnaps
     for i, spec in enumerate(c.layers):
         if spec.mixer is not None:
             h, u = model._add_norm(h, out, f"layers.{i}.mixer_norm.weight")
-            out = _mamba(model, i, u, vb, bank, snaps) if spec.mixer == "mamba" else _attention(model, i, u, vb, bank)
+            out = (_mamba(model, i, u, vb, bank, snaps, log) if spec.mixer == "mamba" else
+                   _attention(model, i, u, vb, bank))
         if spec.ffn is not None:
             h, u = model._add_norm(h, out, f"layers.{i}.ffn_norm.weight")
             p = f"layers.{i}."
@@ -101,8 +133,10 @@ def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnaps
     return model._logits(h)
 
 
-def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots) -> Tensor:
-    """FastModel.mamba with the conv and SSM updates as w decode steps, snapshots after positions 0..w-2."""
+def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,
+           log: InputLog | None = None) -> Tensor:
+    """FastModel.mamba with the conv and SSM updates as w decode steps, snapshots after positions 0..w-2 (or, for
+    the replay rollback, the pre-verify state and the inputs logged first)."""
     c, p, nb, be = model.config, f"layers.{i}.mamba.", vb.nb, model.backend
     conv_w, conv_b = model.w[p + "conv1d.weight"], model.w.get(p + "conv1d.bias")
     zxbcdt = model._linear(u, p + "in_proj")
@@ -111,13 +145,15 @@ def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: Po
     xbc = torch.empty(T, c.conv_dim, dtype=zxbcdt.dtype, device=zxbcdt.device)
     y = torch.empty(T, H, P, dtype=zxbcdt.dtype, device=zxbcdt.device)
     A, D, dt_bias, m = model.A[i], model.w[p + "D"], model.w[p + "dt_bias"], bank.mamba_index[i]
+    if log is not None:
+        log.save(m, vb.src, xBC, dt)
     for j in range(vb.w):
         s = slice(j * nb, (j + 1) * nb)
         ops.conv1d_step(xBC[s], conv_w, conv_b, bank.conv(i), vb.slot[j], out=xbc[s], backend=be)
         x, B, C = torch.split(xbc[s], [c.d_inner, G * N, G * N], dim=-1)
         ops.ssm_step(bank.ssm(i), x.reshape(nb, H, P), dt[s], A, B.reshape(nb, G, N), C.reshape(nb, G, N), D,
                      dt_bias, vb.slot[j], dt_limit=c.dt_limit, out=y[s], backend=be)
-        if j < vb.w - 1:
+        if snaps is not None and j < vb.w - 1:
             snaps.save(m, j, vb.src)
     y = model._gated_norm(y.reshape(T, c.d_inner), z, model.w[p + "norm.weight"])
     return model._linear(y, p + "out_proj")
@@ -145,6 +181,35 @@ def _attention(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank) -> Te
     return model._linear(o.view(T, Hq * d), p + "o_proj")
 
 
+def replay(model, bank: StateBank, log: InputLog, nb: int, rows: list[tuple[int, int, int]]) -> None:
+    """The replay rollback: rows (r, a, slot) of the last verify batch (nb rows) get their pre-verify state back,
+    then every Mamba layer re-runs the conv and SSM steps of their inputs 0..a (all rows of one position in one
+    launch; rows already done carry slot -1)."""
+    for r, _, slot in rows:
+        bank.conv_state[:, slot].copy_(log.conv0[:, r])
+        bank.ssm_state[:, slot].copy_(log.ssm0[:, r])
+    top = max(a for _, a, _ in rows)
+    slots = [[-1] * nb for _ in range(top + 1)]
+    for r, a, slot in rows:
+        for j in range(a + 1):
+            slots[j][r] = slot
+    sl = torch.tensor(slots, dtype=torch.int64, device=bank.device)
+    c, be = model.config, model.backend
+    H, P, G, N = c.mamba_n_heads, c.mamba_head_dim, c.mamba_n_groups, c.mamba_d_state
+    xbc = torch.empty(nb, c.conv_dim, dtype=log.xbc.dtype, device=bank.device)
+    y = torch.empty(nb, H, P, dtype=log.xbc.dtype, device=bank.device)
+    for i in c.mamba_layer_ids:
+        p, m = f"layers.{i}.mamba.", bank.mamba_index[i]
+        for j in range(top + 1):
+            s = slice(j * nb, (j + 1) * nb)
+            ops.conv1d_step(log.xbc[m, s], model.w[p + "conv1d.weight"], model.w.get(p + "conv1d.bias"), bank.conv(i),
+                            sl[j], out=xbc, backend=be)
+            x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
+            ops.ssm_step(bank.ssm(i), x.reshape(nb, H, P), log.dt[m, s], model.A[i], B.reshape(nb, G, N),
+                         C.reshape(nb, G, N), model.w[p + "D"], model.w[p + "dt_bias"], sl[j], dt_limit=c.dt_limit,
+                         out=y, backend=be)
+
+
 class VerifyRunner:
     """Verify forwards at (rows, width) shapes: exact (eager, no graphs), bucketed eager (pad_decode: the bitwise
     reference), or bucketed CUDA graphs (greedy batches; a batch with seeded rows runs the same shapes eagerly)."""
@@ -156,7 +221,10 @@ class VerifyRunner:
         self.capture = capture and dev.type == "cuda"
         self.padded = padded or self.capture
         self.row_buckets, self.widths = buckets(R), width_buckets(k)
-        self.snaps = PositionSnapshots(engine.bank, R, k)
+        self.replaying = bool(getattr(getattr(self.model, "options", None), "spec_replay", False))
+        self.snaps = None if self.replaying else PositionSnapshots(engine.bank, R, k)
+        self.inputs = InputLog(engine.bank, R, k, self.model.dtype) if self.replaying else None
+        self.last_nb = 0
         self.stage = torch.zeros(3 * R * (k + 1) + R, dtype=torch.int64, pin_memory=dev.type == "cuda")
         self.meta: dict[tuple[int, int], Tensor] = {}
         self.tok: dict[tuple[int, int], Tensor] = {}
@@ -180,7 +248,7 @@ class VerifyRunner:
 
     def _body(self, key: tuple[int, int]) -> Tensor:
         meta, tok = self._buffers(key)
-        logits = verify_forward(self.model, VerifyBatch.view(meta, *key), self.bank, self.snaps)
+        logits = verify_forward(self.model, VerifyBatch.view(meta, *key), self.bank, self.snaps, self.inputs)
         ops.greedy_sample(logits, tok, backend=self.model.backend)
         self._logits[key] = logits
         return logits
@@ -224,7 +292,7 @@ class VerifyRunner:
             for j, t in enumerate(toks):
                 ids[j * nb + r], ps[j * nb + r], sl[j * nb + r] = t, p + j, s
         vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
-        key = (nb, w)
+        key, self.last_nb = (nb, w), nb
         meta, tok = self._buffers(key)
         self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
         meta.copy_(self.stage[:len(vals)], non_blocking=True)    # the stage is reused after the step's sync
@@ -234,6 +302,14 @@ class VerifyRunner:
             self.graphs[key].replay()
             self.replays += 1
             return nb, w, self._logits[key], tok
-        logits = verify_forward(self.model, VerifyBatch.view(meta, nb, w), self.bank, self.snaps)
+        logits = verify_forward(self.model, VerifyBatch.view(meta, nb, w), self.bank, self.snaps, self.inputs)
         sample_rows(logits, tok, seeded, backend=self.model.backend)
         return nb, w, logits, tok
+
+    def replay(self, rows: list[tuple[int, int, int]]) -> None:
+        """The replay rollback of rows (r, a, slot) of the last verify batch (FastOptions.spec_replay)."""
+        replay(self.model, self.bank, self.inputs, self.last_nb, rows)
+
+    def scratch_bytes(self) -> int:
+        """Device bytes the rollback keeps (snapshots, or the replay's log)."""
+        return (self.snaps or self.inputs).nbytes()

@@ -604,6 +604,12 @@ MUTANTS += [
            "*input's* (a: input 0 is the row's last token): the state is one accepted token short",
            SPEC, _RESTORE, "            self.snap.restore(max(v.accepted - 1, 0), v.snap, b.slot)\n",
            (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_replay_one_position_short", "speculative rollback",
+           "the replay rollback (FastOptions.spec_replay) re-runs the conv/SSM steps of inputs 0..a-1 instead of "
+           "0..a: the state misses the last accepted input",
+           VERIFY, "        for j in range(a + 1):\n            slots[j][r] = slot\n",
+           "        for j in range(a):\n            slots[j][r] = slot\n",
+           ("tests/test_speculative_verify.py::test_replay_rollback_leaves_the_snapshot_rollbacks_bits",)),
     Mutant("spec_bonus_from_wrong_position", "speculative verify",
            "after a rejected draft the bonus token is taken from the logits row after the rejected draft instead "
            "of the one after the last accepted token",
