@@ -19,9 +19,9 @@ def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everythin
     assert "= 100.0%" in lines["spec upper bound k=1 (drafts=own)"]
     assert "FAILED" not in text
     rows = json.loads(out.read_text())
-    assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "last_wrong_snapshots",
-                                         "last_wrong_replay", "draft"]
-    ub, snap, rep = rows[2], rows[3], rows[4]
+    assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "draft", "last_wrong_snapshots",
+                                         "last_wrong_replay"]
+    ub, snap, rep = rows[2], rows[4], rows[5]
     assert ub["accepted"] == ub["proposed"] > 0 and ub["verify_steps"] > 0
     assert snap["accepted"] == rep["accepted"] == 0 < snap["proposed"] == rep["proposed"]   # k=1: the one draft
     assert snap["tokens_equal_baseline"] and rep["tokens_equal_baseline"]

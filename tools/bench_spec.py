@@ -10,7 +10,10 @@ In one run, same model and mode: bs1 effective tok/s without speculation, then f
     by up to 4 untimed runs where verify arithmetic flipped a near tie), so every draft is right by construction:
     what the mechanism gives when drafts are right — NOT a proposer anyone can run;
   - draft: the target's first `draft_layers` layers (same vocab, embeddings and head) as a draft model, on a fixed
-    `draft_osl` tokens, skipped once `draft_budget_s` of draft runs is spent (it cannot eat the call).
+    `draft_osl` tokens, skipped once `draft_budget_s` of draft runs is spent (it cannot eat the call);
+  - last draft wrong, under each rollback (per-position snapshots; replay, FastOptions.spec_replay): the upper
+    bound's drafts with the last one wrong, so every step accepts m-1 drafts and rolls back.
+Rows after `budget_s` are skipped (printed as such), so the whole bench stays inside one GPU call.
 Per row: acceptance (accepted / proposed drafts, from the schedule log), tok/s and its ratio to the
 non-speculative figure of the same run, the mean verify-step time (one synchronised launch: forward + sampling +
 host acceptance) plus the rollback (snapshot copies) against k+1 one-token decode steps of the baseline (CUDA-graph
@@ -222,6 +225,19 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
     for k in ks:
         one(f"upper bound k={k} (drafts=own)", "upper_bound", upper_bound_spec(k, base["tokens"], n_req),
             own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            write_draft(model, draft_layers, d)
+        except Exception as e:
+            emit(f"spec draft folder FAILED {type(e).__name__}: {e}"[:300])
+            d = None
+        t0 = time.perf_counter()
+        for k in ks if d else ():
+            if time.perf_counter() - t0 > draft_budget_s:
+                emit(f"spec draft{draft_layers} k={k}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
+                continue
+            one(f"draft{draft_layers} k={k} ({draft_osl} tok)", "draft",
+                SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl)
     for name in rollbacks:
         m = model.with_options(spec_replay=name == "replay")
         for k in ks:
@@ -232,19 +248,6 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
          "construction; it measures the mechanism, not a proposer. 'last draft wrong': the same drafts with the "
          "last one wrong, so every step accepts m-1 and rolls back (snapshots: a copy; replay: the accepted "
          "positions' conv/SSM steps re-run)")
-    with tempfile.TemporaryDirectory() as d:
-        try:
-            write_draft(model, draft_layers, d)
-        except Exception as e:
-            emit(f"spec draft folder FAILED {type(e).__name__}: {e}"[:300])
-            return rows, lines
-        t0 = time.perf_counter()
-        for k in ks:
-            if time.perf_counter() - t0 > draft_budget_s:
-                emit(f"spec draft{draft_layers} k={k}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
-                continue
-            one(f"draft{draft_layers} k={k} ({draft_osl} tok)", "draft",
-                SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl)
     want = list(base["tokens"])
     for r in rows:                  # the token lists stay out of the report; whether they matched the baseline's in
         toks = r.pop("tokens", None)  # it (bf16: a near tie may flip under verify arithmetic)
