@@ -10,6 +10,8 @@ import gc
 import os
 import time
 
+from pathlib import Path
+
 import torch
 
 from fastpath.engine.configs import named_config
@@ -127,6 +129,23 @@ def hit_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 10) -
             "events": sum(r[1] for r in rows), "syncs": syncs, "top": [list(r) for r in rows[:top]]}
 
 
+def hit_host_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 12) -> dict:
+    """cProfile over one more hit: where the host's time goes (the hit's forward is host-bound on an H200:
+    25 ms of host for 6 ms of device, session 8) — the top functions by own time, as 'file:line(function)'."""
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    try:
+        _ttft(eng, rid, prompt)
+    finally:
+        pr.disable()
+    st = pstats.Stats(pr)
+    rows = sorted(((f"{Path(f).name}:{ln}({fn})", cc, tt) for (f, ln, fn), (cc, nc, tt, ct, _) in st.stats.items()),
+                  key=lambda r: -r[2])
+    return {"total_ms": 1e3 * sum(r[2] for r in rows), "top": [list(r) for r in rows[:top]]}
+
+
 def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, block: int = 16384,
                 chunk: int = 16384, hits: int = 3, detail: bool = True) -> dict:
     """Time to first token of a `suffix`-token suffix after a `prefix_len`-token shared prefix (issue 17 / DESIGN
@@ -166,6 +185,10 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
             res["hit_profile"] = hit_profile(on, prefix + tail(hits + 2), "hit-profile")
         except Exception as e:  # noqa: BLE001
             res["hit_profile"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        try:
+            res["hit_host"] = hit_host_profile(on, prefix + tail(hits + 3), "hit-host")
+        except Exception as e:  # noqa: BLE001
+            res["hit_host"] = {"error": f"{type(e).__name__}: {e}"[:300]}
     res["cached_tokens"] = [a["cached_tokens"] for s in on.log.to_json()["steps"] for a in s["admit"]]
     del on, off
     _free_cache(model.device)
@@ -199,6 +222,13 @@ def prefix_lines(r: dict) -> list[str]:
         out.append(f"hit profile (one more hit, torch.profiler, by {hp['by']} time): {hp['events']} events, "
                    f"{hp['total_us'] / 1e3:.3f} ms total; syncs {hp['syncs']}; top {len(hp['top'])}:")
         out += [f"  {us / 1e3:9.3f} ms {cnt:5d}x  {name[:100]}" for name, cnt, us in hp["top"]]
+    hh = r.get("hit_host", {})
+    if "error" in hh:
+        out.append(f"hit host profile FAILED {hh['error']}")
+    elif hh:
+        out.append(f"hit host profile (one more hit, cProfile, own time; {hh['total_ms']:.1f} ms with the profiler's "
+                   f"overhead): top {len(hh['top'])}:")
+        out += [f"  {1e3 * tt:9.3f} ms {cc:6d}x  {name[:100]}" for name, cc, tt in hh["top"]]
     return out
 
 
