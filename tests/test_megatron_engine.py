@@ -68,6 +68,11 @@ def test_legacy_and_async_tokens_equal_the_oracle_with_a_compaction(tmp_path):
         assert checks[f"{mode}: logits match the oracle's"]["status"] == "PASS", checks
     assert checks["async == legacy, bitwise"]["status"] == "PASS"
     assert checks["legacy: schedule log matches the oracle's"]["status"] == "SKIP"      # declared, with a reason
+    for mode in ("legacy", "async"):      # Megatron's own schedule, in the report: c moves into a's row, keeps slot
+        facts = checks[f"{mode}: Megatron's schedule facts are consistent with its tokens"]
+        assert facts["status"] == "PASS" and "row moves c row2→row0" in facts["detail"], facts
+        assert "prefill pieces a 0+4@s0, b 0+3@s0, c 0+5@s0" in facts["detail"], facts
+        assert facts["data"]["facts"] and all("batches" in f for f in facts["data"]["facts"]), facts["data"]
 
 
 # A 150-token prompt under a 64-token budget: Megatron's chunked prefill splits it over three steps (64, 64, 22
@@ -193,3 +198,5 @@ def test_mutated_megatron_compaction_slot_not_moved_is_caught(tmp_path):
     checks = _checks(_qualify(_write(tmp_path, COMPACTION), "megatron", tmp_path / "q", env, modes=("legacy",)))
     tok = checks["legacy: tokens match the truth"]
     assert tok["status"] == "FAIL", tok
+    facts = checks["legacy: Megatron's schedule facts are consistent with its tokens"]   # and the facts say why
+    assert facts["status"] == "FAIL" and "c: its Mamba state slot changed" in facts["detail"], facts

@@ -67,6 +67,9 @@ class RunResult:
     # {"admit": [{"request", "cached_tokens"}], "steps": [{"stored": [{"request", "pos"}], "evicted": [...]}]}
     # ("steps" optional); None: the engine reports nothing, and the policy check is a SKIP
     prefix_cache: object | None = None
+    # an engine's own per-step schedule facts (JSON; e.g. Megatron's, tools/megatron/schedule_facts.py), shown in the
+    # report and checked by the adapter's `facts_check(label, mode, trace, run)` classmethod when it has one
+    schedule_facts: list | None = None
 
 
 class Adapter:
@@ -291,7 +294,7 @@ BUILTIN = {"fastpath": FastpathAdapter, "oracle": OracleAdapter, "hf": HFAdapter
 
 # Short names of adapters that live in optional subpackages (imported only when named).
 NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:MegatronRoundedAdapter",
-         "megatron-prefix": "megatron:MegatronPrefixAdapter"}
+         "megatron-prefix": "megatron:MegatronPrefixAdapter", "megatron-mtp": "megatron:MegatronMTPAdapter"}
 
 
 def resolve(spec: str) -> type[Adapter]:

@@ -305,6 +305,10 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                 from .prefix_checks import qualify_check as cache_check     # prefix-cache traces only (DESIGN §12)
                 add(guarded(label, f"{mode}: prefix cache events", cache_check, label, mode, trace, run,
                             schedule_model(oracle_model), caps))       # a forced replay: no model math needed
+                facts = getattr(adapter_cls, "facts_check", None)   # an engine's own schedule facts (docs/megatron.md)
+                if facts is not None:
+                    add(guarded(label, f"{mode}: engine schedule facts", facts, label, mode, trace, run,
+                                oracle_model))
         progress.end(f"{label} · {mode}", started, checks[before:])
     add(check_modes_equal(label, runs, caps, modes))
     add(check_task(label, trace, dict(truth, requests=proven or {}) if truth.get("streamed") else truth, runs))

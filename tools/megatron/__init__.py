@@ -32,7 +32,7 @@ def check_install() -> None:
 
 
 def __getattr__(name: str):
-    if name in ("MegatronAdapter", "MegatronRoundedAdapter", "MegatronPrefixAdapter"):
+    if name in ("MegatronAdapter", "MegatronRoundedAdapter", "MegatronPrefixAdapter", "MegatronMTPAdapter"):
         from . import adapter
         return getattr(adapter, name)
     raise AttributeError(name)

@@ -42,6 +42,7 @@ class MegatronAdapter(Adapter):
     dtype: torch.dtype | None = None
     max_tokens_multiple = 1
     prefix_caching = False
+    mtp_seed = 0
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
@@ -66,7 +67,8 @@ class MegatronAdapter(Adapter):
         self._cpu = torch.device(device).type == "cpu"
         self._shim = cpu_shim.active if self._cpu else _nullcontext
         with self._shim():
-            self.model, self.cfg = runtime.build_model(self.model_path, device, self._dtype)
+            self.model, self.cfg = runtime.build_model(self.model_path, device, self._dtype,
+                                                       mtp_seed=self.mtp_seed if self.speculative_k(trace) else None)
             if not self.cfg.attention_layer_ids:
                 from .mapping import UnsupportedConfig
                 raise UnsupportedConfig(
@@ -74,7 +76,7 @@ class MegatronAdapter(Adapter):
                     "raises NotImplementedError('Using `DynamicInferenceContext` with no attention is not "
                     "supported') (megatron/core/inference/contexts/dynamic_context.py:401, 0.19.2)")
             self.engine = _make_engine(self.model, self.cfg, trace, mode, self.max_tokens_multiple,
-                                       self.prefix_caching)
+                                       self.prefix_caching, self.speculative_k(trace))
         self._ids: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._reqs: dict[str, object] = {}
@@ -83,36 +85,90 @@ class MegatronAdapter(Adapter):
         self.schedule_facts: list[dict] = []
         self._rows: dict[str, list[torch.Tensor]] = {}
         self._batches: list[dict] = []
+        self._drafts: dict[str, list[int]] = {}
         self._hook_sampling()
 
     def _hook_sampling(self) -> None:
-        """Keep the logits rows requests' tokens are sampled from: at Megatron's sampling call, row i of the
+        """Record each forward's batch (schedule facts) and keep the logits rows requests' tokens are sampled
+        from: at Megatron's sampling call, row i of the
         last-token logits belongs to active request i (context slots paused..total). Per request the rows come in
         order; a row whose prefill piece ends before the prompt does (kv offset + query length < prompt length)
         samples nothing, and rows past the last token (async's extra step after a finish) are dropped in
         run_trace, which also checks that the rows' argmax gives the request's tokens (else the mapping is wrong)."""
         ctl = self.engine.controller
-        orig = ctl._dynamic_step_sample_logits
+        forward, orig = ctl._dynamic_step_forward_logits, ctl._dynamic_step_sample_logits
+
+        def forward_and_record(*a, **k):
+            self._record_batch()
+            return forward(*a, **k)
 
         def sample_and_record():
-            ctx = ctl.inference_wrapped_model.inference_context
-            lo, hi = ctx.paused_request_count, ctx.total_request_count
-            logits = ctl._all_logits_cuda.squeeze(0)
-            batch = []
-            for i, j in enumerate(range(lo, hi)):
-                name = self._names.get(int(ctx.request_ids[j]))
-                if name is None:
-                    continue
-                start, count = int(ctx.request_kv_length_offsets[j]), int(ctx.request_query_lengths[j])
-                batch.append({"request": name, "slot": j, "pos": start, "tokens": count,
-                              "mamba_slot": int(ctx.mamba_metadata.request_to_mamba_state_idx[j])
-                              if getattr(ctx, "mamba_metadata", None) is not None else -1})
-                mid_prefill = start + count < len(self._reqs[name].prompt)
-                if not mid_prefill:
-                    self._rows.setdefault(name, []).append(logits[i].detach().float().cpu().clone())
-            self._batches.append({"rows": batch, "padded_tokens": int(ctx.padded_active_token_count)})
+            self._record_logits(ctl._all_logits_cuda.squeeze(0))
             return orig()
+        ctl._dynamic_step_forward_logits = forward_and_record
         ctl._dynamic_step_sample_logits = sample_and_record
+        if self.engine.num_speculative_tokens:
+            self._hook_mtp(ctl)
+
+    def _active_rows(self):
+        """(row index i among the active requests, context slot j, request name) of the context's batch now."""
+        ctx = self.engine.controller.inference_wrapped_model.inference_context
+        for i, j in enumerate(range(ctx.paused_request_count, ctx.total_request_count)):
+            name = self._names.get(int(ctx.request_ids[j]))
+            if name is not None:
+                yield i, j, name
+
+    def _record_batch(self) -> None:
+        """At the forward pass: the batch it computes (schedule facts). Recorded here, not at sampling: in async
+        mode the context's offsets have already moved on to the next step when the sampler runs."""
+        ctx = self.engine.controller.inference_wrapped_model.inference_context
+        batch = []
+        for _, j, name in self._active_rows():
+            batch.append({"request": name, "slot": j, "pos": int(ctx.request_kv_length_offsets[j]),
+                          "tokens": int(ctx.request_query_lengths[j]),
+                          "mamba_slot": int(ctx.mamba_metadata.request_to_mamba_state_idx[j])
+                          if getattr(ctx, "mamba_metadata", None) is not None else -1})
+        self._batches.append({"rows": batch, "padded_tokens": int(ctx.padded_active_token_count)})
+        self._forward_rows = {r["request"]: r for r in batch}
+
+    def _record_logits(self, logits) -> None:
+        """At sampling: row i of the last-token logits belongs to active request i; a row whose forward piece ends
+        before the prompt does samples nothing and is skipped."""
+        ctx = self.engine.controller.inference_wrapped_model.inference_context
+        for i, j, name in self._active_rows():
+            row = getattr(self, "_forward_rows", {}).get(name)
+            start, count = ((row["pos"], row["tokens"]) if row is not None else
+                            (int(ctx.request_kv_length_offsets[j]), int(ctx.request_query_lengths[j])))
+            if start + count >= len(self._reqs[name].prompt):
+                self._rows.setdefault(name, []).append(logits[i].detach().float().cpu().clone())
+
+    def _hook_mtp(self, ctl) -> None:
+        """Under MTP: record each verify row's drafts (Megatron's own, sampled from its MTP head at the previous
+        step) and accepted count, so tools/spec_checks.py can recompute acceptance from them."""
+        verify, drafts = ctl._dynamic_step_sample_logits_and_verify_tokens, ctl._compute_serial_mtp_and_sample
+
+        def verify_and_record(*a, **k):
+            out = verify(*a, **k)
+            accepted = ctl._accepted_token_counts_per_request
+            for i, _, name in self._active_rows():
+                row = getattr(self, "_forward_rows", {}).get(name)
+                if row is not None and row["pos"] >= len(self._reqs[name].prompt):
+                    row["proposals"] = list(self._drafts.get(name, []))
+                    row["accepted"] = int(accepted[i])
+            return out
+
+        def drafts_and_record(*a, **k):
+            out = drafts(*a, **k)
+            for i, _, name in self._active_rows():
+                self._drafts[name] = [int(t) for t in ctl._sampled_mtp_tokens_cuda[:, i].tolist()]
+            return out
+        ctl._dynamic_step_sample_logits_and_verify_tokens = verify_and_record
+        ctl._compute_serial_mtp_and_sample = drafts_and_record
+
+    @classmethod
+    def speculative_k(cls, trace) -> int:
+        """Megatron's num_speculative_tokens for this trace (0: no speculation)."""
+        return 0
 
     def add_request(self, request) -> None:
         from megatron.core.inference.sampling_params import SamplingParams
@@ -142,13 +198,12 @@ class MegatronAdapter(Adapter):
     def step(self) -> dict[str, list[int]]:
         if not self.engine.has_unfinished_requests():
             return {}
+        before = _counters(self.engine)
         with self._shim():
             r = self.engine.step_modern()
         for f in r.get("finished_request_records", []):
             self._final[self._names[int(f.request_id)]] = _ints(f.merge().generated_tokens)
-        self.schedule_facts.append({        # the batches sampled during this step (async: the overlapped one too)
-            "batches": self._batches,
-            "finished": [self._names[int(f.request_id)] for f in r.get("finished_request_records", [])]})
+        self.schedule_facts.append(self._step_facts(r, before))
         self._batches = []
         out = {}
         for name in self._ids:
@@ -157,6 +212,30 @@ class MegatronAdapter(Adapter):
                 out[name] = toks[self._seen[name]:]
                 self._seen[name] = len(toks)
         return out
+
+    def _step_facts(self, r: dict, before: dict[str, int]) -> dict:
+        """This step's facts (tools/megatron/schedule_facts.py): the batches sampled during it (async: the
+        overlapped one too), who finished, who is still active, the CUDA-graph batch size (None: eager), queue
+        counts, and the prefix-cache / MTP counter deltas when those features are on."""
+        after, eng, ctx = _counters(self.engine), self.engine, self.engine.context
+        delta = {k: after[k] - before[k] for k in after}
+        fact = {"batches": self._batches,
+                "finished": [self._names[int(f.request_id)] for f in r.get("finished_request_records", [])],
+                "active": [self._names[int(i)] for i in r.get("active_request_ids", []) if int(i) in self._names],
+                "cuda_graph": r.get("cuda_graph_request_count"), "waiting": len(eng.waiting_request_ids),
+                "paused": int(ctx.paused_request_count), "evicted": delta["evicted"]}
+        if ctx.enable_prefix_caching:
+            fact["prefix_cache"] = {k: delta[k] for k in ("hits", "blocks_matched", "computed_tokens",
+                                                           "skipped_tokens")}
+        if eng.num_speculative_tokens:
+            fact["mtp"] = {"proposed": delta["proposed"], "accepted": delta["accepted"]}
+        return fact
+
+    @classmethod
+    def facts_check(cls, label: str, mode: str, trace, run, oracle_model=None):
+        """qualify's extra line: Megatron's per-step facts are a correct schedule's (schedule_facts.check)."""
+        from .schedule_facts import check
+        return check(label, mode, trace, run, cls, oracle_model)
 
     def done(self) -> bool:
         return not self.engine.has_unfinished_requests()
@@ -182,9 +261,7 @@ class MegatronAdapter(Adapter):
                                        f"{stacked.argmax(-1).tolist()}, its tokens are {toks} (the adapter's row "
                                        "mapping or Megatron's greedy sampling is wrong)")
                 logits[name] = stacked
-        out = RunResult(tokens, reasons, logits=logits)
-        out.schedule_facts = self.schedule_facts
-        return out
+        return RunResult(tokens, reasons, logits=logits, schedule_facts=self.schedule_facts)
 
 
 class MegatronRoundedAdapter(MegatronAdapter):
@@ -198,6 +275,40 @@ class MegatronPrefixAdapter(MegatronRoundedAdapter):
     at KV block boundaries within `prefix_caching_mamba_gb`; KV blocks of the trace's prefix_cache block_size). The
     truth is unchanged: each request's tokens alone, cache or no cache (DESIGN §12)."""
     prefix_caching = True
+
+
+class MegatronMTPAdapter(MegatronRoundedAdapter):
+    """MegatronRoundedAdapter with Megatron's MTP speculative decoding: `num_speculative_tokens` = the trace's
+    engine.speculative.k (else `default_k`), one repeated MTP layer with random seeded weights (our checkpoints have
+    none). Drafts are Megatron's own MTP drafts, not the trace's proposer; the truth is the non-speculative output,
+    and the schedule-facts line recomputes every verify row's accepted count from its logged drafts."""
+    default_k = 2
+
+    @classmethod
+    def speculative_k(cls, trace) -> int:
+        spec = getattr(trace.engine, "speculative", None)
+        return spec.k if spec is not None else cls.default_k
+
+    @classmethod
+    def capabilities(cls, device: str) -> Capabilities:
+        caps = super().capabilities(device)
+        return Capabilities(caps.sampling_kinds, caps.modes, logits=False, compute_dtype=caps.compute_dtype,
+                            notes=caps.notes + (("logits", "under MTP Megatron samples k+1 rows per verify row; the "
+                                                 "adapter keeps no logits there (tokens and acceptance are judged)"),))
+
+    @classmethod
+    def version(cls) -> str:
+        return super().version() + "; MTP speculative decoding (one repeated MTP layer, random seeded weights)"
+
+
+def _counters(engine) -> dict[str, int]:
+    """Megatron's cumulative engine counters the step facts take deltas of (dynamic_engine.py's accumulators)."""
+    g = lambda name: int(getattr(engine, name, 0) or 0)      # noqa: E731
+    return {"evicted": g("evicted_request_count"), "hits": g("_prefix_cache_hits"),
+            "blocks_matched": g("_prefix_cache_blocks_matched"), "computed_tokens": g("_prefill_tokens_computed"),
+            "skipped_tokens": g("_prefill_tokens_skipped"),
+            "proposed": int(torch.as_tensor(getattr(engine, "_spec_tokens_proposed_per_pos", [])).sum()),
+            "accepted": int(torch.as_tensor(getattr(engine, "_spec_tokens_accepted_per_pos", [])).sum())}
 
 
 def _ints(toks) -> list[int]:
@@ -227,7 +338,8 @@ class _Tokenizer:
         return []
 
 
-def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, prefix_caching: bool = False):
+def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, prefix_caching: bool = False,
+                 speculative: int = 0):
     """DynamicInferenceContext + GPTInferenceWrapper + TextGenerationController + DynamicInferenceEngine."""
     from megatron.core.inference.config import (AsyncScheduleMode, InferenceConfig, MambaInferenceStateConfig,
                                                 PrefixCachingEvictionPolicy)
@@ -247,7 +359,7 @@ def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, pre
         max_sequence_length=max_seq, mamba_inference_state_config=MambaInferenceStateConfig.from_model(model),
         enable_chunked_prefill=True, materialize_only_last_token_logits=True,
         enable_prefix_caching=prefix_caching, prefix_caching_mamba_gb=0.01 if prefix_caching else None,
-        prefix_caching_eviction_policy=PrefixCachingEvictionPolicy.LRU,
+        prefix_caching_eviction_policy=PrefixCachingEvictionPolicy.LRU, num_speculative_tokens=speculative,
         async_sched_mode=AsyncScheduleMode.ASYNC if mode == "async" else AsyncScheduleMode.LEGACY)
     ctx = DynamicInferenceContext(model.config, ic)
     wrapper = GPTInferenceWrapper(model, ctx)

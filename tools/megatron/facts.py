@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {k:3d}  padded {b['padded_tokens']:3d}  {rows}")
         if fact["finished"]:
             print(f"          finished: {', '.join(fact['finished'])}")
+    from .schedule_facts import problems, summary
+    print("summary:", summary(result.schedule_facts, adapter.trace))
+    bad = problems(adapter.trace, result.tokens, result.schedule_facts, cls.prefix_caching)
+    print("consistent with a correct schedule" if not bad else "PROBLEMS: " + "; ".join(bad))
     for rid, toks in result.tokens.items():
         print(f"{rid}: {toks} ({result.finish_reasons.get(rid)})")
     return 0

@@ -95,8 +95,12 @@ def setup(device: str = "cpu") -> None:
     _DONE["kind"] = kind
 
 
-def transformer_config(cfg, dtype: torch.dtype):
-    """Megatron TransformerConfig for a mappable HybridConfig (mapping.check_mappable first)."""
+MTP_PATTERN = "-"     # one MTP depth, reused for every draft (mtp_use_repeated_layer): an MLP layer
+
+
+def transformer_config(cfg, dtype: torch.dtype, mtp: bool = False):
+    """Megatron TransformerConfig for a mappable HybridConfig (mapping.check_mappable first); `mtp`: one repeated
+    MTP layer (Megatron's async scheduling needs one MTP depth per draft, dynamic_engine.py:1045)."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -116,11 +120,27 @@ def transformer_config(cfg, dtype: torch.dtype):
         bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False, tensor_model_parallel_size=1,
         use_mamba_mem_eff_path=False,
+        **({"mtp_num_layers": 1, "mtp_use_repeated_layer": True} if mtp else {}),
     )
 
 
-def local_stack_spec(chunk_size: int = 128):
-    """HybridStack spec from Megatron's plain (non-TE) layers."""
+def local_mtp_block_spec():
+    """Megatron's hybrid MTP block spec (hybrid_layer_specs.py's `_hybrid_mtp_block_spec`) with its TE norms and
+    projection replaced by the plain ones: the inner layers come from the MTP pattern and the stack's submodules."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock, MultiTokenPredictionBlockSubmodules, MultiTokenPredictionLayer,
+        MultiTokenPredictionLayerSubmodules)
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    return ModuleSpec(module=MultiTokenPredictionBlock, submodules=MultiTokenPredictionBlockSubmodules(layer_specs=[
+        ModuleSpec(module=MultiTokenPredictionLayer, submodules=MultiTokenPredictionLayerSubmodules(
+            enorm=WrappedTorchNorm, hnorm=WrappedTorchNorm, eh_proj=ColumnParallelLinear, mtp_model_layer=None,
+            layer_norm=WrappedTorchNorm))]))
+
+
+def local_stack_spec(chunk_size: int = 128, mtp: bool = False):
+    """HybridStack spec from Megatron's plain (non-TE) layers (`mtp`: with the MTP block spec)."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
@@ -152,11 +172,14 @@ def local_stack_spec(chunk_size: int = 128):
             mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(
                 linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
             mlp_bda=get_bias_dropout_add)),
+        mtp_block_spec=local_mtp_block_spec() if mtp else None,
     ))
 
 
-def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """(HybridModel with our weights loaded strictly, HybridConfig); UnsupportedConfig names what cannot map."""
+def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.float32, mtp_seed: int | None = None):
+    """(HybridModel with our weights loaded strictly, HybridConfig); UnsupportedConfig names what cannot map.
+    `mtp_seed`: also one MTP layer (pattern `MTP_PATTERN`) with random weights from that seed (our checkpoints
+    have no MTP head; the truth of a speculative run is the non-speculative output, whatever the drafts)."""
     from oracle.checkpoint import load_checkpoint
     from . import mapping
     cfg, tensors = load_checkpoint(Path(path))
@@ -165,13 +188,14 @@ def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.floa
     from megatron.core.models.hybrid import hybrid_block
     from megatron.core.models.hybrid.hybrid_model import HybridModel
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    tconf = transformer_config(cfg, dtype)
+    mtp = mtp_seed is not None
+    tconf = transformer_config(cfg, dtype, mtp)
     saved = hybrid_block.TENorm
     hybrid_block.TENorm = WrappedTorchNorm          # the final-norm hook (see the module docstring)
     try:
         model = HybridModel(
-            config=tconf, hybrid_stack_spec=local_stack_spec(cfg.chunk_size), vocab_size=cfg.vocab_size,
-            max_sequence_length=4096, hybrid_layer_pattern=mapping.pattern(cfg),
+            config=tconf, hybrid_stack_spec=local_stack_spec(cfg.chunk_size, mtp), vocab_size=cfg.vocab_size,
+            max_sequence_length=4096, hybrid_layer_pattern=mapping.pattern(cfg) + (f"/{MTP_PATTERN}" if mtp else ""),
             share_embeddings_and_output_weights=cfg.tie_word_embeddings,
             position_embedding_type="rope" if cfg.attention_layer_ids and cfg.rope_dim else "none",
             rotary_percent=(cfg.rope_dim / cfg.attn_head_dim) if cfg.attention_layer_ids and cfg.rope_dim else 1.0,
@@ -179,12 +203,17 @@ def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.floa
     finally:
         hybrid_block.TENorm = saved
     sd = mapping.to_megatron(cfg, tensors)
-    own = {k for k, _ in model.named_parameters()}
+    own = {k for k, _ in model.named_parameters() if not k.startswith("mtp.")}
     missing, unexpected = sorted(own - set(sd)), sorted(set(sd) - own)
     if missing or unexpected:
         raise RuntimeError(f"Megatron state dict mismatch: missing {missing}, unexpected {unexpected}")
     with torch.no_grad():
+        gen = torch.Generator().manual_seed(mtp_seed or 0)
         for name, p in model.named_parameters():
+            if name.startswith("mtp."):        # random MTP head: norms 1, matrices N(0, 0.02) (seeded)
+                p.copy_(torch.ones_like(p) if p.dim() == 1 else
+                        (0.02 * torch.randn(p.shape, generator=gen, dtype=torch.float32)).to(p.dtype))
+                continue
             src = sd[name]
             if tuple(src.shape) != tuple(p.shape):
                 raise RuntimeError(f"{name}: ours {tuple(src.shape)} vs Megatron's {tuple(p.shape)}")
