@@ -170,6 +170,20 @@ def test_verify_scratch_is_allocated_once_and_sized_by_k(models):
     assert s.nbytes() == K * 3 * (bank.conv_state[:, 0].numel() + bank.ssm_state[:, 0].numel()) * 4
 
 
+def test_draft_steps_through_the_decode_buckets_keep_the_oracles_log(models):
+    """pad_decode: the draft model's drafting steps run as the decode graphs' buckets on its own bank (the CUDA
+    path, eager): proposals, accepted counts and tokens == the oracle's, == no speculation."""
+    oracle_model, fast = models
+    trace = _trace({"kind": "draft", "model": "goldens/models/zoo-mamba2"})
+    eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
+    assert eng.spec.draft.graphs is not None and not eng.spec.draft.graphs.capture
+    got = eng.run_trace(trace, "legacy")
+    want = oracle_run(oracle_model, trace, "legacy")
+    assert got.tokens == want.tokens == oracle_run(oracle_model, _trace(None)).tokens
+    assert got.schedule_log.to_json() == want.schedule_log.to_json()
+    assert any(len(b.proposals) > 1 for s in got.schedule_log.steps for b in s.batch if b.kind == "verify")
+
+
 def _run_with_states(fast, trace, **kw):
     """Run the trace; after every resolve, every live request's slot state keyed by (request, output length)."""
     eng = Engine(fast, trace.engine, max_len=32, **kw)

@@ -100,13 +100,23 @@ def ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
 
 class DraftModel:
     """The draft proposer: a FastModel with its own StateBank (slot = the request's slot), greedy. Each request's
-    draft state covers its tokens seen so far; drafting past them runs on the bank and is undone from a snapshot."""
+    draft state covers its tokens seen so far; drafting past them runs on the bank and is undone from a snapshot.
+    graphs ("capture" / "eager" / None, the target engine's choice): the drafting steps run as the decode graphs'
+    buckets on the draft's bank (tokens read from and sampled into one device buffer: no host sync until the end)."""
 
-    def __init__(self, model, R: int, max_len: int):
+    def __init__(self, model, R: int, max_len: int, graphs: str | None = None, k: int = 1):
+        import types
+        from .graphs import DecodeGraphs
         self.model, self.R = model, R
         self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
         self.snap = Snapshot(self.bank, R)
         self.seen: dict[str, int] = {}
+        self.graphs = None
+        if graphs is not None:
+            host = types.SimpleNamespace(model=model, bank=self.bank, device=model.device, R=R,
+                                         sampled=torch.zeros(R, dtype=torch.int64, device=model.device))
+            self.graphs = DecodeGraphs(host, capture=graphs == "capture")
+            self.stage = torch.zeros(max(k - 1, 1) * 2 * R, dtype=torch.int64, pin_memory=model.device.type == "cuda")
 
     def propose(self, rows: list[tuple[str, int, list[int], int]]) -> dict[str, list[int]]:
         """rows (request, slot, tokens, room): catch each draft state up on the new tokens, then `room` greedy
@@ -123,7 +133,9 @@ class DraftModel:
         out, k = [tok.clone()], max(r[3] for r in rows)
         if k > 1:
             self.snap.save([s for _, s, _, _ in rows])
-            for i in range(1, k):
+            if self.graphs is not None:
+                out += self._graph_steps(rows, tok, k)
+            for i in range(1, k if self.graphs is None else 1):
                 dec = [(0, len(t) + i - 1, s) for _, s, t, _ in rows]
                 sb, _ = pack(self.bank, m.config.chunk_size, dec, [], dec_ids=out[-1], kw=_kw(m))
                 nxt = torch.empty(len(rows), dtype=torch.int64, device=dev)
@@ -134,12 +146,24 @@ class DraftModel:
         drafts = torch.stack(out, 1).tolist()
         return {rid: drafts[j][:room] for j, (rid, _, _, room) in enumerate(rows)}
 
+    def _graph_steps(self, rows, tok: Tensor, k: int) -> list[Tensor]:
+        """Drafts 2..k through the decode buckets: each step reads the previous step's tokens from the buffer it
+        samples into; each its own stage slice (no host sync between them)."""
+        g, n, out = self.graphs, len(rows), []
+        g.tok[:n].copy_(tok)
+        for i in range(1, k):
+            g.run([len(t) + i - 1 for _, _, t, _ in rows], [s for _, s, _, _ in rows], None,
+                  self.stage[(i - 1) * 2 * self.R:i * 2 * self.R])
+            out.append(g.tok[:n].clone())
+        return out
+
     def forget(self, rid: str) -> None:
         """A finished request's draft state is dropped (its slot is reused from zero: first piece has no state)."""
         self.seen.pop(rid, None)
 
 
-def load_draft(path, target_config, R: int, max_len: int, device, dtype, options=None) -> DraftModel:
+def load_draft(path, target_config, R: int, max_len: int, device, dtype, options=None, graphs: str | None = None,
+               k: int = 1) -> DraftModel:
     """The draft folder as a FastModel on the target's device and dtype; another vocab is an error naming the field."""
     from oracle.checkpoint import load_checkpoint
     from fastpath.model import FastModel
@@ -147,7 +171,7 @@ def load_draft(path, target_config, R: int, max_len: int, device, dtype, options
     if cfg.vocab_size != target_config.vocab_size:
         raise TraceError("engine.speculative.proposer.model", f"draft vocab_size {cfg.vocab_size} != the target's "
                          f"{target_config.vocab_size}: a draft must share the target's vocabulary")
-    return DraftModel(FastModel(cfg, tensors, device, dtype, options), R, max_len)
+    return DraftModel(FastModel(cfg, tensors, device, dtype, options), R, max_len, graphs, k)
 
 
 # ----------------------------------------------------------------------------------------- the engine's hooks
@@ -203,7 +227,8 @@ class Speculator:
         if p.kind == "draft":
             from oracle.speculative import model_path
             self.draft = load_draft(model_path(spec), engine.config, R, bank.max_len + self.k, engine.device,
-                                    engine.model.dtype, getattr(engine.model, "options", None))
+                                    engine.model.dtype, getattr(engine.model, "options", None),
+                                    None if g is None else "capture" if g.capture else "eager", self.k)
         self._drafts: dict[str, list[int]] = {}
 
     def use_trace(self, spec) -> None:
