@@ -39,11 +39,13 @@ def _write(tmp_path: Path, trace: dict) -> Path:
 
 
 def _qualify(trace_path: Path, engine: str, out: Path, env: dict | None = None, modes=("legacy", "async"),
-             model: Path = MODEL) -> dict:
+             model: Path = MODEL, device: str = "cpu") -> dict:
     """python -m tools.qualify in a subprocess (a fresh process per Megatron set-up); returns report.json."""
     cmd = [sys.executable, "-m", "tools.qualify", "--engine", engine, "--model", str(model), "--trace",
-           str(trace_path), "--mode", *modes, "--out", str(out), "--quiet"]
-    run_env = dict(os.environ, TRITON_INTERPRET="1", **(env or {}))
+           str(trace_path), "--mode", *modes, "--out", str(out), "--quiet", "--device", device]
+    run_env = dict(os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {}), **(env or {}))
+    if device != "cpu":
+        run_env.pop("TRITON_INTERPRET", None)
     subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=900)
     return json.loads((out / "report.json").read_text())
 
@@ -200,3 +202,33 @@ def test_mutated_megatron_compaction_slot_not_moved_is_caught(tmp_path):
     assert tok["status"] == "FAIL", tok
     facts = checks["legacy: Megatron's schedule facts are consistent with its tokens"]   # and the facts say why
     assert facts["status"] == "FAIL" and "c: its Mamba state slot changed" in facts["detail"], facts
+
+
+def test_mtp_speculation_keeps_the_non_speculative_tokens_and_its_accepted_counts_recompute(tmp_path):
+    """megatron-mtp on the compaction trace made speculative (k = 2 from the trace; the drafts are Megatron's own
+    random-weight MTP drafts, not the trace's proposer): tokens == the non-speculative truth in both modes, async ==
+    legacy, and every verify row's accepted count equals the oracle's recomputation from the drafts logged."""
+    spec = dict(COMPACTION, engine=dict(COMPACTION["engine"], speculative={
+        "k": 2, "proposer": {"kind": "ngram", "min_n": 1, "max_n": 2}}))
+    checks = _checks(_qualify(_write(tmp_path, spec), "megatron-mtp", tmp_path / "q"))
+    for mode in ("legacy", "async"):
+        assert checks[f"{mode}: tokens match the truth"]["status"] == "PASS", checks
+        facts = checks[f"{mode}: Megatron's schedule facts are consistent with its tokens"]
+        assert facts["status"] == "PASS" and "accepted counts recomputed by the oracle" in facts["detail"], facts
+        rows = [r for f in facts["data"]["facts"] for b in f["batches"] for r in b["rows"] if "proposals" in r]
+        assert rows and all(len(r["proposals"]) == 2 and r["tokens"] == 3 for r in rows), rows
+    assert checks["async == legacy, bitwise"]["status"] == "PASS"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graphs_decode_steps_replay_and_keep_the_oracle_tokens(tmp_path):
+    """megatron-graphs (Megatron's cuda_graph_impl="local" decode graphs) on the compaction trace: the schedule facts
+    show decode steps ran on a captured graph, and the tokens still equal the oracle's in both modes."""
+    checks = _checks(_qualify(_write(tmp_path, COMPACTION), "megatron-graphs", tmp_path / "q", env={},
+                              device="cuda"))
+    for mode in ("legacy", "async"):
+        assert checks[f"{mode}: tokens match the truth"]["status"] == "PASS", checks
+        facts = checks[f"{mode}: Megatron's schedule facts are consistent with its tokens"]
+        assert facts["status"] == "PASS" and "CUDA graphs: batch sizes" in facts["detail"], facts
+    assert checks["async == legacy, bitwise"]["status"] == "PASS"

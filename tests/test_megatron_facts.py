@@ -65,3 +65,17 @@ def test_duplicate_rows_and_double_finishes_are_problems():
     got = problems(TRACE, TOKENS, dup)
     assert any("not distinct within a batch" in p for p in got)
     assert any("a: finished 2 times" in p for p in got)
+
+
+def test_megatron_graphs_refuses_cpu_by_capability_with_the_reason():
+    """megatron-graphs on CPU: no mode is declared, so every run is a SKIP naming why (no CUDA device)."""
+    import pytest
+    import torch
+    from tools.megatron.adapter import MegatronGraphsAdapter
+    from tools.megatron.mapping import UnsupportedConfig
+    caps = MegatronGraphsAdapter.capabilities("cpu")
+    assert caps.modes == () and "no CUDA device" in caps.why_not("legacy", "")
+    if torch.cuda.is_available():
+        assert MegatronGraphsAdapter.capabilities("cuda").modes == ("legacy", "async")
+    with pytest.raises(UnsupportedConfig, match="device: megatron-graphs captures CUDA graphs"):
+        MegatronGraphsAdapter("goldens/models/zoo-bamba", TRACE, "legacy", "cpu")

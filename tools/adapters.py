@@ -68,7 +68,7 @@ class RunResult:
     # ("steps" optional); None: the engine reports nothing, and the policy check is a SKIP
     prefix_cache: object | None = None
     # an engine's own per-step schedule facts (JSON; e.g. Megatron's, tools/megatron/schedule_facts.py), shown in the
-    # report and checked by the adapter's `facts_check(label, mode, trace, run)` classmethod when it has one
+    # report and checked by the adapter's `facts_check(label, mode, trace, run, oracle_model)` classmethod if any
     schedule_facts: list | None = None
 
 
@@ -294,7 +294,8 @@ BUILTIN = {"fastpath": FastpathAdapter, "oracle": OracleAdapter, "hf": HFAdapter
 
 # Short names of adapters that live in optional subpackages (imported only when named).
 NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:MegatronRoundedAdapter",
-         "megatron-prefix": "megatron:MegatronPrefixAdapter", "megatron-mtp": "megatron:MegatronMTPAdapter"}
+         "megatron-prefix": "megatron:MegatronPrefixAdapter", "megatron-mtp": "megatron:MegatronMTPAdapter",
+         "megatron-graphs": "megatron:MegatronGraphsAdapter"}
 
 
 def resolve(spec: str) -> type[Adapter]:

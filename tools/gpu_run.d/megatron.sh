@@ -5,7 +5,8 @@
 #   STEPS= bash tools/gpu_run.sh                                  # this step only
 # Installs the three wheels into /tmp/site (no network), then: qualify --engine megatron-rounded --device cuda over
 # every scenario of each model Megatron can run (zoo-bamba, tiny-sort), megatron-prefix on the three prefix traces,
-# and the faithful adapter on finding F1's trace.
+# megatron-graphs and megatron-mtp on two scenarios each, the gpu-marked Megatron test (CUDA graphs), and the
+# faithful adapter on finding F1's trace.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/gpu_run}
@@ -33,6 +34,14 @@ done
 timeout 180 $PY -m tools.qualify --engine megatron-prefix --device cuda --model goldens/models/zoo-bamba \
   --trace goldens/traces/prefix_shared_system.json goldens/traces/prefix_multi_turn.json \
   goldens/traces/prefix_eviction.json --out "$OUT/megatron-prefix" --quiet || rc=1
+# Megatron's CUDA graphs (decode steps) and MTP speculation: two scenarios each; the graphs pytest (marker gpu)
+timeout 240 $PY -m tools.qualify --engine megatron-graphs --device cuda --model goldens/models/zoo-bamba \
+  --scenario seed_compaction stop_tokens --out "$OUT/megatron-graphs" --quiet || rc=1
+timeout 240 $PY -m tools.qualify --engine megatron-mtp --device cuda --model goldens/models/zoo-bamba \
+  --scenario seed_compaction chunked_prefill --out "$OUT/megatron-mtp" --quiet || rc=1
+timeout 300 $PY -m pytest -p no:xdist -q -m "megatron and gpu" tests/test_megatron_engine.py \
+  > "$OUT/megatron-gpu-pytest.log" 2>&1 || rc=1
+tail -3 "$OUT/megatron-gpu-pytest.log" | sed 's/^/megatron gpu pytest: /' >> "$OUT/megatron.summary"
 timeout 120 $PY -m tools.qualify --engine megatron --device cuda --model goldens/models/zoo-bamba --mode legacy \
   --trace goldens/traces/megatron_token_budget.json --out "$OUT/megatron-f1" --quiet
 echo "F1 (faithful budget 16, expect 'engine runs the trace' FAIL on 0.19.2): exit $?" >> "$OUT/megatron.summary"

@@ -32,7 +32,8 @@ def check_install() -> None:
 
 
 def __getattr__(name: str):
-    if name in ("MegatronAdapter", "MegatronRoundedAdapter", "MegatronPrefixAdapter", "MegatronMTPAdapter"):
+    if name in ("MegatronAdapter", "MegatronRoundedAdapter", "MegatronPrefixAdapter", "MegatronMTPAdapter",
+                "MegatronGraphsAdapter"):
         from . import adapter
         return getattr(adapter, name)
     raise AttributeError(name)

@@ -28,7 +28,9 @@ _NOTES = (
                                "block boundaries, LRU), not DESIGN §12's checkpoint policy, so there are no "
                                "comparable hit/store/evict events (megatron runs without it; megatron-prefix with it, "
                                "judged on tokens and logits)"),
-    ("speculation_reporting", "MTP speculation needs MTP layers; the zoo models have none"),
+    ("speculation_reporting", "megatron / -rounded / -prefix run speculative traces without speculation (judged on "
+                              "tokens); megatron-mtp speculates with Megatron's own MTP drafts, whose accepted counts "
+                              "the oracle recomputes in the 'Megatron's schedule facts' line, not from a DESIGN §4 log"),
 )
 
 
@@ -43,6 +45,7 @@ class MegatronAdapter(Adapter):
     max_tokens_multiple = 1
     prefix_caching = False
     mtp_seed = 0
+    cuda_graphs = False
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
@@ -68,7 +71,8 @@ class MegatronAdapter(Adapter):
         self._shim = cpu_shim.active if self._cpu else _nullcontext
         with self._shim():
             self.model, self.cfg = runtime.build_model(self.model_path, device, self._dtype,
-                                                       mtp_seed=self.mtp_seed if self.speculative_k(trace) else None)
+                                                       mtp_seed=self.mtp_seed if self.speculative_k(trace) else None,
+                                                       cuda_graphs=self.cuda_graphs)
             if not self.cfg.attention_layer_ids:
                 from .mapping import UnsupportedConfig
                 raise UnsupportedConfig(
@@ -76,7 +80,7 @@ class MegatronAdapter(Adapter):
                     "raises NotImplementedError('Using `DynamicInferenceContext` with no attention is not "
                     "supported') (megatron/core/inference/contexts/dynamic_context.py:401, 0.19.2)")
             self.engine = _make_engine(self.model, self.cfg, trace, mode, self.max_tokens_multiple,
-                                       self.prefix_caching, self.speculative_k(trace))
+                                       self.prefix_caching, self.speculative_k(trace), self.cuda_graphs)
         self._ids: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._reqs: dict[str, object] = {}
@@ -301,6 +305,37 @@ class MegatronMTPAdapter(MegatronRoundedAdapter):
         return super().version() + "; MTP speculative decoding (one repeated MTP layer, random seeded weights)"
 
 
+GRAPHS_ON_CPU = ("megatron-graphs captures CUDA graphs for decode steps (Megatron's cuda_graph_impl='local', "
+                 "inference_cuda_graph_scope layer; dynamic_engine.py:412 create_cuda_graphs); on CPU there is no "
+                 "CUDA device to capture on: run it with --device cuda")
+
+
+class MegatronGraphsAdapter(MegatronRoundedAdapter):
+    """MegatronRoundedAdapter with Megatron's own CUDA graphs for decode-only steps (`cuda_graph_impl="local"`, no
+    Transformer Engine needed; prefill and mixed steps stay eager). CUDA only: on CPU every mode is a SKIP with
+    that reason, and building it raises the same. The schedule facts record the graph batch size Megatron used
+    per step (`cuda_graph`), so the report shows that graphs really ran."""
+    cuda_graphs = True
+
+    @classmethod
+    def capabilities(cls, device: str) -> Capabilities:
+        caps = super().capabilities(device)
+        if torch.device(device).type == "cuda":
+            return caps
+        return Capabilities(caps.sampling_kinds, (), logits=True, compute_dtype=caps.compute_dtype,
+                            notes=caps.notes + (("legacy", GRAPHS_ON_CPU), ("async", GRAPHS_ON_CPU)))
+
+    @classmethod
+    def version(cls) -> str:
+        return super().version() + "; CUDA graphs for decode steps (cuda_graph_impl=local)"
+
+    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
+        if torch.device(device).type != "cuda":
+            from .mapping import UnsupportedConfig
+            raise UnsupportedConfig(f"device: {GRAPHS_ON_CPU}")
+        super().__init__(model_path, trace, mode, device, dtype)
+
+
 def _counters(engine) -> dict[str, int]:
     """Megatron's cumulative engine counters the step facts take deltas of (dynamic_engine.py's accumulators)."""
     g = lambda name: int(getattr(engine, name, 0) or 0)      # noqa: E731
@@ -339,7 +374,7 @@ class _Tokenizer:
 
 
 def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, prefix_caching: bool = False,
-                 speculative: int = 0):
+                 speculative: int = 0, cuda_graphs: bool = False):
     """DynamicInferenceContext + GPTInferenceWrapper + TextGenerationController + DynamicInferenceEngine."""
     from megatron.core.inference.config import (AsyncScheduleMode, InferenceConfig, MambaInferenceStateConfig,
                                                 PrefixCachingEvictionPolicy)
@@ -360,6 +395,7 @@ def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, pre
         enable_chunked_prefill=True, materialize_only_last_token_logits=True,
         enable_prefix_caching=prefix_caching, prefix_caching_mamba_gb=0.01 if prefix_caching else None,
         prefix_caching_eviction_policy=PrefixCachingEvictionPolicy.LRU, num_speculative_tokens=speculative,
+        **({"num_cuda_graphs": 8, "use_cuda_graphs_for_non_decode_steps": False} if cuda_graphs else {}),
         async_sched_mode=AsyncScheduleMode.ASYNC if mode == "async" else AsyncScheduleMode.LEGACY)
     ctx = DynamicInferenceContext(model.config, ic)
     wrapper = GPTInferenceWrapper(model, ctx)

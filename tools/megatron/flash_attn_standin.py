@@ -91,6 +91,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_leftpad=(cache_leftpad, None), window_size=(tuple(window_size), (-1, -1)),
             softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():       # megatron-graphs: no host sync in a capture
+        out, lse = _attend_static(q, k_cache, v_cache, block_table, cache_seqlens, scale, causal)
+        return (out, lse) if return_softmax_lse else out
     lens = cache_seqlens.tolist() if torch.is_tensor(cache_seqlens) else [int(cache_seqlens)] * q.shape[0]
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
@@ -101,6 +104,30 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             kb, vb = _keys(k_cache, block_table, b, 0, lk), _keys(v_cache, block_table, b, 0, lk)
         out[b], lse[b] = _attend(q[b], kb, vb, scale, causal)
     return (out, lse) if return_softmax_lse else out
+
+
+def _attend_static(q, k_cache, v_cache, block_table, cache_seqlens, scale: float, causal: bool):
+    """The same attention with fixed shapes (every page of the block table gathered, keys past each sequence's
+    length masked), so a CUDA graph can capture it: no lengths read on the host. Rows of zero length (graph
+    padding) give zeros. Used only while a stream is capturing; the eager path above is the reference."""
+    b, lq, h, _ = q.shape
+    if block_table is None:
+        kb, vb = k_cache[:b], v_cache[:b]
+    else:
+        kb, vb = k_cache[block_table.long()].flatten(1, 2), v_cache[block_table.long()].flatten(1, 2)
+    rep = h // kb.shape[2]
+    kf = kb.float().repeat_interleave(rep, dim=2).transpose(1, 2)       # [B, H, Lk, d]
+    vf = vb.float().repeat_interleave(rep, dim=2).transpose(1, 2)
+    s = torch.matmul(q.float().transpose(1, 2), kf.transpose(2, 3)) * scale      # [B, H, Lq, Lk]
+    lens = torch.as_tensor(cache_seqlens, device=q.device).view(b, 1, 1, 1)
+    j = torch.arange(kf.shape[2], device=q.device).view(1, 1, 1, -1)
+    ok = j < lens
+    if causal:
+        ok = ok & (j <= torch.arange(lq, device=q.device).view(1, 1, -1, 1) + lens - lq)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                      # [B, H, Lq]
+    p = torch.where(ok, torch.exp(s - lse[..., None]), torch.zeros_like(s))
+    return torch.matmul(p, vf).transpose(1, 2).to(q.dtype), lse
 
 
 def install() -> types.ModuleType:

@@ -98,7 +98,7 @@ def setup(device: str = "cpu") -> None:
 MTP_PATTERN = "-"     # one MTP depth, reused for every draft (mtp_use_repeated_layer): an MLP layer
 
 
-def transformer_config(cfg, dtype: torch.dtype, mtp: bool = False):
+def transformer_config(cfg, dtype: torch.dtype, mtp: bool = False, cuda_graphs: bool = False):
     """Megatron TransformerConfig for a mappable HybridConfig (mapping.check_mappable first); `mtp`: one repeated
     MTP layer (Megatron's async scheduling needs one MTP depth per draft, dynamic_engine.py:1045)."""
     import torch.nn.functional as F
@@ -121,6 +121,7 @@ def transformer_config(cfg, dtype: torch.dtype, mtp: bool = False):
         gradient_accumulation_fusion=False, persist_layer_norm=False, tensor_model_parallel_size=1,
         use_mamba_mem_eff_path=False,
         **({"mtp_num_layers": 1, "mtp_use_repeated_layer": True} if mtp else {}),
+        **({"cuda_graph_impl": "local"} if cuda_graphs else {}),    # per-layer inference graphs, no TE needed
     )
 
 
@@ -176,7 +177,8 @@ def local_stack_spec(chunk_size: int = 128, mtp: bool = False):
     ))
 
 
-def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.float32, mtp_seed: int | None = None):
+def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.float32, mtp_seed: int | None = None,
+                cuda_graphs: bool = False):
     """(HybridModel with our weights loaded strictly, HybridConfig); UnsupportedConfig names what cannot map.
     `mtp_seed`: also one MTP layer (pattern `MTP_PATTERN`) with random weights from that seed (our checkpoints
     have no MTP head; the truth of a speculative run is the non-speculative output, whatever the drafts)."""
@@ -189,7 +191,12 @@ def build_model(path: Path, device: str = "cpu", dtype: torch.dtype = torch.floa
     from megatron.core.models.hybrid.hybrid_model import HybridModel
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     mtp = mtp_seed is not None
-    tconf = transformer_config(cfg, dtype, mtp)
+    if cuda_graphs:     # CudaGraphManager asserts a graph-safe RNG tracker (cuda_graphs.py:1822): the inference one
+        if torch.device(device).type != "cuda":
+            raise RuntimeError("Megatron's CUDA graphs need a CUDA device")
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        model_parallel_cuda_manual_seed(0, inference_rng_tracker=True, force_reset_rng=True)
+    tconf = transformer_config(cfg, dtype, mtp, cuda_graphs)
     saved = hybrid_block.TENorm
     hybrid_block.TENorm = WrappedTorchNorm          # the final-norm hook (see the module docstring)
     try:
