@@ -66,6 +66,22 @@ def test_width_buckets_are_one_plus_powers_of_two_up_to_k_plus_one():
     assert width_buckets(4) == [2, 3, 5]
 
 
+def test_fast_ngram_search_equals_the_oracles_prompt_lookup():
+    """The fast path's bytes.rfind search == oracle.speculative.ngram_propose (slice by slice) on seeded random token
+    lists: small alphabets (many matches), ids whose packed bytes match across token boundaries, every n range."""
+    import random
+    from fastpath.engine.speculative import ngram
+    from oracle.speculative import ngram_propose
+    rng = random.Random(18)
+    for _ in range(4000):
+        V = rng.choice([2, 3, 7, 256, 257, 65536, 2**31])
+        toks = [rng.randrange(V) for _ in range(rng.randrange(0, 30))]
+        k, lo = rng.randrange(1, 6), rng.randrange(1, 4)
+        hi = lo + rng.randrange(0, 4)
+        assert ngram(toks, k, lo, hi) == ngram_propose(toks, k, lo, hi), (toks, k, lo, hi)
+    assert ngram([256, 0, 1, 0], 2, 1, 1) == ngram_propose([256, 0, 1, 0], 2, 1, 1) == [1, 0]
+
+
 def test_snapshot_copy_equals_the_state_a_verify_of_the_accepted_inputs_leaves_bitwise(models):
     """Rollback's premise, bitwise: the snapshot after input a of a verify of m drafts == the state a verify of
     only the first a+1 inputs leaves in the slot (same batch shape, so the same kernels and GEMM shapes)."""

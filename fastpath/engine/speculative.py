@@ -13,6 +13,7 @@ oracle/speculative.py: only oracle's trace/log types are imported.
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -87,14 +88,25 @@ class Snapshot:
 
 # ------------------------------------------------------------------------------------------------- proposers
 
+_ITEM = array("I").itemsize        # bytes per packed token id (ids < 2**32)
+
+
 def ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Prompt lookup (DESIGN §13): longest n whose suffix occurred before; the <= k tokens after its latest match."""
+    """Prompt lookup (DESIGN §13): longest n whose suffix occurred before; the <= k tokens after its latest match.
+    The search runs as bytes.rfind over the packed token ids (a host cost on every decode step: ~25x
+    fewer Python operations than comparing slices), keeping only matches at token boundaries."""
     L = len(tokens)
+    if L < 2:
+        return []
+    packed, W = array("I", tokens), _ITEM
+    packed = packed.tobytes()
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        tail = tokens[L - n:]
-        for i in range(L - n - 1, -1, -1):
-            if tokens[i:i + n] == tail:
+        tail, end = packed[W * (L - n):], W * (L - 1)     # a match must start before the suffix: i + n <= L - 1
+        while (f := packed.rfind(tail, 0, end)) >= 0:
+            if f % W == 0:
+                i = f // W
                 return tokens[i + n:i + n + k]
+            end = f + W * n - 1                            # not at a token boundary: look further left
     return []
 
 
