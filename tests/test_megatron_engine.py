@@ -92,6 +92,10 @@ def test_chunked_prefill_over_three_steps_equals_the_oracle(tmp_path):
     checks = _checks(_qualify(_write(tmp_path, CHUNKED), "megatron", tmp_path / "q", modes=("legacy",)))
     assert checks["legacy: tokens match the truth"]["status"] == "PASS", checks
     assert checks["legacy: logits match the oracle's"]["status"] == "PASS", checks
+    facts = checks["legacy: Megatron's schedule facts are consistent with its tokens"]
+    pieces = [r for f in facts["data"]["facts"] for b in f["batches"] for r in b["rows"]
+              if r["request"] == "long" and r["pos"] < 150]
+    assert facts["status"] == "PASS" and len(pieces) == 3 and pieces[-1]["pos"] + pieces[-1]["tokens"] == 150, facts
 
 
 def test_finding_f1_budget_not_a_multiple_of_64_crashes_and_the_rounded_budget_is_right(tmp_path):

@@ -79,3 +79,16 @@ def test_megatron_graphs_refuses_cpu_by_capability_with_the_reason():
         assert MegatronGraphsAdapter.capabilities("cuda").modes == ("legacy", "async")
     with pytest.raises(UnsupportedConfig, match="device: megatron-graphs captures CUDA graphs"):
         MegatronGraphsAdapter("goldens/models/zoo-bamba", TRACE, "legacy", "cpu")
+
+
+def test_an_evicted_request_may_restart_from_zero_in_another_slot_only_when_evictions_are_counted():
+    trace = parse_trace({"schema": "hybridqual.trace/1", "description": "eviction",
+                         "engine": {"max_requests": 2, "max_tokens_per_step": 64, "mode": "legacy",
+                                    "prefill_chunk": 64},
+                         "requests": [{"id": "b", "arrival_step": 0, "prompt": [7, 19, 31], "max_new_tokens": 2}]})
+    facts = [_step([_row("b", 0, 0, 3, 1)], 64), _step([_row("b", 0, 3, 1, 1)], 1),
+             _step([_row("b", 1, 0, 3, 0)], 64), _step([_row("b", 1, 3, 1, 0)], 1, ["b"])]
+    tokens = {"b": [53, 35]}
+    assert any("row starts at 0, expected 4" in p for p in problems(trace, tokens, facts))
+    facts[1]["evicted"] = 1
+    assert problems(trace, tokens, facts) == []

@@ -55,7 +55,10 @@ def problems(trace, tokens: dict[str, list[int]], facts: list[dict], prefix_cach
             bad.append(f"{req.id}: first row starts at position {p0}" + (
                 "" if prefix_caching else " with prefix caching off (the prompt must be computed from 0)"))
         pos = p0
+        evictions = any(f.get("evicted") for f in facts)
         for r in rows:
+            if evictions and r["pos"] == 0 and pos != 0:
+                pos = 0             # an evicted request is recomputed from its start when it is re-admitted
             if r["pos"] != pos:
                 bad.append(f"{req.id}: step {r['step']} row starts at {r['pos']}, expected {pos} (contiguous)")
                 break
@@ -73,10 +76,11 @@ def problems(trace, tokens: dict[str, list[int]], facts: list[dict], prefix_cach
         if not ends or max(ends) < n:
             bad.append(f"{req.id}: the prompt ({n} tokens) is not covered by its prefill rows (last ends at "
                        f"{max(ends) if ends else p0})")
-        slots = sorted({r["mamba_slot"] for r in rows})
-        if len(slots) > 1:
-            moves = [f"step {b['step']} row {b['slot']}: slot {b['mamba_slot']}" for a, b in zip(rows, rows[1:])
-                     if a["mamba_slot"] != b["mamba_slot"]]
+        # one life per admission: an evicted request may come back in another slot, from position 0
+        lives = [k for k, r in enumerate(rows) if k == 0 or (evictions and r["pos"] == 0)] + [len(rows)]
+        moves = [f"step {b['step']} row {b['slot']}: slot {b['mamba_slot']}" for s0, s1 in zip(lives, lives[1:])
+                 for a, b in zip(rows[s0:s1], rows[s0 + 1:s1]) if a["mamba_slot"] != b["mamba_slot"]]
+        if moves:
             bad.append(f"{req.id}: its Mamba state slot changed during its life ({'; '.join(moves[:3])}; "
                        f"started in slot {rows[0]['mamba_slot']}): a row moved without its state")
         if got and len(finished.get(req.id, [])) != 1:
