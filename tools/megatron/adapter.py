@@ -22,8 +22,8 @@ _NOTES = (
     ("seeded", "Megatron samples temperature/top-k/top-p with torch's generator per step, not the trace's keyed "
                "(request seed, position) sampler, so seeded outputs have no common truth"),
     ("schedule_log", "Megatron's scheduler is its own (token budget only: no prefill_chunk, pieces padded to "
-                     "64 tokens); it is not our DESIGN §4 schedule, so there is no oracle log to compare (its "
-                     "per-step batches, rows and Mamba slots are in RunResult.schedule_facts)"),
+                     "64 tokens); it is not our DESIGN §4 schedule, so there is no oracle log to compare (what it "
+                     "did per step is the \"Megatron's schedule facts\" line, checked for consistency)"),
     ("prefix_cache_reporting", "Megatron's prefix cache is its own (KV blocks with refcounts + Mamba states at "
                                "block boundaries, LRU), not DESIGN §12's checkpoint policy, so there are no "
                                "comparable hit/store/evict events (megatron runs without it; megatron-prefix with it, "
