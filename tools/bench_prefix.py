@@ -206,30 +206,30 @@ def prefix_lines(r: dict) -> list[str]:
            f"prefix cache: one checkpoint = Mamba state {mib(r['checkpoint_state_bytes'])} + prefix KV "
            f"{mib(r['checkpoint_kv_bytes'])} (pool slot {mib(r['pool_slot_bytes'])} at max_len); the same prefix's KV "
            f"in anchor-3b-attn: {mib(r['attn_only_prefix_kv_bytes'])}"]
-    hs = r.get("hit_stages", {})
-    if "error" in hs:
-        out.append(f"hit stages FAILED {hs['error']}")
-    elif hs:
-        out.append(f"hit stages (one more hit, wall {hs['wall_ms']:.2f} ms; host = wall time inside the call, "
-                   f"device = between CUDA events around it):")
-        for row in hs["stages"]:
-            dev = "" if row["device_ms"] is None else f"{row['device_ms']:9.3f}"
-            out.append(f"  host {row['host_ms']:9.3f} ms  device {dev:>9s} ms  {row['stage']}")
-    hp = r.get("hit_profile", {})
-    if "error" in hp:
-        out.append(f"hit profile FAILED {hp['error']}")
-    elif hp:
-        out.append(f"hit profile (one more hit, torch.profiler, by {hp['by']} time): {hp['events']} events, "
-                   f"{hp['total_us'] / 1e3:.3f} ms total; syncs {hp['syncs']}; top {len(hp['top'])}:")
-        out += [f"  {us / 1e3:9.3f} ms {cnt:5d}x  {name[:100]}" for name, cnt, us in hp["top"]]
-    hh = r.get("hit_host", {})
-    if "error" in hh:
-        out.append(f"hit host profile FAILED {hh['error']}")
-    elif hh:
-        out.append(f"hit host profile (one more hit, cProfile, own time; {hh['total_ms']:.1f} ms with the profiler's "
-                   f"overhead): top {len(hh['top'])}:")
-        out += [f"  {1e3 * tt:9.3f} ms {cc:6d}x  {name[:100]}" for name, cc, tt in hh["top"]]
+    _section(out, r.get("hit_stages", {}), "hit stages",
+             lambda d: f"hit stages (one more hit, wall {d['wall_ms']:.2f} ms; host = wall time inside the call, "
+                       f"device = between CUDA events around it):",
+             lambda d: [f"  host {row['host_ms']:9.3f} ms  device "
+                        f"{'' if row['device_ms'] is None else format(row['device_ms'], '9.3f'):>9s} ms  {row['stage']}"
+                        for row in d["stages"]])
+    _section(out, r.get("hit_profile", {}), "hit profile",
+             lambda d: f"hit profile (one more hit, torch.profiler, by {d['by']} time): {d['events']} events, "
+                       f"{d['total_us'] / 1e3:.3f} ms total; syncs {d['syncs']}; top {len(d['top'])}:",
+             lambda d: [f"  {us / 1e3:9.3f} ms {cnt:5d}x  {name[:100]}" for name, cnt, us in d["top"]])
+    _section(out, r.get("hit_host", {}), "hit host profile",
+             lambda d: f"hit host profile (one more hit, cProfile, own time; {d['total_ms']:.1f} ms with the "
+                       f"profiler's overhead): top {len(d['top'])}:",
+             lambda d: [f"  {1e3 * tt:9.3f} ms {cc:6d}x  {name[:100]}" for name, cc, tt in d["top"]])
     return out
+
+
+def _section(out: list[str], d: dict, what: str, head, rows) -> None:
+    """One optional part of the summary: 'WHAT FAILED error' if it raised, else its header line and rows."""
+    if "error" in d:
+        out.append(f"{what} FAILED {d['error']}")
+    elif d:
+        out.append(head(d))
+        out += rows(d)
 
 
 def tiny_prefix_model(dev: torch.device) -> FastModel:
