@@ -172,13 +172,17 @@ class Engine:
         return all(s.finish_reason is not None for s in self.requests.values())
 
     # -------------------------------------------------------------------------------------------- steps
-    def can_overlap(self) -> bool:
-        """Async: previous step decode-only, live rows, nobody waiting, no prefill in progress."""
-        p = self.pending
-        return (self.mode == "async" and p is not None and p.decode_only and self.rows.active > 0
-                and not self.waiting(self.k)
-                and self.spec is None                  # speculative: never overlapped (docs/scheduler.md §10)
+    def _overlappable(self, prev: Launched | None) -> bool:
+        """The step after `prev` is one async mode overlaps: prev decode-only, live rows, nobody waiting, no prefill
+        in progress, no speculation (never overlapped: docs/scheduler.md §10). One predicate for both modes, so
+        legacy's shadow rows follow async's extra rows exactly."""
+        return (prev is not None and prev.decode_only and self.rows.active > 0 and not self.waiting(self.k)
+                and self.spec is None
                 and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
+
+    def can_overlap(self) -> bool:
+        """Async: the pending step's successor is overlappable (_overlappable)."""
+        return self.mode == "async" and self._overlappable(self.pending)
 
     def step(self) -> bool:
         """Run step k (overlapped or not) and log it; False when the run is over (nothing logged)."""
@@ -221,13 +225,11 @@ class Engine:
 
     def shadow_rows(self, prev: Launched | None) -> list[BatchRow]:
         """Legacy: the rows async mode still computes this step (requests freed by the decode-only step before,
-        when nothing waits and nothing prefills: can_overlap's condition) run again as shadow rows — computed in
+        when async would overlap: _overlappable) run again as shadow rows — computed in
         their freed slot, discarded, not logged — so both modes run every step at the same row count.  The
         projections' bits depend on it (cuBLAS picks kernels by M; one row takes the folded GEMV), and DESIGN §4
         requires async == legacy bitwise (docs/engine.md, "Shadow rows")."""
-        if (self.mode != "legacy" or prev is None or not prev.decode_only or not prev.record.free
-                or self.spec is not None or self.rows.active == 0 or self.waiting(self.k)
-                or any(self.requests[rid].prefilling for rid in self.rows.live_requests())):
+        if self.mode != "legacy" or prev is None or not prev.record.free or not self._overlappable(prev):
             return []
         pos = {b.request: b.pos for b in prev.batch}
         return [BatchRow(f["row"], f["request"], f["slot"], "shadow", pos[f["request"]] + 1, 1)

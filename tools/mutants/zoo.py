@@ -89,7 +89,7 @@ MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- admission
     Mutant("admit_without_drain", "async admission",
            "async keeps overlapping while requests wait and admits them into just-freed slots without draining",
-           ENGINE, "                and not self.waiting(self.k)\n", "\n",
+           ENGINE, "self.rows.active > 0 and not self.waiting(self.k)\n", "self.rows.active > 0\n",
            (T_GEN,),
            more=((ENGINE, "            self.resolve(prev, inflight=launched)\n",
                   "            self.resolve(prev, inflight=launched)\n            self.admit(rec)\n"),)),
