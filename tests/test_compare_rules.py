@@ -141,3 +141,19 @@ def test_logits_check_fails_a_monotone_rescale_that_keeps_every_argmax():
     v = compare_logits("r", scaled.float(), want, c)
     assert not v.ok and v.worst_error > v.worst_bound
     assert not compare_logits("r", want[:5].float(), want, c).ok                  # a missing row fails too
+
+
+def test_mismatch_and_logits_verdict_report_the_rank_of_the_candidates_token_in_the_oracle_row():
+    """The rank (logits strictly above the candidate's token) is what the top-k part of the near-tie rule bounds;
+    both verdicts carry it so a run at size records the distribution a rank rule would be measured from."""
+    from tools.compare import Verdict, _judge, compare_logits
+    row = torch.tensor([5.0, 4.9, 4.8, 4.7, 4.6, 4.5, 4.4, 0.0], dtype=torch.float64)
+    mm = _judge("r", row, tok=6, pos=0, tau=1.0, verdict=Verdict("r", True, 0))
+    assert (mm.oracle_rank, mm.near_tie) == (6, False)        # gap 0.6 <= τ but rank 6 is outside the top 5
+    mm = _judge("r", row, tok=3, pos=0, tau=1.0, verdict=Verdict("r", True, 0))
+    assert (mm.oracle_rank, mm.near_tie) == (3, True)
+    want = torch.stack([row, row])
+    got = want.clone()
+    got[1, 2] += 0.5                                        # the candidate's argmax at position 1 is the oracle's rank 2
+    v = compare_logits("r", got, want, c=1.0)
+    assert v.ok and v.max_rank == 2

@@ -77,6 +77,7 @@ class Mismatch:
     oracle_gap: float        # oracle logit[oracle_token] - logit[candidate_token]  (>= 0)
     oracle_margin: float     # oracle top-1 minus top-2
     near_tie: bool
+    oracle_rank: int = 0     # oracle logits strictly above the candidate's token (its 0-based rank; TOP_K bounds it)
 
 
 @dataclass
@@ -153,7 +154,8 @@ def _judge(request_id: str, row: torch.Tensor, tok: int, pos: int, tau: float, v
         return None
     gap = float(row[o_tok] - row[tok])
     topk = torch.topk(row, min(TOP_K, row.numel())).indices.tolist()
-    return Mismatch(request_id, pos, o_tok, int(tok), gap, margin, gap <= tau and tok in topk)
+    rank = int((row > row[tok]).sum())
+    return Mismatch(request_id, pos, o_tok, int(tok), gap, margin, gap <= tau and tok in topk, rank)
 
 
 def _finish_rule(cand: list[int], stop_token_ids: Sequence[int], max_new_tokens: int) -> str:
@@ -231,6 +233,7 @@ class LogitsVerdict:
     worst_error: float = 0.0          # max|Δlogit| at worst_position
     worst_bound: float = 0.0          # c · max(1, std(oracle row)) there
     note: str = ""
+    max_rank: int = 0                 # largest rank of the candidate's argmax in the oracle's row (0 = same top-1)
 
 
 def compare_logits(request_id: str, got: torch.Tensor, want: torch.Tensor, c: float) -> LogitsVerdict:
@@ -244,6 +247,7 @@ def compare_logits(request_id: str, got: torch.Tensor, want: torch.Tensor, c: fl
         row = want[i].double()
         err = float((got[i].double() - row).abs().max())
         bound = c * logit_scale(row)
+        v.max_rank = max(v.max_rank, int((row > row[int(torch.argmax(got[i]))]).sum()))
         if not err <= bound:          # NaN fails too
             v.ok = False
         if not err / bound <= worst:

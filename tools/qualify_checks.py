@@ -111,11 +111,12 @@ def check_tokens(label: str, mode: str, trace, truth: dict, run, rows: OracleRow
                            "exact": (v.ok and not v.near_ties) if truth.get("streamed") else
                            got == truth["requests"][req.id]["tokens"]}
         ties += [f"{m.request}@{m.position}: oracle {m.oracle_token} vs {m.candidate_token}, "
-                 f"gap {m.oracle_gap:.2e}, margin {m.oracle_margin:.2e}" for m in v.near_ties]
+                 f"gap {m.oracle_gap:.2e}, margin {m.oracle_margin:.2e}, rank {m.oracle_rank}" for m in v.near_ties]
         if not v.ok:
             f = v.failure
             bad.append(f"request {req.id} position {f.position}: oracle token {f.oracle_token} "
-                       f"(margin {f.oracle_margin:.3g}) vs engine {f.candidate_token} (oracle gap {f.oracle_gap:.3g})"
+                       f"(margin {f.oracle_margin:.3g}) vs engine {f.candidate_token} (oracle gap {f.oracle_gap:.3g}, "
+                       f"rank {f.oracle_rank} in the oracle's row)"
                        + (f" [{v.note}]" if v.note else "") if f else f"request {req.id}: {v.note}")
     bound = tie_bound(eligible, dtype, tau)
     if forgiven > bound:
@@ -182,7 +183,7 @@ def check_logits(label: str, mode: str, trace, run, rows: OracleRows, caps) -> C
     if not caps.logits:
         return Check.skip(label, name, caps.why_not("logits", "the adapter does not return logits"))
     t0 = time.time()
-    bad, worst = [], None
+    bad, worst, max_rank = [], None, 0
     for req in trace.requests:
         toks = run.tokens.get(req.id, [])
         if not toks:
@@ -192,6 +193,7 @@ def check_logits(label: str, mode: str, trace, run, rows: OracleRows, caps) -> C
             bad.append(f"request {req.id}: no logits returned")
             continue
         v = compare_logits(req.id, got, rows.get(req, toks), c)
+        max_rank = max(max_rank, v.max_rank)
         if worst is None or v.worst_error / max(v.worst_bound, 1e-300) > worst.worst_error / max(worst.worst_bound,
                                                                                                   1e-300):
             worst = v
@@ -200,7 +202,8 @@ def check_logits(label: str, mode: str, trace, run, rows: OracleRows, caps) -> C
                        f"{v.worst_bound:.3g}" + (f" ({v.note})" if v.note else ""))
     detail = "; ".join(bad) or (f"worst {worst.request}@{worst.worst_position}: max|Δlogit| {worst.worst_error:.3g} "
                                 f"<= {worst.worst_bound:.3g}" if worst else "no generated tokens")
-    return Check.of(label, name, not bad, detail, time.time() - t0, c=c)
+    detail += f"; the engine's argmax ranks at most {max_rank} in the oracle's rows"
+    return Check.of(label, name, not bad, detail, time.time() - t0, c=c, max_rank=max_rank)
 
 
 def check_modes_equal(label: str, runs: dict, caps, modes: list[str]) -> Check | None:
