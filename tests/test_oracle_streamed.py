@@ -148,16 +148,26 @@ def test_streamed_rejects_a_bad_device_or_dtype(zoo_folder, kw, pattern):
         StreamedOracle(zoo_folder("mamba2"), **kw)
 
 
-def test_streamed_teacher_forced_logits_match_prefill_decode(zoo_folder):
-    """The one-pass rows equal tools.compare.teacher_forced_logits (prefill + decode, the recurrence) to 1e-12:
-    the same truth computed by the chunked scan instead of token-by-token."""
+def _prefill_then_decode(model, prompt, tokens):
+    """The rows as generation computes them: a prefill, then one decode (the recurrence) per token."""
+    logits, state = model.prefill(list(prompt))
+    rows = [logits[-1]]
+    for tok in tokens[:-1]:
+        step, state = model.decode(int(tok), state)
+        rows.append(step)
+    return torch.stack(rows)
+
+
+def test_teacher_forced_logits_one_pass_match_prefill_decode(zoo_folder):
+    """The one-pass rows, streamed and in memory (tools.compare.teacher_forced_logits), equal generation's
+    prefill + decode rows to 1e-12: the same truth computed by the chunked scan instead of token by token."""
     folder = zoo_folder("bamba-g4-clamp")
     model, so = oracle.load(folder), StreamedOracle(folder)
     prompt, tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]
-    want = teacher_forced_logits(model, prompt, tokens)
-    got = so.teacher_forced_logits(prompt, tokens)
-    assert got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    want = _prefill_then_decode(model, prompt, tokens)
+    for got in (so.teacher_forced_logits(prompt, tokens), teacher_forced_logits(model, prompt, tokens)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 def test_tie_aware_compare_accepts_the_streamed_oracle(zoo_folder):
