@@ -58,6 +58,7 @@ class Launched:
     samples: list[bool]
     host_tokens: torch.Tensor
     event: object = None
+    finalize: object = None     # device-draft verify steps: fills batch/samples/host_tokens after the wait
 
     @property
     def decode_only(self) -> bool:
@@ -344,6 +345,8 @@ class Engine:
             t0 = time.perf_counter()
             p.event.synchronize()                       # the one wait per step: this step's tokens
             self.wait_s += time.perf_counter() - t0
+        if p.finalize is not None:
+            p.finalize(p)
         toks = p.host_tokens[: len(p.batch)].tolist()
         rec, rt = p.record, self.rows
         row_of = {rid: r for r, rid in enumerate(rt.row_request[: rt.active]) if rid is not None}

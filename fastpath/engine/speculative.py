@@ -242,6 +242,11 @@ class Speculator:
                                     engine.model.dtype, getattr(engine.model, "options", None),
                                     None if g is None else "capture" if g.capture else "eager", self.k)
         self._drafts: dict[str, list[int]] = {}
+        self.device_drafts = None                       # drafts on the device in the decode loop (spec_device.py)
+        if g is not None and p.kind == "ngram":
+            from .spec_device import DeviceProposals
+            self.device_drafts = DeviceProposals(self, engine)
+        self._on_device = False
 
     def use_trace(self, spec) -> None:
         """run_trace: the trace's scripted proposals (its ids checked against the vocab, as at construction)."""
@@ -257,13 +262,17 @@ class Speculator:
 
     def reset(self) -> None:
         """Forget per-request state (a new run)."""
-        self.verified, self._drafts = [], {}
+        self.verified, self._drafts, self._on_device = [], {}, False
+        if self.device_drafts is not None:
+            self.device_drafts.reset()
         if self.draft is not None:
             self.draft.seen = {}
 
     # ---- batch building ------------------------------------------------------------------------------------
     def prepare(self, live) -> None:
-        """Draft proposer: one batched draft pass for every decoding row before the batch is built."""
+        """Whether this step takes device drafts; draft proposer: one batched draft pass for every decoding row before
+        the batch is built."""
+        self._on_device = self.device_drafts is not None and self.device_drafts.applies(live)
         if self.draft is None:
             return
         rows = []
@@ -286,7 +295,9 @@ class Speculator:
         return props[:room]
 
     def row(self, r: int, st, slot: int) -> BatchRow:
-        """A decode row, or a verify row of m+1 tokens carrying its m proposals."""
+        """A decode row, or a verify row of m+1 tokens carrying its m proposals (device drafts: a placeholder)."""
+        if self._on_device:
+            return self.device_drafts.row(r, st, slot)
         pos = len(st.req.prompt) + len(st.output) - 1
         props = self.proposals(st)
         if not props:
@@ -300,6 +311,8 @@ class Speculator:
         lists each verify row as m+1 one-token rows (pos+i), of which the first a+1 sample, so resolve appends them
         in order and stops at a stop token or max_new_tokens like any other token."""
         from .engine import Launched
+        if self._on_device:
+            return self.device_drafts.launch(batch, rec)
         eng = self.engine
         rec.batch = batch
         rows = [b for b in batch if b.kind in ("decode", "verify")]
@@ -319,6 +332,14 @@ class Speculator:
             eng.on_logits(*self._expand(rows, inputs, nb, logits, pre, plog))
         vt = tok[:nb * w].tolist()                         # verify steps are synchronous
         pt = self.out[:len(pre)].tolist()
+        out_rows, samples, host = self.outcome(batch, rows, inputs, vt, nb, pre, pt, rec)
+        return Launched(eng.k, out_rows, rec, samples, torch.tensor(host, dtype=torch.int64), None)
+
+    def outcome(self, batch: list[BatchRow], rows: list[BatchRow], inputs: list[list[int]], vt: list[int], nb: int,
+                pre: list[BatchRow], pt: list[int], rec) -> tuple[list[BatchRow], list[bool], list[int]]:
+        """A verify step's resolve view from the host tokens vt (j*nb + r) and pt (prefill pieces): acceptance per
+        verify row (logged in rec.verify, kept for rollback), each verify row as m+1 one-token rows."""
+        eng = self.engine
         row_of = {id(b): r for r, b in enumerate(rows)}
         out_rows, samples, host = [], [], []
         rec.verify, self.verified = [], []
@@ -344,7 +365,7 @@ class Speculator:
                 out_rows.append(BatchRow(b.row, b.request, b.slot, "decode", b.pos + i, 1))
                 samples.append(i <= a)
                 host.append(choices[i])
-        return Launched(eng.k, out_rows, rec, samples, torch.tensor(host, dtype=torch.int64), None)
+        return out_rows, samples, host
 
     def _prefill(self, pre: list[BatchRow], rec) -> Tensor:
         """The step's prefill pieces as an ordinary forward (the engine's packer; prefix-cache checkpoints planned

@@ -306,6 +306,40 @@ class VerifyRunner:
         sample_rows(logits, tok, seeded, backend=self.model.backend)
         return nb, w, logits, tok
 
+    def run_device(self, last: list[int], pos: list[int], slot: list[int], room: list[int], drafts: Tensor,
+                   m: Tensor, seeded: list[tuple[int, float, int, int]]) -> tuple[int, int, Tensor, Tensor]:
+        """run() with the drafts on the device (docs/engine.md "Device proposals"): row r feeds last[r] then its m[r]
+        drafts (drafts [S, k], m [S] device int64, m[r] <= room[r]) at positions pos[r]..; the host lays the batch
+        out for room[r] drafts, the device writes the drafts' ids and sets slot -1 past m[r]. No host read."""
+        S = len(last)
+        nb, w = self.shape(S, 1 + max(room))
+        T = nb * w
+        ids, ps, sl = [0] * T, [0] * T, [-1] * T
+        for r in range(S):
+            ids[r] = last[r]
+            for j in range(room[r] + 1):
+                ps[j * nb + r], sl[j * nb + r] = pos[r] + j, slot[r]
+        vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
+        key, self.last_nb = (nb, w), nb
+        meta, tok = self._buffers(key)
+        self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
+        meta.copy_(self.stage[:len(vals)], non_blocking=True)
+        if w > 1:                                          # after the upload, in stream order
+            vb = VerifyBatch.view(meta, nb, w)
+            vb.ids.view(w, nb)[1:, :S].copy_(drafts[:, :w - 1].t())
+            j = torch.arange(1, w, dtype=torch.int64, device=self.device)[:, None]
+            real = vb.slot[1:, :S]
+            real.copy_(torch.where(j <= m[None, :], real, torch.full_like(real, -1)))
+        if self.capture and not seeded:
+            if key not in self.graphs:
+                self._capture(key)
+            self.graphs[key].replay()
+            self.replays += 1
+            return nb, w, self._logits[key], tok
+        logits = verify_forward(self.model, VerifyBatch.view(meta, nb, w), self.bank, self.snaps, self.inputs)
+        sample_rows(logits, tok, seeded, backend=self.model.backend)
+        return nb, w, logits, tok
+
     def replay(self, rows: list[tuple[int, int, int]]) -> None:
         """The replay rollback of rows (r, a, slot) of the last verify batch (FastOptions.spec_replay)."""
         replay(self.model, self.bank, self.inputs, self.last_nb, rows)

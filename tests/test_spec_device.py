@@ -1,0 +1,163 @@
+"""Device drafts (fastpath/engine/spec_device.py): with graphs / pad_decode the ngram proposer runs on the device in
+the decode loop and the verify step reads its drafts there; the log and tokens are exactly the host proposer's and
+the oracle's. GPU: the decode loop (every step after the last prefill) runs under
+torch.cuda.set_sync_debug_mode("error") with CUDA graphs, and speculative == non-speculative tokens bitwise in
+batch-invariant mode (default mode: tie-aware vs the oracle, the arithmetic differs by GEMM shapes)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from fastpath import Engine, FastModel  # noqa: E402
+from fastpath.batch_invariant import engine_class, make_model  # noqa: E402
+from fastpath.options import FastOptions  # noqa: E402
+from oracle import zoo  # noqa: E402
+from oracle.model import OracleModel  # noqa: E402
+from oracle.scheduler import run_trace as oracle_run  # noqa: E402
+from oracle.trace import parse_trace  # noqa: E402
+from tools.spec_checks import log_consistency, recompute_accepted, without_speculation  # noqa: E402
+
+MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
+NGRAM = {"kind": "ngram", "min_n": 1, "max_n": 2}
+TRACE = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 2, "max_tokens_per_step": 24, "prefill_chunk": 16,
+                                                     "speculative": {"k": 3, "proposer": NGRAM}},
+         "requests": [
+             {"id": "a", "arrival_step": 0, "prompt": [1, 2, 3, 4, 1, 2, 3], "max_new_tokens": 9},
+             {"id": "b", "arrival_step": 0, "prompt": [5, 6, 7], "max_new_tokens": 4,
+              "sampling": {"kind": "seeded", "temperature": 0.9, "seed": 3}},
+             {"id": "c", "arrival_step": 1, "prompt": [8, 9, 8, 9, 8], "max_new_tokens": 6}]}
+
+
+@pytest.fixture(scope="module")
+def models():
+    cfg = zoo.tiny_config("bamba", **MODEL)
+    w = zoo.random_weights(cfg, seed=3)
+    return cfg, w, OracleModel(cfg, w, dtype=torch.float64)
+
+
+def _loop_steps(log: dict) -> int:
+    """Logged steps with rows and no prefill piece (the steps device drafts take)."""
+    return sum(1 for s in log["steps"] if s["batch"] and all(b["kind"] != "prefill" for b in s["batch"]))
+
+
+def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models):
+    """pad_decode (the graphs' shapes, eager on CPU): every decode-loop step takes device drafts (zero-draft rows
+    logged as decode rows, a step without drafts as a plain decode step), prefill steps the host proposer; tokens
+    and log == the host proposer's run and == the oracle's, legacy and async; a seeded row is among them."""
+    cfg, w, oracle_model = models
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    trace = parse_trace(TRACE)
+    for mode in ("legacy", "async"):
+        eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
+        got = eng.run_trace(trace, mode)
+        log = got.schedule_log.to_json()
+        assert eng.spec.device_drafts.steps == _loop_steps(log) >= 4
+        assert any(b["kind"] == "verify" for s in log["steps"] for b in s["batch"]
+                   if all(x["kind"] != "prefill" for x in s["batch"]))
+        want = oracle_run(oracle_model, trace, mode)
+        assert got.tokens == want.tokens and log == want.schedule_log.to_json()
+        eng.spec.device_drafts = None                       # the host proposer, same engine
+        host = eng.run_trace(trace, mode)
+        assert host.tokens == got.tokens and host.schedule_log.to_json() == log
+
+
+def test_device_drafts_are_not_taken_with_a_logits_hook_or_without_graphs(models):
+    """on_logits needs the batch on the host at launch, and without graphs/pad_decode the host proposer runs."""
+    cfg, w, _ = models
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    trace = parse_trace(TRACE)
+    assert Engine(fast, trace.engine, max_len=32).spec.device_drafts is None
+    eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
+    eng.on_logits = lambda batch, logits: None
+    eng.run_trace(trace, "legacy")
+    assert eng.spec.device_drafts.steps == 0
+
+
+def test_batch_invariant_device_drafts_equal_no_speculation_bitwise(models):
+    """Batch-invariant mode: a verify row's logits are bitwise a decode row's, so speculative tokens == the
+    non-speculative ones exactly (the CPU twin of the GPU test below)."""
+    cfg, w, _ = models
+    o = FastOptions(backend="torch", batch_invariant=True)
+    m, E = make_model(cfg, w, "cpu", torch.float32, o), engine_class(o)
+    trace = parse_trace(TRACE)
+    eng = E(m, trace.engine, max_len=32, pad_decode=True)
+    got = eng.run_trace(trace, "legacy")
+    plain = without_speculation(trace)
+    assert eng.spec.device_drafts.steps > 0
+    assert got.tokens == E(m, plain.engine, max_len=32, pad_decode=True).run_trace(plain, "legacy").tokens
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+
+GPU_TRACE = {"schema": "hybridqual.trace/1",
+             "engine": {"max_requests": 3, "max_tokens_per_step": 32, "prefill_chunk": 16,
+                        "speculative": {"k": 4, "proposer": {"kind": "ngram", "min_n": 1, "max_n": 3}}},
+             "requests": [
+                 {"id": "a", "arrival_step": 0, "prompt": [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], "max_new_tokens": 40},
+                 {"id": "b", "arrival_step": 0, "prompt": [7, 8, 7, 8, 7, 8, 7], "max_new_tokens": 24},
+                 {"id": "c", "arrival_step": 0, "prompt": [9, 10, 11, 9, 10, 11, 9, 10], "max_new_tokens": 32}]}
+
+
+def _sync_checked(eng) -> list[int]:
+    """Wrap eng.step: a step taken when every unfinished request is admitted and past its prompt (the decode loop:
+    resolve of the step before, rollback, release, compaction, batch, device drafts, verify graph, token copy)
+    runs under set_sync_debug_mode("error"); returns the counter of checked steps."""
+    real, n = eng.step, [0]
+
+    def step():
+        live = [s for s in eng.requests.values() if s.finish_reason is None]
+        if not live or not all(s.admitted and not s.prefilling for s in live):
+            return real()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            n[0] += 1
+    eng.step = step
+    return n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch_invariant", [True, False], ids=["batch_invariant", "default"])
+def test_gpu_device_ngram_decode_loop_has_no_host_sync_with_graphs(batch_invariant):
+    """bf16, CUDA graphs, ngram on the device: after a warm-up run (graph captures), the decode loop of a second
+    run raises on any synchronising CUDA call; drafts were proposed and accepted; the acceptance the oracle
+    recomputes from the logged proposals matches; speculative tokens == non-speculative (bitwise in
+    batch-invariant mode, tie-aware vs the fp64 oracle in the default mode); async == legacy."""
+    from tools.compare import TAU, compare_tie_aware
+    cfg = zoo.tiny_config("bamba", **MODEL)
+    w = zoo.random_weights(cfg, seed=3)
+    oracle_model = OracleModel(cfg, w, dtype=torch.float64)
+    o = FastOptions(batch_invariant=batch_invariant)
+    fast, E = make_model(cfg, w, "cuda", torch.bfloat16, o), engine_class(o)
+    trace = parse_trace(json.loads(json.dumps(GPU_TRACE)))
+    eng = E(fast, trace.engine, max_len=96, graphs=True)
+    warm = eng.run_trace(trace, "legacy")
+    before, checked = eng.spec.device_drafts.steps, _sync_checked(eng)
+    got = eng.run_trace(trace, "legacy")
+    assert got.tokens == warm.tokens and got.digest == warm.digest
+    log = got.schedule_log.to_json()
+    assert eng.spec.device_drafts.steps - before == _loop_steps(log) >= 5 and checked[0] >= _loop_steps(log)
+    assert eng.spec.runner.replays > 0
+    rows = [b for s in log["steps"] for b in s["batch"] if b["kind"] == "verify"]
+    assert rows and any(v["accepted"] > 0 for s in log["steps"] for v in (s.get("verify") or ()))
+    assert log_consistency(got.schedule_log) == [] and recompute_accepted(oracle_model, trace, got) == []
+    assert eng.run_trace(trace, "async").tokens == got.tokens
+    plain_trace = without_speculation(trace)
+    plain = E(fast, plain_trace.engine, max_len=96, graphs=True).run_trace(plain_trace, "legacy")
+    if batch_invariant:
+        assert got.tokens == plain.tokens, "speculation changed a token in batch-invariant mode"
+        return
+    for res in (got, plain):
+        for req in trace.requests:
+            v = compare_tie_aware(oracle_model, req.id, req.prompt, res.tokens[req.id], req.stop_token_ids,
+                                  req.max_new_tokens, TAU[torch.bfloat16])
+            assert v.ok, f"{req.id}: {v.failure} {v.note}"
