@@ -34,6 +34,15 @@ TRACE = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 2, "max_toke
              {"id": "c", "arrival_step": 1, "prompt": [8, 9, 8, 9, 8], "max_new_tokens": 6}]}
 
 
+DRAFT = {"kind": "draft", "model": "goldens/models/zoo-mamba2"}
+
+
+def _trace(proposer: dict):
+    t = json.loads(json.dumps(TRACE))
+    t["engine"]["speculative"]["proposer"] = proposer
+    return parse_trace(t)
+
+
 @pytest.fixture(scope="module")
 def models():
     cfg = zoo.tiny_config("bamba", **MODEL)
@@ -46,13 +55,14 @@ def _loop_steps(log: dict) -> int:
     return sum(1 for s in log["steps"] if s["batch"] and all(b["kind"] != "prefill" for b in s["batch"]))
 
 
-def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models):
-    """pad_decode (the graphs' shapes, eager on CPU): every decode-loop step takes device drafts (zero-draft rows
-    logged as decode rows, a step without drafts as a plain decode step), prefill steps the host proposer; tokens
-    and log == the host proposer's run and == the oracle's, legacy and async; a seeded row is among them."""
+@pytest.mark.parametrize("proposer", [NGRAM, DRAFT], ids=["ngram", "draft"])
+def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models, proposer):
+    """pad_decode (the graphs' shapes, eager on CPU): every decode-loop step takes device drafts (ngram: zero-draft
+    rows logged as decode rows, a step without drafts as a plain decode step), prefill steps the host proposer;
+    tokens and log == the host proposer's run and == the oracle's, legacy and async; a seeded row is among them."""
     cfg, w, oracle_model = models
     fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
-    trace = parse_trace(TRACE)
+    trace = _trace(proposer)
     for mode in ("legacy", "async"):
         eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
         got = eng.run_trace(trace, mode)
@@ -85,7 +95,9 @@ def test_batch_invariant_device_drafts_equal_no_speculation_bitwise(models):
     cfg, w, _ = models
     o = FastOptions(backend="torch", batch_invariant=True)
     m, E = make_model(cfg, w, "cpu", torch.float32, o), engine_class(o)
-    trace = parse_trace(TRACE)
+    t = json.loads(json.dumps(TRACE))
+    t["requests"] = t["requests"][:1]                       # one request: the interpreter's fixed-tile matmul is slow
+    trace = parse_trace(t)
     eng = E(m, trace.engine, max_len=32, pad_decode=True)
     got = eng.run_trace(trace, "legacy")
     plain = without_speculation(trace)
@@ -126,9 +138,10 @@ def _sync_checked(eng) -> list[int]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("batch_invariant", [True, False], ids=["batch_invariant", "default"])
-def test_gpu_device_ngram_decode_loop_has_no_host_sync_with_graphs(batch_invariant):
-    """bf16, CUDA graphs, ngram on the device: after a warm-up run (graph captures), the decode loop of a second
+@pytest.mark.parametrize("proposer,batch_invariant", [("ngram", True), ("ngram", False), ("draft", False)],
+                         ids=["ngram-batch_invariant", "ngram-default", "draft-default"])
+def test_gpu_device_drafts_decode_loop_has_no_host_sync_with_graphs(proposer, batch_invariant):
+    """bf16, CUDA graphs, drafts on the device (ngram; the draft model's passes): after a warm-up run (graph captures), the decode loop of a second
     run raises on any synchronising CUDA call; drafts were proposed and accepted; the acceptance the oracle
     recomputes from the logged proposals matches; speculative tokens == non-speculative (bitwise in
     batch-invariant mode, tie-aware vs the fp64 oracle in the default mode); async == legacy."""
@@ -138,7 +151,10 @@ def test_gpu_device_ngram_decode_loop_has_no_host_sync_with_graphs(batch_invaria
     oracle_model = OracleModel(cfg, w, dtype=torch.float64)
     o = FastOptions(batch_invariant=batch_invariant)
     fast, E = make_model(cfg, w, "cuda", torch.bfloat16, o), engine_class(o)
-    trace = parse_trace(json.loads(json.dumps(GPU_TRACE)))
+    t = json.loads(json.dumps(GPU_TRACE))
+    if proposer == "draft":
+        t["engine"]["speculative"]["proposer"] = DRAFT
+    trace = parse_trace(t)
     eng = E(fast, trace.engine, max_len=96, graphs=True)
     warm = eng.run_trace(trace, "legacy")
     before, checked = eng.spec.device_drafts.steps, _sync_checked(eng)

@@ -1,15 +1,17 @@
 """Verify steps whose drafts never visit the host before the forward (docs/engine.md "Device proposals").
 
-With graphs (or pad_decode) and the ngram proposer, a step in which no live row is prefilling (the decode loop)
-takes its drafts on the device: the request tokens live in a per-slot TokenHistory (new tokens written by one
-non-blocking pinned copy), fastpath/engine/ngram_device.py proposes drafts [S, k] and counts m [S] with fixed shapes,
-VerifyRunner.run_device lays every row out for its room (min(k, tokens left)) and masks positions past m with slot
--1 on the device, and the tokens, drafts and counts come back in ONE non-blocking copy with the step's event. The
-host learns the proposals only in resolve, after the step's one wait; there it logs each row exactly as a host
-proposal would have (m = 0: a decode row; else a verify row with its m proposals) and decides acceptance. Steps
-with a prefill piece (whose budget needs m before the batch is built) and runs with an on_logits hook take the host
-path (the same proposals: tests/test_ngram_device.py). Cost: every decode-loop step is a verify batch at the room's
-width, also when no row has a draft (the host cannot know that without a sync).
+With graphs (or pad_decode) and the ngram or draft proposer, a step in which no live row is prefilling (the
+decode loop) takes its drafts on the device. ngram: the request tokens live in a per-slot TokenHistory (new tokens
+written by one non-blocking pinned copy) and fastpath/engine/ngram_device.py proposes drafts [S, k] and counts
+m [S] with fixed shapes; draft: the draft model's catch-up pass and drafting steps (DraftModel.propose_device)
+leave its drafts on the device, m = room. Then VerifyRunner.run_device lays every row out for its room
+(min(k, tokens left)) and masks positions past m with slot -1 on the device, and the tokens, drafts and counts
+come back in ONE non-blocking copy with the step's event. The host learns the proposals only in resolve, after
+the step's one wait; there it logs each row exactly as a host proposal would have (m = 0: a decode row; else a
+verify row with its m proposals) and decides acceptance. Steps with a prefill piece (whose budget needs m before
+the batch is built) and runs with an on_logits hook take the host path (the same proposals:
+tests/test_ngram_device.py, tests/test_spec_device.py). Cost: with ngram every decode-loop step is a verify batch
+at the room's width, also when no row has a draft (the host cannot know that without a sync).
 """
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ class DeviceProposals:
     def __init__(self, sp, engine):
         self.sp, self.engine, self.k = sp, engine, sp.k
         R, dev = engine.R, engine.device
-        self.hist = TokenHistory(R, engine.bank.max_len, dev)
+        self.ngram = sp.spec.proposer.kind == "ngram"
+        self.hist = TokenHistory(R, engine.bank.max_len, dev) if self.ngram else None
+        self.drafts = None                                 # draft proposer: (drafts [S, max room], request ids)
         n = R * (self.k + 1) + R * self.k + R              # tokens [nb*w] | drafts [S*k] | counts [S]
         self.res = torch.zeros(n, dtype=torch.int64, device=dev)
         self.host = torch.zeros(n, dtype=torch.int64, pin_memory=dev.type == "cuda")
@@ -35,14 +39,15 @@ class DeviceProposals:
 
     def reset(self) -> None:
         """A new run."""
-        self.hist.reset()
-        self._pend = None
+        if self.hist is not None:
+            self.hist.reset()
+        self._pend, self.drafts = None, None
 
     def applies(self, live) -> bool:
         """This step takes device drafts: rows to decode, none prefilling, no logits hook, histories that fit."""
         eng = self.engine
         return (bool(live) and eng.on_logits is None and not any(st.prefilling for _, st in live)
-                and all(self.hist.fits(len(st.req.prompt) + len(st.output)) for _, st in live))
+                and (not self.ngram or all(self.hist.fits(len(st.req.prompt) + len(st.output)) for _, st in live)))
 
     def row(self, r: int, st, slot: int) -> BatchRow:
         """A placeholder verify row laid out for its room; the real row (decode or verify) is logged in finalize."""
@@ -56,14 +61,20 @@ class DeviceProposals:
         eng, sp, k = self.engine, self.sp, self.k
         sts = [eng.requests[b.request] for b in batch]
         toks = [list(st.req.prompt) + st.output for st in sts]
-        self.hist.catch_up([(b.request, b.slot, t) for b, t in zip(batch, toks)])
         S, room = len(batch), [b.count - 1 for b in batch]
         meta = torch.tensor([[b.slot for b in batch], [len(t) for t in toks], room], dtype=torch.int64)
         if eng.device.type == "cuda":
             meta = meta.pin_memory()
         meta = meta.to(eng.device, non_blocking=True)
-        p = sp.spec.proposer
-        drafts, m = self.hist.propose(meta[0], meta[1], meta[2], k, p.min_n, p.max_n)
+        if self.ngram:
+            self.hist.catch_up([(b.request, b.slot, t) for b, t in zip(batch, toks)])
+            p = sp.spec.proposer
+            drafts, m = self.hist.propose(meta[0], meta[1], meta[2], k, p.min_n, p.max_n)
+        else:                                              # the draft model's room drafts per row (prepare)
+            drafts, ids = self.drafts
+            self.drafts = None
+            assert ids == [b.request for b in batch], "draft rows out of step with the batch"
+            drafts, m = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1])), meta[2]
         nb, _ = sp.runner.shape(S, 1 + max(room))
         seeded = []
         for r, (b, st) in enumerate(zip(batch, sts)):

@@ -75,8 +75,11 @@ class Snapshot:
         self.ssm = torch.zeros_like(bank.ssm_state[:, :R])
 
     def save(self, slots: list[int]) -> None:
-        """snapshot[:, j] := bank[:, slots[j]]."""
-        idx = torch.tensor(slots, dtype=torch.int64, device=self.bank.device)
+        """snapshot[:, j] := bank[:, slots[j]] (the index goes up by a non-blocking pinned copy: no host sync)."""
+        idx = torch.tensor(slots, dtype=torch.int64)
+        if self.bank.device.type == "cuda":
+            idx = idx.pin_memory()
+        idx = idx.to(self.bank.device, non_blocking=True)
         self.conv[:, :len(slots)] = self.bank.conv_state.index_select(1, idx)
         self.ssm[:, :len(slots)] = self.bank.ssm_state.index_select(1, idx)
 
@@ -135,6 +138,12 @@ class DraftModel:
         drafts per row (all rows decoded together; one host sync at the end)."""
         if not rows:
             return {}
+        drafts = self.propose_device(rows).tolist()
+        return {rid: drafts[j][:room] for j, (rid, _, _, room) in enumerate(rows)}
+
+    def propose_device(self, rows: list[tuple[str, int, list[int], int]]) -> Tensor:
+        """propose() without the host read: drafts [len(rows), max room] on the device (row j's first room_j
+        are its drafts)."""
         m, dev = self.model, self.model.device
         pieces = [Piece(list(t[self.seen.get(rid, 0):]), self.seen.get(rid, 0), s) for rid, s, t, _ in rows]
         sb, _ = pack(self.bank, m.config.chunk_size, [], pieces, kw=_kw(m))
@@ -155,8 +164,7 @@ class DraftModel:
                 out.append(nxt)
             for j, (_, s, _, _) in enumerate(rows):
                 self.snap.restore(j, s)
-        drafts = torch.stack(out, 1).tolist()
-        return {rid: drafts[j][:room] for j, (rid, _, _, room) in enumerate(rows)}
+        return torch.stack(out, 1)
 
     def _graph_steps(self, rows, tok: Tensor, k: int) -> list[Tensor]:
         """Drafts 2..k through the decode buckets: each step reads the previous step's tokens from the buffer it
@@ -243,7 +251,7 @@ class Speculator:
                                     None if g is None else "capture" if g.capture else "eager", self.k)
         self._drafts: dict[str, list[int]] = {}
         self.device_drafts = None                       # drafts on the device in the decode loop (spec_device.py)
-        if g is not None and p.kind == "ngram":
+        if g is not None and p.kind in ("ngram", "draft"):
             from .spec_device import DeviceProposals
             self.device_drafts = DeviceProposals(self, engine)
         self._on_device = False
@@ -280,6 +288,9 @@ class Speculator:
             if not st.prefilling:
                 room = min(self.k, st.req.max_new_tokens - len(st.output))
                 rows.append((st.req.id, self.engine.rows.row_to_slot[r], list(st.req.prompt) + st.output, room))
+        if self._on_device:                            # drafts stay on the device (spec_device.py)
+            self.device_drafts.drafts = (self.draft.propose_device(rows), [rid for rid, _, _, _ in rows])
+            return
         self._drafts = self.draft.propose(rows)
 
     def proposals(self, st) -> list[int]:
