@@ -157,3 +157,17 @@ def test_mismatch_and_logits_verdict_report_the_rank_of_the_candidates_token_in_
     got[1, 2] += 0.5                                        # the candidate's argmax at position 1 is the oracle's rank 2
     v = compare_logits("r", got, want, c=1.0)
     assert v.ok and v.max_rank == 2
+
+
+def test_rank_bound_follows_the_dtype_a_bf16_flip_deep_in_a_flat_row_is_a_tie_a_deeper_one_is_not():
+    """top_k_for(bf16) is measured (a legitimate bf16 flip at oracle rank 9 on anchor-3b's flat logits); fp32 keeps
+    k = 5. Below the bound and within τ: a near tie; past the bound: a failure even within τ."""
+    import torch as t
+
+    from tools.compare import TAU, Verdict, _judge, top_k_for
+    row = t.linspace(5.0, 4.0, 40, dtype=t.float64)             # 40 tokens within 1.0 < τ(bf16) of the top
+    k16, k32 = top_k_for(t.bfloat16), top_k_for(t.float32)
+    assert k32 == 5 and k16 > 9
+    judge = lambda tok, k: _judge("r", row, tok, 0, TAU[t.bfloat16], Verdict("r", True, 0), k)  # noqa: E731
+    assert judge(9, k16).near_tie and not judge(9, k32).near_tie
+    assert not judge(k16 + 3, k16).near_tie and judge(k16 + 3, k16).oracle_gap <= TAU[t.bfloat16]

@@ -4,7 +4,7 @@ Two kinds of comparison:
 - same engine, two modes: tokens must be *bitwise* equal (`compare_bitwise`);
 - candidate vs oracle (different arithmetic): *tie-aware* (`compare_tie_aware`). Where tokens differ, the
   difference is a near tie only if the oracle's logit gap between its own top-1 and the candidate's token is
-  ≤ τ(dtype) and the candidate's token is in the oracle's top-k; the check then continues teacher-forced
+  ≤ τ(dtype) and the candidate's token is in the oracle's top-k(dtype); the check then continues teacher-forced
   (the candidate is asked to continue from the oracle's prefix) so one tie does not end it.
 """
 from __future__ import annotations
@@ -29,7 +29,14 @@ import torch
 TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.25, torch.float16: 0.05}
 TAU_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}     # τ / largest measured |Δlogit|, at least
 MEASURED_ERR = {torch.float32: 1.17e-5, torch.bfloat16: 0.443}  # largest |Δlogit| measured (above), per dtype
-TOP_K = 5
+# The rank part of the near-tie rule (DESIGN §5, vLLM's "each side's token in the other's top-k"; this checks the
+# oracle's side): the candidate's token must be among the oracle's top k. Measured like τ, per dtype:
+#   fp32: k = 5 (τ = 1e-3: rounding cannot reach past the first few tokens);
+#   bf16: the largest rank of a flip the measured error explains, times TAU_MIN_RATIO: on the H200 2026-12-02 (anchor-3b,
+#   random 3B weights, vocab 32,000, flat logits; the whole chunk-256 corpus, bf16 + graphs) the forgiven flips sat at
+#   oracle ranks 1-2 and stop_tokens s1@3 at rank 9 (gap 0.203 <= τ, oracle margin 0.026, that row's logits check
+#   PASS): k = 5 called it a failure (docs/findings.md) -> k = ceil(2.5 × 9) = 23.
+TOP_K = {torch.float64: 5, torch.float32: 5, torch.bfloat16: 23, torch.float16: 5}
 
 # The logits check (`compare_logits`): at every generated position, max|Δlogit| <= c · max(1, std(oracle row)).
 # Scaling by the row's spread makes the rule about the logit *scale*: a transform that keeps the argmax (logits × 1.01,
@@ -47,6 +54,11 @@ LOGITS_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}
 def tau_for(dtype: torch.dtype | None) -> float:
     """The near-tie threshold for a candidate computing in `dtype` (float32's when undeclared: the strictest used)."""
     return TAU[dtype or torch.float32]
+
+
+def top_k_for(dtype: torch.dtype | None) -> int:
+    """The rank bound of the near-tie rule for a candidate computing in `dtype` (float32's when undeclared)."""
+    return TOP_K[dtype or torch.float32]
 
 
 def tie_bound(eligible: int, dtype: torch.dtype | None, tau: float) -> int:
@@ -143,7 +155,8 @@ def decision_row(row: torch.Tensor, sampling, position: int) -> torch.Tensor:
     return row / sampling.temperature + gumbel_noise(sampling.seed, position, row.numel())
 
 
-def _judge(request_id: str, row: torch.Tensor, tok: int, pos: int, tau: float, verdict: Verdict) -> Mismatch | None:
+def _judge(request_id: str, row: torch.Tensor, tok: int, pos: int, tau: float, verdict: Verdict,
+           top_k: int = TOP_K[torch.float32]) -> Mismatch | None:
     """None when the oracle's choice in decision row `row` is `tok`, else the Mismatch (near tie or not)."""
     margin = top2_margin(row)
     verdict.eligible += margin <= tau
@@ -151,7 +164,7 @@ def _judge(request_id: str, row: torch.Tensor, tok: int, pos: int, tau: float, v
     if o_tok == tok:
         return None
     gap = float(row[o_tok] - row[tok])
-    topk = torch.topk(row, min(TOP_K, row.numel())).indices.tolist()
+    topk = torch.topk(row, min(top_k, row.numel())).indices.tolist()
     rank = int((row > row[tok]).sum())
     return Mismatch(request_id, pos, o_tok, int(tok), gap, margin, gap <= tau and tok in topk, rank)
 
@@ -169,21 +182,22 @@ def _finish_rule(cand: list[int], stop_token_ids: Sequence[int], max_new_tokens:
 def compare_tie_aware(model, request_id: str, prompt: Sequence[int], candidate: Sequence[int],
                       stop_token_ids: Sequence[int], max_new_tokens: int, tau: float,
                       continue_from: Callable[[list[int]], list[int]] | None = None,
-                      oracle_logits: torch.Tensor | None = None, sampling=None) -> Verdict:
+                      oracle_logits: torch.Tensor | None = None, sampling=None,
+                      top_k: int = TOP_K[torch.float32]) -> Verdict:
     """Walk the candidate's tokens under the oracle, teacher-forced; see module docstring.
 
     Two walks: (1) every token the candidate emitted, on its own prefix (`oracle_logits`, if given, are the oracle's
     rows for exactly that); (2) DESIGN §5: after the first near tie, the candidate's continuation from the oracle's
     prefix, `continue_from(prefix)` (tokens after the prefix), again and again at every further tie. Without
     `continue_from`, walk (2) is not done and `note` says so. `sampling` (a trace request's) makes seeded requests
-    compare in the sampler's decision space (`decision_row`).
+    compare in the sampler's decision space (`decision_row`). `top_k`: the rank bound (`top_k_for` the dtype).
     """
     cand = list(candidate)
     verdict = Verdict(request_id, ok=True, compared=0)
     logits = oracle_logits if oracle_logits is not None else teacher_forced_logits(model, prompt, cand)
     first_tie = None
     for pos, tok in enumerate(cand):
-        mm = _judge(request_id, decision_row(logits[pos], sampling, len(prompt) + pos), tok, pos, tau, verdict)
+        mm = _judge(request_id, decision_row(logits[pos], sampling, len(prompt) + pos), tok, pos, tau, verdict, top_k)
         verdict.compared = pos + 1
         if mm is not None and not mm.near_tie:
             verdict.ok, verdict.failure = False, mm
@@ -207,7 +221,7 @@ def compare_tie_aware(model, request_id: str, prompt: Sequence[int], candidate: 
         logits = teacher_forced_logits(model, list(prompt) + cand[:start], cand[start:])
         for i, tok in enumerate(cand[start:]):
             p = start + i
-            mm = _judge(request_id, decision_row(logits[i], sampling, len(prompt) + p), tok, p, tau, verdict)
+            mm = _judge(request_id, decision_row(logits[i], sampling, len(prompt) + p), tok, p, tau, verdict, top_k)
             if mm is not None and not mm.near_tie:
                 verdict.ok, verdict.failure = False, mm
                 verdict.note = "after a near tie, the continuation from the oracle's prefix diverges"

@@ -17,7 +17,7 @@ import torch
 
 from . import adapters, goldens, task_traces
 from .compare import (LOGITS_C, compare_bitwise, compare_logits, compare_tie_aware, tau_for, teacher_forced_logits,
-                      tie_bound)
+                      tie_bound, top_k_for)
 from .qualify_truth import is_streamed, schedule_model
 from .report import Check, Progress
 
@@ -105,7 +105,8 @@ def check_tokens(label: str, mode: str, trace, truth: dict, run, rows: OracleRow
     for req in trace.requests:
         got = run.tokens.get(req.id, [])
         v = compare_tie_aware(rows.model, req.id, req.prompt, got, req.stop_token_ids, req.max_new_tokens, tau,
-                              sampling=req.sampling, oracle_logits=rows.get(req, got), continue_from=cont(req))
+                              sampling=req.sampling, oracle_logits=rows.get(req, got), continue_from=cont(req),
+                              top_k=top_k_for(dtype))
         forgiven, eligible = forgiven + len(v.near_ties), eligible + v.eligible
         per_req[req.id] = {"forgiven": len(v.near_ties), "eligible": v.eligible, "min_margin": v.min_tie_margin,
                            "exact": (v.ok and not v.near_ties) if truth.get("streamed") else
@@ -130,9 +131,9 @@ def check_tokens(label: str, mode: str, trace, truth: dict, run, rows: OracleRow
         detail = f"near ties: {'; '.join(ties)}; {summary}; {forgiven} of {eligible} eligible (bound {bound})"
     else:
         detail = f"{len(trace.requests)} requests exact"
-    return Check.of(label, f"{mode}: tokens match the truth (tie-aware, τ={tau:g})", not bad, detail,
-                    time.time() - t0, requests=per_req, forgiven=forgiven, eligible=eligible, bound=bound,
-                    tau=tau, dtype=dtype_name(dtype))
+    return Check.of(label, f"{mode}: tokens match the truth (tie-aware, τ={tau:g})", not bad,
+                    detail, time.time() - t0, requests=per_req, forgiven=forgiven, eligible=eligible, bound=bound,
+                    tau=tau, dtype=dtype_name(dtype), top_k=top_k_for(dtype))
 
 
 def check_schedule(label: str, mode: str, trace, truth: dict, run, oracle_model, caps, batch_invariant: bool) -> Check:

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import oracle
-    from .compare import compare_tie_aware, tau_for
+    from .compare import compare_tie_aware, tau_for, top_k_for
     model_dir = args.model or next(p for p in (goldens.MODELS / "tiny-sort", goldens.MODELS / "zoo-bamba")
                                    if (p / "config.json").exists())
     trace = oracle.load_trace(args.trace)
@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     print("== tokens vs oracle (tie-aware) ==")
     for req in trace.requests:
         v = compare_tie_aware(omodel, req.id, req.prompt, run.tokens.get(req.id, []), req.stop_token_ids,
-                              req.max_new_tokens, tau, sampling=req.sampling)
+                              req.max_new_tokens, tau, sampling=req.sampling,
+                              top_k=top_k_for(adapter_cls.capabilities(args.device).compute_dtype))
         if v.ok and not v.near_ties:
             print(f"  {req.id}: {len(run.tokens.get(req.id, []))} tokens exact")
             continue
