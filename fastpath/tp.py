@@ -218,7 +218,8 @@ def load_spec_model(spec: dict) -> tuple[HybridConfig, dict[str, Tensor]]:
 def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir: str) -> None:
     """One TP rank (torch.multiprocessing.spawn target): run job's traces, write rank<r>.json (tokens, logs).
 
-    job: {"model": spec, "traces": [paths], "modes": [...], "backend": "triton"|"torch", "batch_invariant": bool}.
+    job: {"model": spec, "traces": [paths], "modes": [...], "backend": "triton"|"torch", "batch_invariant": bool,
+    "pad_decode": bool (the graphs' bucket shapes, eager; speculative traces: device drafts, reported per run)}.
     """
     import json
     import os
@@ -236,11 +237,17 @@ def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir:
         out = {}
         for path in job["traces"]:
             trace = load_trace(path)
-            engine = Engine(model, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens for r in trace.requests))
+            pad = job.get("pad_decode", False)
+            engine = Engine(model, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens for r in trace.requests),
+                            pad_decode=pad)
             out[path] = {}
             for mode in job["modes"]:
+                dev = getattr(engine.spec, "device_drafts", None)
+                before = dev.steps if dev is not None else 0
                 r = engine.run_trace(trace, mode=mode)
                 out[path][mode] = {"tokens": r.tokens, "log": r.schedule_log.to_json(), "digest": r.digest}
+                if pad:
+                    out[path][mode]["device_draft_steps"] = (dev.steps if dev is not None else 0) - before
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
         dist.barrier()            # no rank tears gloo down while another is still in a collective
