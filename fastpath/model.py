@@ -44,6 +44,7 @@ class StepBatch:
                              # p inside it is also written to that slot (prefix-cache checkpoints, DESIGN §12)
     pre_slot_host: list | None = None   # pre_slot as a host list (None: attention reads the device tensors back)
     pre_tok_seq: Tensor | None = None   # [T - n_dec] int32 piece of each prefill token (built once per step)
+    attn_plan: object = None            # the attention layers' shared AttentionPlan (FastModel.prepare, once per step)
 
 
 class FastModel:
@@ -256,7 +257,7 @@ class FastModel:
             host = None if b.pre_slot_host is None else (b.pre_cu_host, b.pre_slot_host, b.pre_start_host)
             ops.attention_prefill_varlen(qp, kp, v[n:], kc, vc, b.pre_cu, b.pre_slot, b.pre_start,
                                          c.attn_scale, out=o[n:], backend=self.backend, host=host,
-                                         tok_seq=b.pre_tok_seq)
+                                         tok_seq=b.pre_tok_seq, plan=b.attn_plan)
         return self._linear(o.view(T, c.n_attn_heads * c.attn_head_dim), p + "o_proj", residual=res)
 
     def _residual(self, h: Tensor, out: Tensor) -> Tensor:
@@ -325,9 +326,22 @@ class FastModel:
         return out
 
     # ------------------------------------------------------------------------------------------ forward
+    def prepare(self, b: StepBatch, bank: StateBank) -> StepBatch:
+        """Build the step's metadata that every attention layer shares (b.attn_plan: checks, split plan, one
+        pinned copy, the partials' workspace) once, before the layers; idempotent. forward() calls it; a CUDA
+        graph capture calls it first, so the capture records no host->device copy."""
+        c = self.config
+        if (b.attn_plan is None and self.backend == "triton" and c.attention_layer_ids and b.pre_slot_host is not None
+                and b.ids.shape[0] > b.n_dec):
+            kc, _ = bank.kv(c.attention_layer_ids[0])
+            b.attn_plan = ops.attention_prefill_plan(b.pre_cu_host, b.pre_slot_host, b.pre_start_host, kc.shape[0],
+                                                     kc.shape[1], c.n_attn_heads, c.attn_head_dim, kc.device)
+        return b
+
     def forward(self, b: StepBatch, bank: StateBank) -> Tensor:
         """Packed batch -> logits [S, V] of each sequence's last token; the bank is updated in place."""
         c, w = self.config, self.w
+        self.prepare(b, bank)
         h = F.embedding(b.ids, w["embed.weight"])
         if c.embedding_multiplier != 1.0:
             h = h * c.embedding_multiplier

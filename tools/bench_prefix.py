@@ -97,6 +97,8 @@ def hit_breakdown(eng: Engine, prompt: tuple[int, ...], rid: str, suffix: int) -
     st.wrap(eng.bank, "copy_state", "restore (checkpoint -> slot: Mamba state + prefix KV)")
     st.wrap(eng.prefix, "admit", "admit total (lookup + restore)")
     st.wrap(eng.model, "forward", f"forward ({suffix}-token prefill over the restored context)")
+    if eng.prefill_graphs is not None:
+        st.wrap(eng.prefill_graphs, "forward", "prefill graph step (replay: ids copy + graph launch)")
     st.wrap(engine_mod, "sample_rows", "sample")
     st.wrap(eng, "resolve", "resolve (wait for the token, append)")
     try:
@@ -149,9 +151,11 @@ def hit_host_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 
 def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, block: int = 16384,
                 chunk: int = 16384, hits: int = 3, detail: bool = True) -> dict:
     """Time to first token of a `suffix`-token suffix after a `prefix_len`-token shared prefix (issue 17 / DESIGN
-    §8): cold (cache off; and cache on, which also stores the checkpoints) vs a prefix-cache hit, same run; plus
-    the bytes of one checkpoint beside the KV bytes of the prefix it covers; detail: one more hit timed by stage
-    and one under torch.profiler (hit_breakdown, hit_profile)."""
+    §8): cold (cache off; and cache on, which also stores the checkpoints) vs a prefix-cache hit, same run — the
+    hit eager, and with prefill graphs (an engine with prefill_graphs=True: its cold run stores, one warm-up hit
+    of the same shape captures the step, the timed hits replay it); plus the bytes of one checkpoint beside the
+    KV bytes of the prefix it covers; detail: one more hit (graph) timed by stage, under torch.profiler and under
+    cProfile, and one more eager hit by stage (hit_breakdown, hit_profile, hit_host_profile)."""
     from oracle.trace import PrefixCacheConfig
     c = model.config
     _free_cache(model.device)
@@ -165,6 +169,11 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
     cold_off = [_ttft(off, f"cold{i}", prefix + tail(i)) for i in range(2)]
     cold_on = _ttft(on, "cold", prefix + tail(0))                # stores the 16k and 32k checkpoints
     hit = [_ttft(on, f"hit{i}", prefix + tail(i + 1)) for i in range(hits)]
+    on_g = Engine(model, EngineConfig(1, chunk, chunk, "legacy", prefix_cache=PrefixCacheConfig(block, 2)),
+                  max_len=max_len, prefill_graphs=True)
+    _ttft(on_g, "cold", prefix + tail(0))                      # stores; its last piece is the hit's shape (1st sight)
+    warm = [_ttft(on_g, f"warm{i}", prefix + tail(i + 1)) for i in range(2)]   # eager + capture; a first replay
+    ghit = [_ttft(on_g, f"hit{i}", prefix + tail(i + 3)) for i in range(hits)]
     b = on.bank
     state = (b.conv_state[:, 0].numel() * b.conv_state.element_size()
              + b.ssm_state[:, 0].numel() * b.ssm_state.element_size())
@@ -172,25 +181,28 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
     attn = named_config("anchor-3b-attn")
     kv_attn_tok = 2 * len(attn.attention_layer_ids) * attn.n_kv_heads * attn.attn_head_dim * b.k_cache.element_size()
     res = {"prefix": prefix_len, "suffix": suffix, "block": block, "chunk": chunk,
-           "ttft_cold_off_s": min(cold_off), "ttft_cold_on_s": cold_on, "ttft_hit_s": sorted(hit)[len(hit) // 2],
-           "ttft_hits_s": hit, "checkpoint_state_bytes": state, "checkpoint_kv_bytes": prefix_len * kv_tok,
+           "ttft_cold_off_s": min(cold_off), "ttft_cold_on_s": cold_on,
+           "ttft_hit_eager_s": sorted(hit)[len(hit) // 2], "ttft_hits_eager_s": hit,
+           "ttft_hit_s": sorted(ghit)[len(ghit) // 2], "ttft_hits_s": ghit, "ttft_graph_warmup_s": warm,
+           "checkpoint_state_bytes": state, "checkpoint_kv_bytes": prefix_len * kv_tok,
            "pool_slot_bytes": state + max_len * kv_tok, "attn_only_prefix_kv_bytes": prefix_len * kv_attn_tok}
     res["speedup"] = res["ttft_cold_off_s"] / res["ttft_hit_s"]
+    res["speedup_eager"] = res["ttft_cold_off_s"] / res["ttft_hit_eager_s"]
+    pg = on_g.prefill_graphs
+    res["prefill_graphs"] = {"captures": pg.captures, "replays": pg.replays, "reuses": pg.reuses}
     if detail:
-        try:
-            res["hit_stages"] = hit_breakdown(on, prefix + tail(hits + 1), "hit-stages", suffix)
-        except Exception as e:  # noqa: BLE001 - the headline figure above must still be reported
-            res["hit_stages"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        try:
-            res["hit_profile"] = hit_profile(on, prefix + tail(hits + 2), "hit-profile")
-        except Exception as e:  # noqa: BLE001
-            res["hit_profile"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        try:
-            res["hit_host"] = hit_host_profile(on, prefix + tail(hits + 3), "hit-host")
-        except Exception as e:  # noqa: BLE001
-            res["hit_host"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        n = hits + 3
+        for key, fn in (("hit_stages", lambda: hit_breakdown(on_g, prefix + tail(n + 1), "hit-stages", suffix)),
+                        ("hit_profile", lambda: hit_profile(on_g, prefix + tail(n + 2), "hit-profile")),
+                        ("hit_host", lambda: hit_host_profile(on_g, prefix + tail(n + 3), "hit-host")),
+                        ("hit_stages_eager", lambda: hit_breakdown(on, prefix + tail(n + 4), "hit-stages", suffix))):
+            try:
+                res[key] = fn()
+            except Exception as e:  # noqa: BLE001 - the headline figure above must still be reported
+                res[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
     res["cached_tokens"] = [a["cached_tokens"] for s in on.log.to_json()["steps"] for a in s["admit"]]
-    del on, off
+    res["cached_tokens_graphs"] = [a["cached_tokens"] for s in on_g.log.to_json()["steps"] for a in s["admit"]]
+    del on, off, on_g
     _free_cache(model.device)
     return res
 
@@ -198,17 +210,25 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
 def prefix_lines(r: dict) -> list[str]:
     """The prefix-cache section's summary: headline, checkpoint size, the hit's stages, the profiler's top table."""
     mib = lambda n: f"{n / 2**20:.1f} MiB"   # noqa: E731
+    ms = lambda ts: ", ".join(f"{1e3 * t:.2f}" for t in ts)   # noqa: E731
     out = [f"prefix cache: {r['suffix']}-token suffix after a {r['prefix']}-token prefix (block {r['block']}): "
            f"TTFT cold {1e3 * r['ttft_cold_off_s']:.1f} ms (cache off; {1e3 * r['ttft_cold_on_s']:.1f} ms cache on, "
-           f"storing), hit {1e3 * r['ttft_hit_s']:.2f} ms "
-           f"(hits {', '.join(f'{1e3 * t:.2f}' for t in r['ttft_hits_s'])})"
-           f" -> {r['speedup']:.1f}x (goal >= 50x); cached_tokens {r['cached_tokens']}",
+           f"storing); hit with the prefill graph {1e3 * r['ttft_hit_s']:.2f} ms (hits {ms(r['ttft_hits_s'])}; "
+           f"warm-up: capture {ms(r['ttft_graph_warmup_s'])}) -> {r['speedup']:.1f}x (goal >= 50x); "
+           f"hit eager {1e3 * r['ttft_hit_eager_s']:.2f} ms (hits {ms(r['ttft_hits_eager_s'])}) -> "
+           f"{r['speedup_eager']:.1f}x; graphs {r['prefill_graphs']}; cached_tokens {r['cached_tokens']} / "
+           f"{r['cached_tokens_graphs']}",
            f"prefix cache: one checkpoint = Mamba state {mib(r['checkpoint_state_bytes'])} + prefix KV "
            f"{mib(r['checkpoint_kv_bytes'])} (pool slot {mib(r['pool_slot_bytes'])} at max_len); the same prefix's KV "
            f"in anchor-3b-attn: {mib(r['attn_only_prefix_kv_bytes'])}"]
     _section(out, r.get("hit_stages", {}), "hit stages",
              lambda d: f"hit stages (one more hit, wall {d['wall_ms']:.2f} ms; host = wall time inside the call, "
                        f"device = between CUDA events around it):",
+             lambda d: [f"  host {row['host_ms']:9.3f} ms  device "
+                        f"{'' if row['device_ms'] is None else format(row['device_ms'], '9.3f'):>9s} ms  {row['stage']}"
+                        for row in d["stages"]])
+    _section(out, r.get("hit_stages_eager", {}), "hit stages (eager)",
+             lambda d: f"hit stages, eager (one more hit, wall {d['wall_ms']:.2f} ms):",
              lambda d: [f"  host {row['host_ms']:9.3f} ms  device "
                         f"{'' if row['device_ms'] is None else format(row['device_ms'], '9.3f'):>9s} ms  {row['stage']}"
                         for row in d["stages"]])

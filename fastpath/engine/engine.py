@@ -29,7 +29,7 @@ from .memory import check_weights_fit
 from .packing import pack_step
 from .rows import RowTable, apply_moves_, index_pair
 from .sample import sample_rows
-from .validate import check_engine_args, check_path, resolve_device, resolve_dtype
+from .validate import _flag, check_engine_args, check_path, resolve_device, resolve_dtype
 
 MODES = ("legacy", "async")
 DECODE_KINDS = ("decode", "extra", "shadow")   # shadow: legacy's unlogged copy of an async extra row (shadow_rows)
@@ -77,10 +77,13 @@ class Engine:
     """Batched engine over one StateBank; `run_trace` or `add_request` + `step` (streaming)."""
 
     def __init__(self, model, engine_config: EngineConfig, max_len: int = 2048, graphs: bool = False,
-                 pad_decode: bool = False):
+                 pad_decode: bool = False, prefill_graphs: bool = False):
         """graphs: decode-only steps replay CUDA graphs at bucket sizes (on CUDA); pad_decode: run those padded
-        bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU)."""
+        bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU); prefill_graphs: a
+        short prefill-only step shape seen before (a prefix-cache hit's suffix) replays a CUDA graph
+        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly)."""
         engine_config = check_engine_args(model, engine_config, max_len, graphs, pad_decode)  # before allocating
+        _flag("prefill_graphs", prefill_graphs)
         self.model, self.config, self.ec = model, model.config, engine_config
         self.device = model.device
         self.R = engine_config.max_requests
@@ -103,6 +106,10 @@ class Engine:
         if graphs or pad_decode:
             from .graphs import DecodeGraphs
             self.graphs = DecodeGraphs(self, capture=graphs)
+        self.prefill_graphs = None
+        if prefill_graphs:
+            from .prefill_graphs import PrefillGraphs
+            self.prefill_graphs = PrefillGraphs(model, self.bank)
         self.spec = None                               # speculative decoding (DESIGN §13): verify rows, rollback
         if engine_config.speculative is not None:
             from .speculative import Speculator
@@ -313,13 +320,19 @@ class Engine:
             end += b.count
             last.append(end - 1)
         ckpts = self.prefix.plan(list(enumerate(pre)), self.requests, rec, self.k) if self.prefix and pre else []
-        sb = pack_step(self.device, self.config.chunk_size, ids, pos, [b.slot for b in dec],
-                       [(b.pos, b.count, b.slot) for b in pre], last, self.bank.ssm_state.shape[1],
-                       backend=self.model.backend, checkpoints=ckpts)
-        if tokens_on_device:            # overlapped: rows 0..n-1 in order, straight from the device tables
-            sb.ids[:n].copy_(self.sampled[:n])
-            sb.dec_slot = self.rows.row_to_slot_dev[:n]
-        logits = self.model.forward(sb, self.bank)
+        pieces = [(b.pos, b.count, b.slot) for b in pre]
+        pack = lambda: pack_step(self.device, self.config.chunk_size, ids, pos, [b.slot for b in dec],  # noqa: E731
+                                 pieces, last, self.bank.ssm_state.shape[1], backend=self.model.backend,
+                                 checkpoints=ckpts)
+        key = None if self.prefill_graphs is None else self.prefill_graphs.key(n, pieces, ckpts, len(ids))
+        if key is not None:             # a short prefill-only step: replayed once its shape repeats
+            logits = self.prefill_graphs.forward(key, ids, pack)
+        else:
+            sb = pack()
+            if tokens_on_device:        # overlapped: rows 0..n-1 in order, straight from the device tables
+                sb.ids[:n].copy_(self.sampled[:n])
+                sb.dec_slot = self.rows.row_to_slot_dev[:n]
+            logits = self.model.forward(sb, self.bank)
         sample_rows(logits, self.sampled[:len(batch)], seeded, backend=self.model.backend)
         if self.on_logits is not None:
             self.on_logits(batch, logits)

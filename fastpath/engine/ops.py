@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fastpath.kernels.attention import attention_prefill_plan  # noqa: F401  (re-exported: the model's step plan)
 from fastpath.kernels.attention import attention_prefill_varlen as _attn_prefill
 from fastpath.kernels.attention_decode import attention_decode as _attn_decode
 from fastpath.kernels.conv1d import causal_conv1d_varlen as _conv_varlen, conv1d_step as _conv_step
@@ -137,13 +138,13 @@ def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope
 
 
 def attention_prefill_varlen(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=None,
-                             backend="triton", host=None, tok_seq=None):
+                             backend="triton", host=None, tok_seq=None, plan=None):
     """Packed causal prefill, K/V written to the slot's cache (see fastpath.kernels.attention); host: the
     (cu_seqlens, slot, start_pos) host lists, so the wrapper reads nothing back from the device; tok_seq: the
-    step's token -> sequence index, built once for all layers."""
+    step's token -> sequence index, built once for all layers; plan: the step's AttentionPlan (Triton only)."""
     if backend == "triton":
         return _attn_prefill(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=out, host=host,
-                             tok_seq=tok_seq)
+                             tok_seq=tok_seq, plan=plan)
     cu, sl, sp = host if host is not None else (cu_seqlens, slot, start_pos)
     y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, _ints(sl), _ints(cu), _ints(sp), scale)
     return _into(out, y)

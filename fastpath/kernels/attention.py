@@ -14,6 +14,8 @@ own (start, length) and the cache length, so a sequence's bits do not depend on 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -177,39 +179,95 @@ def check_qkv_cache(op: str, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor,
     return T, Hq, Hkv
 
 
-def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan, chunk, scale, rule) -> None:
+@dataclass(frozen=True)
+class AttentionPlan:
+    """One prefill step's attention metadata, built once from the host lists and shared by every attention layer
+    of the step: the checked (cu_seqlens, slot, start_pos), the split plan on the device (one pinned copy), and the
+    split partials' workspace (layers run one after another on one stream, so they can share it)."""
+    cu: tuple[int, ...]
+    slot: tuple[int, ...]
+    start: tuple[int, ...]
+    n_slots: int
+    max_len: int
+    n_heads: int
+    head_dim: int
+    chunk: int
+    rule: dict
+    n_blk: int
+    n_item: int
+    n_rows: int
+    meta: Tensor           # int32: the split plan's blocks and items | the merge rows (t, base, n)
+    acc: Tensor
+    ml: Tensor
+
+    @property
+    def n_seq(self) -> int:
+        return len(self.cu) - 1
+
+
+def attention_prefill_plan(cu_seqlens, slot, start_pos, n_slots: int, max_len: int, n_heads: int, head_dim: int,
+                           device: torch.device | str, split_keys: int | None = None) -> AttentionPlan:
+    """The AttentionPlan of a packed prefill call from its host lists (or small tensors, read back once):
+    cu_seqlens rising from 0, slots -1 or distinct inside the bank of n_slots, every sequence inside max_len."""
+    op, dev = OP_PREFILL, torch.device(device)
+    cu, sl, sp = (host_ints(op, n, t) for n, t in (("cu_seqlens", cu_seqlens), ("slot", slot),
+                                                   ("start_pos", start_pos)))
+    n_seq = len(cu) - 1
+    if (len(sl), len(sp)) != (n_seq, n_seq):
+        raise KernelInputError(f"{op}: `slot` and `start_pos` have {len(sl)} and {len(sp)} entries for "
+                               f"{n_seq} sequences (cu_seqlens)")
+    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={cu[-1] if cu else None}")
+    check_slots(op, sl, n_slots)
+    for s in range(n_seq):
+        if sp[s] < 0 or sp[s] + cu[s + 1] - cu[s] > max_len:
+            raise KernelInputError(f"{op}: sequence {s} (`start_pos`={sp[s]}, length {cu[s + 1] - cu[s]}) "
+                                   f"does not fit the cache's max_len {max_len}")
+    if split_keys is not None and split_keys < 1:
+        raise KernelInputError(f"{op}: `split_keys`={split_keys} must be >= 1")
+    rule = attention_launch_rule(head_dim)
+    chunk = split_keys or attention_split_rule(max_len)
+    plan = split_plan(cu, sp, sl, rule["BLOCK_M"], chunk)
+    host = torch.tensor(plan["meta"] + plan["rows"], dtype=torch.int32)
+    meta = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+    acc = torch.empty(max(plan["part_rows"], 1) * n_heads * head_dim, dtype=torch.float32, device=dev)
+    ml = torch.empty(max(plan["part_rows"], 1) * n_heads * 2, dtype=torch.float32, device=dev)
+    return AttentionPlan(tuple(cu), tuple(sl), tuple(sp), n_slots, max_len, n_heads, head_dim, chunk, rule,
+                         plan["n_blk"], plan["n_item"], len(plan["rows"]) // 3, meta, acc, ml)
+
+
+def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: AttentionPlan, scale) -> None:
     """Write K/V, attend (items of the plan), merge the split rows."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
-    dev = q.device
-    pm = pdl_meta(dev)
-    host = torch.tensor(plan["meta"] + plan["rows"], dtype=torch.int32)
-    meta = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
-    n_rows = len(plan["rows"]) // 3
-    acc = torch.empty(max(plan["part_rows"], 1) * Hq * D, dtype=torch.float32, device=dev)
-    ml = torch.empty(max(plan["part_rows"], 1) * Hq * 2, dtype=torch.float32, device=dev)
+    pm = pdl_meta(q.device)
+    rule, meta = plan.rule, plan.meta
     kv_cache_write_kernel[(T, Hkv)](
         k, v, k_cache, v_cache, tok_seq, cu, slot, start, k_cache.shape[1], D,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         BLOCK_D=rule["BLOCK_D"], num_warps=1, **pm)
-    attention_kernel[(plan["n_item"], Hq)](
-        q, k_cache, v_cache, out, meta, cu, slot, start, acc, ml, float(scale), Hq // Hkv, D, Hq, plan["n_blk"],
-        plan["n_item"], cu.shape[0] - 1, chunk,
+    attention_kernel[(plan.n_item, Hq)](
+        q, k_cache, v_cache, out, meta, cu, slot, start, plan.acc, plan.ml, float(scale), Hq // Hkv, D, Hq,
+        plan.n_blk, plan.n_item, cu.shape[0] - 1, plan.chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
         DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"], **pm)
-    if n_rows:
-        combine_partials(acc, ml, out, meta[len(plan["meta"]):], n_rows)
+    if plan.n_rows:
+        combine_partials(plan.acc, plan.ml, out, meta[2 * plan.n_blk + 2 * plan.n_item + 2 * plan.n_seq:],
+                         plan.n_rows)
 
 
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                              cu_seqlens: Tensor, slot: Tensor, start_pos: Tensor, scale: float,
                              out: Tensor | None = None, host: tuple | None = None,
-                             split_keys: int | None = None, tok_seq: Tensor | None = None) -> Tensor:
+                             split_keys: int | None = None, tok_seq: Tensor | None = None,
+                             plan: AttentionPlan | None = None) -> Tensor:
     """Packed q [T,Hq,d], k/v [T,Hkv,d] of sequences at start_pos: write K/V into the cache, attend -> [T,Hq,d].
     host: (cu_seqlens, slot, start_pos) as Python lists equal to the tensors (the engine has them: no host sync);
     split_keys: keys per split instead of attention_split_rule's (tests force the split at small shapes);
-    tok_seq: token_sequence_index(cu_seqlens, T), when the caller built it once for every layer of a step."""
+    tok_seq: token_sequence_index(cu_seqlens, T), when the caller built it once for every layer of a step;
+    plan: attention_prefill_plan(...) of these lists, built once for every layer of a step (then `host` and
+    `split_keys` are not needed; the plan must fit this call's shapes and cache)."""
     op = OP_PREFILL
     T, Hq, Hkv = check_qkv_cache(op, q, k, v, k_cache, v_cache)
     dev = q.device
@@ -217,35 +275,29 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
     n_seq = cu_seqlens.shape[0] - 1
     check(op, "slot", slot, (n_seq,), INDEX_DTYPES, dev)
     check(op, "start_pos", start_pos, (n_seq,), INDEX_DTYPES, dev)
-    if host is None:
-        cu, sl, sp = (host_ints(op, n, t) for n, t in (("cu_seqlens", cu_seqlens), ("slot", slot),
-                                                       ("start_pos", start_pos)))
-    else:
-        cu, sl, sp = (host_ints(op, n, t) for n, t in zip(("cu_seqlens", "slot", "start_pos"), host))
-        if (len(cu), len(sl), len(sp)) != (n_seq + 1, n_seq, n_seq):
-            raise KernelInputError(f"{op}: `host` lists have lengths {(len(cu), len(sl), len(sp))}, expected "
+    if plan is None:
+        if host is not None and tuple(map(len, host)) != (n_seq + 1, n_seq, n_seq):
+            raise KernelInputError(f"{op}: `host` lists have lengths {tuple(map(len, host))}, expected "
                                    f"{(n_seq + 1, n_seq, n_seq)} (cu_seqlens, slot, start_pos)")
-    if cu[0] != 0 or cu[-1] != T or any(b < a for a, b in zip(cu, cu[1:])):
+        plan = attention_prefill_plan(*(host if host is not None else (cu_seqlens, slot, start_pos)),
+                                      k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev, split_keys)
+    else:
+        got = (plan.n_seq, plan.n_slots, plan.max_len, plan.n_heads, plan.head_dim, plan.meta.device)
+        want = (n_seq, k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev)
+        if got != want or (split_keys is not None and split_keys != plan.chunk):
+            raise KernelInputError(f"{op}: `plan` was built for (sequences, slots, max_len, heads, head_dim, device) "
+                                   f"{got}, this call has {want}")
+    if plan.cu[-1] != T:
         raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}")
-    check_slots(op, sl, k_cache.shape[0])
-    for s in range(n_seq):
-        if sp[s] < 0 or sp[s] + cu[s + 1] - cu[s] > k_cache.shape[1]:
-            raise KernelInputError(f"{op}: sequence {s} (`start_pos`={sp[s]}, length {cu[s + 1] - cu[s]}) "
-                                   f"does not fit the cache's max_len {k_cache.shape[1]}")
     if out is None:
         out = torch.empty_like(q)
     check(op, "out", out, tuple(q.shape), (q.dtype,), dev)
     if out.stride(-1) != 1:
         raise KernelInputError(f"{op}: the head dim of `out` must be contiguous")
-    if split_keys is not None and split_keys < 1:
-        raise KernelInputError(f"{op}: `split_keys`={split_keys} must be >= 1")
     if T == 0:
         return out
-    rule = attention_launch_rule(q.shape[2])
-    chunk = split_keys or attention_split_rule(k_cache.shape[1])
-    plan = split_plan(cu, sp, sl, rule["BLOCK_M"], chunk)
     if tok_seq is None:
         tok_seq = token_sequence_index(cu_seqlens, T)
     check(op, "tok_seq", tok_seq, (T,), INDEX_DTYPES, dev)
-    _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos, plan, chunk, scale, rule)
+    _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu_seqlens, slot, start_pos, plan, scale)
     return out
