@@ -119,7 +119,7 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | Path, engine_config: EngineConfig, device=None, dtype=None,
                         max_len: int = 2048, graphs: bool = False, pad_decode: bool = False,
-                        options: FastOptions | None = None) -> "Engine":
+                        options: FastOptions | None = None, prefill_graphs: bool = False) -> "Engine":
         """Load an HF-format folder (config.json + safetensors) into a FastModel run with `options` (kernel backend,
         fusions, batch invariance: fastpath/options.py) and build an engine (batch-invariant: its piece rule)."""
         from oracle.checkpoint import load_checkpoint
@@ -131,7 +131,7 @@ class Engine:
         check_weights_fit(tensors, dtype, device)
         cls = engine_class(options) if cls is Engine else cls
         return cls(make_model(cfg, tensors, device, dtype, options), engine_config, max_len=max_len, graphs=graphs,
-                   pad_decode=pad_decode)
+                   pad_decode=pad_decode, prefill_graphs=prefill_graphs)
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def reset(self, mode: str | None = None) -> None:
