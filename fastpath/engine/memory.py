@@ -10,7 +10,9 @@ The activation term counts the tensors the batched forward holds at once for a s
     mlp:        h, u · gate_up [T,2F] · act(gate) [T,F] · act·up [T,F]
     residual:   old h, u, block output, new h
 
-Logits are [S, V] for the sequences' last tokens only.  Allocator rounding and cuBLAS workspaces are small
+Logits are [S, V] for the sequences' last tokens only; a speculative verify step has R*(k+1) tokens with logits
+at every one (verify_activation_bytes), and speculation allocates scratch with the engine (spec_bytes: rollback
+snapshots or replay log, verify buffers, device drafts, the draft model's bank and weights).  Allocator rounding and cuBLAS workspaces are small
 next to these and left out; the bench prints prediction and measured peak side by side.
 """
 from __future__ import annotations
@@ -56,11 +58,65 @@ def weight_bytes(model) -> int:
 
 def predict(engine, step_tokens: int | None = None) -> dict[str, int]:
     """Predicted peak device bytes of `engine`: weights, bank, activations of a `step_tokens` step (default:
-    the token budget), and their total."""
+    the token budget; with speculation at least a verify step of R*(k+1) tokens with logits at every token),
+    speculation's scratch (spec_bytes: rollback snapshots or replay log, verify buffers, device drafts, the draft
+    model), and their total."""
     T = step_tokens or engine.ec.max_tokens_per_step
     out = {"weights": weight_bytes(engine.model), "bank": engine.bank.nbytes(),
            "activations": activation_bytes(engine.config, T, engine.model.dtype)}
+    if engine.ec.speculative is not None:
+        sp = engine.spec
+        parts = spec_bytes(engine.config, engine.ec, engine.bank.max_len, engine.model.dtype,
+                           replay=sp.runner.replaying, padded=sp.runner.padded,
+                           draft=sp.draft.model.config if sp.draft is not None else None)
+        out["activations"] = max(out["activations"], verify_activation_bytes(engine.config, engine.ec,
+                                                                                engine.model.dtype))
+        out["speculative"] = sum(parts.values())
     out["total"] = sum(out.values())
+    return out
+
+
+def _state_elems(c) -> int:
+    """Conv window + SSM state elements of one slot in one Mamba layer."""
+    return c.conv_dim * (c.mamba_d_conv - 1) + c.mamba_n_heads * c.mamba_head_dim * c.mamba_d_state
+
+
+def verify_activation_bytes(config, ec, dtype: torch.dtype) -> int:
+    """Activations of the largest verify step: R*(k+1) tokens, logits at every one."""
+    T = ec.max_requests * (ec.speculative.k + 1)
+    return activation_bytes(config, T, dtype, sequences=T)
+
+
+def spec_bytes(config, ec, max_len: int, dtype: torch.dtype, replay: bool = False, padded: bool = False,
+               draft=None) -> dict[str, int]:
+    """Device bytes speculation (ec.speculative) allocates with the engine, computed, not allocated:
+    rollback (PositionSnapshots [n_mamba, k, R, ...] fp32, or with replay the InputLog: R slots' state + xBC, dt at
+    R*(k+1) tokens in `dtype`), verify_buffers (the tokens buffer + every (rows, width) shape's metadata and tokens:
+    the buckets when padded, else every rows x width), device_drafts (padded with ngram/draft: token history
+    [R, max_len] (ngram) + the result buffer), draft_bank and draft_weights (draft: its HybridConfig; bank of
+    max_len + k positions, its snapshot of R slots, its weights in `dtype`; its graphs' small buffers not counted)."""
+    from .graphs import buckets
+    from .verify import width_buckets
+    sp, R, c = ec.speculative, ec.max_requests, config
+    k, n_m, e = sp.k, len(c.mamba_layer_ids), _elem(dtype)
+    if replay:
+        rollback = n_m * R * _state_elems(c) * 4 + n_m * (k + 1) * R * (c.conv_dim + c.mamba_n_heads) * e
+    else:
+        rollback = n_m * k * R * _state_elems(c) * 4
+    shapes = ([(nb, w) for nb in buckets(R) for w in width_buckets(k)] if padded else
+              [(nb, w) for nb in range(1, R + 1) for w in range(2, k + 2)])
+    out = {"rollback": rollback, "verify_buffers": 8 * (R * (k + 1) + sum(4 * nb * w + nb for nb, w in shapes))}
+    kind = sp.proposer.kind
+    if padded and kind in ("ngram", "draft"):
+        out["device_drafts"] = 8 * ((R * max_len if kind == "ngram" else 0) + R * (k + 1) + R * k + R)
+    if draft is not None:
+        from oracle.checkpoint import expected_shapes
+        out["draft_bank"] = bank_bytes(draft, R, max_len + k, dtype) + len(draft.mamba_layer_ids) * R * \
+            _state_elems(draft) * 4
+        shapes = expected_shapes(draft)
+        if draft.tie_word_embeddings:                  # lm_head is the embedding: held once
+            shapes.pop("lm_head.weight", None)
+        out["draft_weights"] = sum(math.prod(s) for s in shapes.values()) * e
     return out
 
 
@@ -112,21 +168,49 @@ def _gib(n: int) -> str:
     return f"{n / 2 ** 30:.3g} GiB"
 
 
-def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.device, replay: bool = False,
+               padded: bool = False) -> None:
     """Raise a MemoryError naming max_requests / max_len / the token budget when the bank (+KV) and the activation
-    peak of the largest step would not fit what `device` has free (checked before anything is allocated)."""
+    peak of the largest step would not fit what `device` has free, or naming engine_config.speculative.k when
+    those fit but not with speculation's scratch (spec_bytes; replay / padded: FastOptions.spec_replay, graphs or
+    pad_decode); checked before anything is allocated."""
     pool = ec.prefix_cache.capacity if getattr(ec, "prefix_cache", None) is not None else 0   # checkpoint slots
     bank = bank_bytes(config, ec.max_requests + pool, max_len, dtype)
     # no step holds more tokens: every row's piece is <= prefill_chunk, and <= max_len (a longer prompt cannot fit KV)
     tokens = min(ec.max_tokens_per_step, ec.max_requests * min(ec.prefill_chunk, max_len))
     act = activation_bytes(config, tokens, dtype, sequences=min(ec.max_requests, tokens))
     have = available_bytes(device)
+    if getattr(ec, "speculative", None) is not None and have is not None:
+        _check_spec_fits(config, ec, max_len, dtype, device, replay, padded, bank, act, have)
     if have is not None and bank + act > have:
         raise MemoryError(
             f"engine_config/max_len: the state bank + KV ({_gib(bank)} for max_requests={ec.max_requests}, "
             f"max_len={max_len}) and the activations of a {tokens}-token step ({_gib(act)}) need "
             f"{_gib(bank + act)}, but {device} has {_gib(have)} free; lower max_requests, max_len or "
             f"max_tokens_per_step")
+
+
+def _check_spec_fits(config, ec, max_len: int, dtype, device, replay: bool, padded: bool, bank: int, act: int,
+                     have: int) -> None:
+    """check_fits' speculative part: bank + activations fit, the verify step's activations and the scratch do not."""
+    if bank + act > have:
+        return                                       # the bank / budget error below names its own fields
+    draft = None
+    if ec.speculative.proposer.kind == "draft":
+        from oracle.config import from_hf_config
+        from oracle.speculative import model_path
+        draft = from_hf_config(model_path(ec.speculative))
+    parts = spec_bytes(config, ec, max_len, dtype, replay, padded, draft)
+    v_act = verify_activation_bytes(config, ec, dtype)
+    need = bank + max(act, v_act) + sum(parts.values())
+    if need > have:
+        what = ", ".join(f"{k} {_gib(v)}" for k, v in parts.items())
+        raise MemoryError(
+            f"engine_config.speculative.k: speculation with k={ec.speculative.k} (max_requests={ec.max_requests}, "
+            f"max_len={max_len}) needs {_gib(sum(parts.values()))} of scratch ({what}) and a verify step's "
+            f"activations ({_gib(v_act)}) beside the bank + KV ({_gib(bank)}) and step activations ({_gib(act)}): "
+            f"{_gib(need)} in all, but {device} has {_gib(have)} free; lower engine_config.speculative.k, "
+            f"max_requests or max_len")
 
 
 def check_weights_fit(tensors: dict, dtype: torch.dtype, device: torch.device) -> None:

@@ -85,5 +85,6 @@ def check_engine_args(model: Any, engine_config: Any, max_len: Any, graphs: Any,
         raise ArgumentError("max_len", f"must be an int >= 1, got {max_len!r}")
     _flag("graphs", graphs)
     _flag("pad_decode", pad_decode)
-    memory.check_fits(model.config, ec, max_len, model.dtype, model.device)
+    memory.check_fits(model.config, ec, max_len, model.dtype, model.device,
+                      replay=bool(getattr(model.options, "spec_replay", False)), padded=bool(graphs or pad_decode))
     return ec
