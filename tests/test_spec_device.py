@@ -141,10 +141,11 @@ def _sync_checked(eng) -> list[int]:
 @pytest.mark.parametrize("proposer,batch_invariant", [("ngram", True), ("ngram", False), ("draft", False)],
                          ids=["ngram-batch_invariant", "ngram-default", "draft-default"])
 def test_gpu_device_drafts_decode_loop_has_no_host_sync_with_graphs(proposer, batch_invariant):
-    """bf16, CUDA graphs, drafts on the device (ngram; the draft model's passes): after a warm-up run (graph captures), the decode loop of a second
-    run raises on any synchronising CUDA call; drafts were proposed and accepted; the acceptance the oracle
-    recomputes from the logged proposals matches; speculative tokens == non-speculative (bitwise in
-    batch-invariant mode, tie-aware vs the fp64 oracle in the default mode); async == legacy."""
+    """bf16, CUDA graphs, drafts on the device (ngram; the draft model's passes): after a warm-up run (graph
+    captures), the decode loop of a second run raises on any synchronising CUDA call; drafts were proposed and accepted; the log is consistent (and the
+    acceptance the oracle recomputes from the logged proposals matches when the tokens are the oracle's); async ==
+    legacy; speculative tokens == non-speculative bitwise in batch-invariant mode; both track the fp64 oracle
+    tie-aware."""
     from tools.compare import TAU, compare_tie_aware
     cfg = zoo.tiny_config("bamba", **MODEL)
     w = zoo.random_weights(cfg, seed=3)
@@ -165,13 +166,14 @@ def test_gpu_device_drafts_decode_loop_has_no_host_sync_with_graphs(proposer, ba
     assert eng.spec.runner.replays > 0
     rows = [b for s in log["steps"] for b in s["batch"] if b["kind"] == "verify"]
     assert rows and any(v["accepted"] > 0 for s in log["steps"] for v in (s.get("verify") or ()))
-    assert log_consistency(got.schedule_log) == [] and recompute_accepted(oracle_model, trace, got) == []
+    assert log_consistency(got.schedule_log) == []
+    if got.tokens == oracle_run(oracle_model, trace, "legacy").tokens:     # else a bf16 near tie (checked below)
+        assert recompute_accepted(oracle_model, trace, got) == []
     assert eng.run_trace(trace, "async").tokens == got.tokens
     plain_trace = without_speculation(trace)
     plain = E(fast, plain_trace.engine, max_len=96, graphs=True).run_trace(plain_trace, "legacy")
     if batch_invariant:
         assert got.tokens == plain.tokens, "speculation changed a token in batch-invariant mode"
-        return
     for res in (got, plain):
         for req in trace.requests:
             v = compare_tie_aware(oracle_model, req.id, req.prompt, res.tokens[req.id], req.stop_token_ids,
