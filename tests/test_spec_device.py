@@ -142,10 +142,10 @@ def _sync_checked(eng) -> list[int]:
                          ids=["ngram-batch_invariant", "ngram-default", "draft-default"])
 def test_gpu_device_drafts_decode_loop_has_no_host_sync_with_graphs(proposer, batch_invariant):
     """bf16, CUDA graphs, drafts on the device (ngram; the draft model's passes): after a warm-up run (graph
-    captures), the decode loop of a second run raises on any synchronising CUDA call; drafts were proposed and accepted; the log is consistent (and the
-    acceptance the oracle recomputes from the logged proposals matches when the tokens are the oracle's); async ==
-    legacy; speculative tokens == non-speculative bitwise in batch-invariant mode; both track the fp64 oracle
-    tie-aware."""
+    captures), the decode loop of a second run raises on any synchronising CUDA call; drafts were proposed and
+    accepted; the log is consistent (and the acceptance the oracle recomputes from the logged proposals matches
+    when the tokens are the oracle's); async == legacy; speculative tokens == non-speculative bitwise in
+    batch-invariant mode; both track the fp64 oracle tie-aware."""
     from tools.compare import TAU, compare_tie_aware
     cfg = zoo.tiny_config("bamba", **MODEL)
     w = zoo.random_weights(cfg, seed=3)
