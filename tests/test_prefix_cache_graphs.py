@@ -66,6 +66,32 @@ def test_repeated_hit_step_reuses_its_kept_batch_and_stays_bitwise_cache_off():
     assert pg.reuses == 1 and pg.replays == pg.captures == 0 and list(pg.kept) == [((16, 3, 0),)]
 
 
+def test_only_short_prefill_only_steps_without_checkpoints_are_kept_and_at_most_max_graphs_of_them():
+    """key(): decode rows, a checkpoint inside a piece or more than max_tokens tokens -> not taken (None); kept
+    shapes are LRU-bounded, an evicted one must be seen twice again (a stand-in model; no kernels run)."""
+    from fastpath.engine.prefill_graphs import PrefillGraphs
+
+    class Stub:
+        device, calls = torch.device("cpu"), 0
+
+        def forward(self, sb, bank):
+            Stub.calls += 1
+            return sb.ids.clone()
+    pg = PrefillGraphs(Stub(), None, max_tokens=8, max_graphs=2)
+    assert pg.key(1, [(0, 4, 0)], [], 5) is None and pg.key(0, [(0, 4, 0)], [(0, 2, 3)], 4) is None
+    assert pg.key(0, [(0, 9, 0)], [], 9) is None and pg.key(0, [], [], 0) is None
+    keys = [pg.key(0, [(8 * i, 4, 0)], [], 4) for i in range(3)]
+
+    def step(k, ids):
+        return pg.forward(k, ids, lambda: type("SB", (), {"ids": torch.tensor(ids)})()).tolist()
+    for k in keys:                                     # first and second sight: eager (kept after the second)
+        assert step(k, [1, 2, 3, 4]) == step(k, [1, 2, 3, 4]) == [1, 2, 3, 4]
+    assert list(pg.kept) == keys[1:] and Stub.calls == 6
+    assert step(keys[2], [5, 6, 7, 8]) == [5, 6, 7, 8] and pg.reuses == 1     # the kept batch, new ids copied in
+    assert step(keys[0], [9, 9, 9, 9]) == [9, 9, 9, 9] and list(pg.kept) == keys[1:]   # evicted: seen anew
+    assert step(keys[0], [9, 9, 9, 9]) == [9, 9, 9, 9] and list(pg.kept) == [keys[2], keys[0]]   # LRU: keys[1] out
+
+
 def test_prefill_graphs_flag_is_checked():
     """prefill_graphs must be a bool (named in the error)."""
     with pytest.raises(ArgumentError, match="prefill_graphs"):

@@ -15,7 +15,8 @@ so it is captured once and replayed:
 Every other input of the graph is the kept batch's device metadata (equal by key), the bank and the weights
 (allocated once), so a replay runs the same kernels on the same arguments as the eager forward of that step:
 bitwise equal by construction (tests/test_prefix_cache_graphs.py). Without capture (CPU, or capture=False) the
-2nd-and-later path runs eagerly over the kept batch, so the kept-batch plumbing is tested on CPU too.
+2nd-and-later path runs eagerly over the kept batch, so the kept-batch plumbing is tested on CPU too. At most
+`max_graphs` shapes are kept (LRU; an evicted shape must be seen twice again) and `max_seen` remembered once-seen.
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ from torch import Tensor
 class PrefillGraphs:
     """Kept StepBatches (+ captured graphs on CUDA) of repeated short prefill-only step shapes, LRU-bounded."""
 
-    def __init__(self, model, bank, capture: bool = True, max_tokens: int = 512, max_graphs: int = 8):
+    def __init__(self, model, bank, capture: bool = True, max_tokens: int = 512, max_graphs: int = 8,
+                 max_seen: int = 1024):
         self.model, self.bank = model, bank
         self.capture = capture and model.device.type == "cuda"
-        self.max_tokens, self.max_graphs = max_tokens, max_graphs
-        self.seen: set[tuple] = set()
+        self.max_tokens, self.max_graphs, self.max_seen = max_tokens, max_graphs, max_seen
+        self.seen: OrderedDict[tuple, None] = OrderedDict()   # shapes seen once (LRU-bounded, host only)
         self.kept: OrderedDict[tuple, dict] = OrderedDict()   # key -> {"batch", "graph", "logits"}
         self.pool = None
         self.reuses = self.replays = self.captures = 0    # kept-batch steps, of them graph replays; captures
@@ -51,8 +53,11 @@ class PrefillGraphs:
             sb = pack()
             logits = self.model.forward(sb, self.bank)
             if key not in self.seen:
-                self.seen.add(key)
+                self.seen[key] = None
+                if len(self.seen) > self.max_seen:
+                    self.seen.popitem(last=False)
                 return logits
+            del self.seen[key]
             self._keep(key, sb)
             return logits
         self.kept.move_to_end(key)
