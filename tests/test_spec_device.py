@@ -77,6 +77,25 @@ def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models, propo
         assert host.tokens == got.tokens and host.schedule_log.to_json() == log
 
 
+def test_device_drafts_compose_with_the_prefix_cache(models):
+    """Prefix-cache hits and stores with device-draft steps between them: log and tokens == the oracle's."""
+    cfg, w, oracle_model = models
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    shared = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+    trace = parse_trace({"schema": "hybridqual.trace/1",
+                         "engine": {"max_requests": 2, "max_tokens_per_step": 24, "prefill_chunk": 16,
+                                    "prefix_cache": {"block_size": 8, "capacity": 2},
+                                    "speculative": {"k": 3, "proposer": NGRAM}},
+                         "requests": [{"id": "p0", "arrival_step": 0, "prompt": shared + [1, 2], "max_new_tokens": 6},
+                                      {"id": "p1", "arrival_step": 3, "prompt": shared + [4], "max_new_tokens": 6}]})
+    eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
+    got = eng.run_trace(trace, "legacy")
+    log = got.schedule_log.to_json()
+    assert eng.spec.device_drafts.steps == _loop_steps(log) > 0 and any(s["prefix_cache"]["hits"] for s in log["steps"])
+    want = oracle_run(oracle_model, trace, "legacy")
+    assert got.tokens == want.tokens and log == want.schedule_log.to_json()
+
+
 def test_device_drafts_are_not_taken_with_a_logits_hook_or_without_graphs(models):
     """on_logits needs the batch on the host at launch, and without graphs/pad_decode the host proposer runs."""
     cfg, w, _ = models
