@@ -66,7 +66,7 @@ def test_predicted_speculative_scratch_equals_what_the_engine_allocates(fast, pr
     dd = sp.device_drafts
     assert ("device_drafts" in parts) == (dd is not None)
     if dd is not None:
-        assert parts["device_drafts"] == _nbytes(dd.res) + (_nbytes(dd.hist.hist) if dd.hist is not None else 0)
+        assert parts["device_drafts"] == _nbytes(dd.res, dd.hist.hist if dd.hist is not None else dd.buf)
     if sp.draft is not None:
         d = sp.draft
         assert parts["draft_bank"] == d.bank.nbytes() + _nbytes(d.snap.conv, d.snap.ssm)

@@ -12,8 +12,9 @@ The activation term counts the tensors the batched forward holds at once for a s
 
 Logits are [S, V] for the sequences' last tokens only; a speculative verify step has R*(k+1) tokens with logits
 at every one (verify_activation_bytes), and speculation allocates scratch with the engine (spec_bytes: rollback
-snapshots or replay log, verify buffers, device drafts, the draft model's bank and weights).  Allocator rounding and cuBLAS workspaces are small
-next to these and left out; the bench prints prediction and measured peak side by side.
+snapshots or replay log, verify buffers, device drafts, the draft model's bank and weights). Allocator rounding
+and cuBLAS workspaces are small next to these and left out; the bench prints prediction and measured peak side by
+side.
 """
 from __future__ import annotations
 
@@ -92,9 +93,10 @@ def spec_bytes(config, ec, max_len: int, dtype: torch.dtype, replay: bool = Fals
     """Device bytes speculation (ec.speculative) allocates with the engine, computed, not allocated:
     rollback (PositionSnapshots [n_mamba, k, R, ...] fp32, or with replay the InputLog: R slots' state + xBC, dt at
     R*(k+1) tokens in `dtype`), verify_buffers (the tokens buffer + every (rows, width) shape's metadata and tokens:
-    the buckets when padded, else every rows x width), device_drafts (padded with ngram/draft: token history
-    [R, max_len] (ngram) + the result buffer), draft_bank and draft_weights (draft: its HybridConfig; bank of
-    max_len + k positions, its snapshot of R slots, its weights in `dtype`; its graphs' small buffers not counted)."""
+    the buckets when padded, else every rows x width), device_drafts (padded with ngram/draft: the token history
+    [R, max_len] (ngram) or the drafts buffer [R, k] (draft), + the result buffer), draft_bank and draft_weights
+    (draft: its HybridConfig; bank of max_len + k positions, its snapshot of R slots, its weights in `dtype`; its
+    graphs' small buffers not counted)."""
     from .graphs import buckets
     from .verify import width_buckets
     sp, R, c = ec.speculative, ec.max_requests, config
@@ -108,7 +110,7 @@ def spec_bytes(config, ec, max_len: int, dtype: torch.dtype, replay: bool = Fals
     out = {"rollback": rollback, "verify_buffers": 8 * (R * (k + 1) + sum(4 * nb * w + nb for nb, w in shapes))}
     kind = sp.proposer.kind
     if padded and kind in ("ngram", "draft"):
-        out["device_drafts"] = 8 * ((R * max_len if kind == "ngram" else 0) + R * (k + 1) + R * k + R)
+        out["device_drafts"] = 8 * ((R * max_len if kind == "ngram" else R * k) + R * (k + 1) + R * k + R)
     if draft is not None:
         from oracle.checkpoint import expected_shapes
         out["draft_bank"] = bank_bytes(draft, R, max_len + k, dtype) + len(draft.mamba_layer_ids) * R * \

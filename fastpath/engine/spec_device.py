@@ -1,25 +1,49 @@
 """Verify steps whose drafts never visit the host before the forward (docs/engine.md "Device proposals").
 
 With graphs (or pad_decode) and the ngram or draft proposer, a step in which no live row is prefilling (the
-decode loop) takes its drafts on the device. ngram: the request tokens live in a per-slot TokenHistory (new tokens
-written by one non-blocking pinned copy) and fastpath/engine/ngram_device.py proposes drafts [S, k] and counts
-m [S] with fixed shapes; draft: the draft model's catch-up pass and drafting steps (DraftModel.propose_device)
-leave its drafts on the device, m = room. Then VerifyRunner.run_device lays every row out for its room
-(min(k, tokens left)) and masks positions past m with slot -1 on the device, and the tokens, drafts and counts
-come back in ONE non-blocking copy with the step's event. The host learns the proposals only in resolve, after
-the step's one wait; there it logs each row exactly as a host proposal would have (m = 0: a decode row; else a
-verify row with its m proposals) and decides acceptance. Steps with a prefill piece (whose budget needs m before
-the batch is built) and runs with an on_logits hook take the host path (the same proposals:
+decode loop) takes its drafts on the device. The host uploads the verify batch laid out for every row's room
+(min(k, tokens left)); VerifyRunner._device_body — one CUDA graph per (rows, width) bucket, or eager — reads each
+row's room from those slots, takes drafts and counts from a source (NgramSource: fastpath/engine/ngram_device.py
+over the static per-slot TokenHistory, fixed shapes; DraftSource: the draft model's drafts from
+DraftModel.propose_device, copied into a static buffer, m = room), writes the drafts' ids and slot -1 past m into
+the metadata, runs the verify forward and sampling, and packs tokens | drafts | counts into one buffer that comes
+back in ONE non-blocking copy with the step's event. The host learns the proposals only in resolve, after the
+step's one wait (Launched.finalize); there it logs each row exactly as a host proposal would have (m = 0: a decode
+row; else a verify row with its m proposals) and decides acceptance. Steps with a prefill piece (whose budget
+needs m before the batch is built) and runs with an on_logits hook take the host path (the same proposals:
 tests/test_ngram_device.py, tests/test_spec_device.py). Cost: with ngram every decode-loop step is a verify batch
 at the room's width, also when no row has a draft (the host cannot know that without a sync).
 """
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from oracle.schedule_log import BatchRow
 
-from .ngram_device import TokenHistory
+from .ngram_device import TokenHistory, ngram_device
+
+
+class NgramSource:
+    """The verify body's ngram drafts: ngram_device over the rows' histories (slots = the snapshot sources, lengths =
+    the first position + 1), all from the verify metadata and the static history (so it can be captured)."""
+
+    def __init__(self, hist: TokenHistory, k: int, min_n: int, max_n: int):
+        self.hist, self.k, self.min_n, self.max_n = hist, k, min_n, max_n
+
+    def __call__(self, vb, room: Tensor) -> tuple[Tensor, Tensor]:
+        return ngram_device(self.hist.hist.index_select(0, vb.src), vb.pos[:vb.nb] + 1, room, self.k, self.min_n,
+                            self.max_n)
+
+
+class DraftSource:
+    """The verify body's draft-model drafts: a static [R, k] buffer the draft's drafts are copied into, m = room."""
+
+    def __init__(self, buf: Tensor):
+        self.buf = buf
+
+    def __call__(self, vb, room: Tensor) -> tuple[Tensor, Tensor]:
+        return self.buf[:vb.nb], room
 
 
 class DeviceProposals:
@@ -27,13 +51,16 @@ class DeviceProposals:
 
     def __init__(self, sp, engine):
         self.sp, self.engine, self.k = sp, engine, sp.k
-        R, dev = engine.R, engine.device
-        self.ngram = sp.spec.proposer.kind == "ngram"
+        R, dev, p = engine.R, engine.device, sp.spec.proposer
+        self.ngram = p.kind == "ngram"
         self.hist = TokenHistory(R, engine.bank.max_len, dev) if self.ngram else None
         self.drafts = None                                 # draft proposer: (drafts [S, max room], request ids)
-        n = R * (self.k + 1) + R * self.k + R              # tokens [nb*w] | drafts [S*k] | counts [S]
+        self.buf = None if self.ngram else torch.zeros(R, self.k, dtype=torch.int64, device=dev)
+        n = R * (self.k + 1) + R * self.k + R              # tokens [nb*w] | drafts [nb*k] | counts [nb]
         self.res = torch.zeros(n, dtype=torch.int64, device=dev)
         self.host = torch.zeros(n, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        sp.runner.res = self.res
+        sp.runner.source = NgramSource(self.hist, self.k, p.min_n, p.max_n) if self.ngram else DraftSource(self.buf)
         self.steps = 0                                     # device-draft steps run (tests)
         self._pend = None
 
@@ -62,19 +89,13 @@ class DeviceProposals:
         sts = [eng.requests[b.request] for b in batch]
         toks = [list(st.req.prompt) + st.output for st in sts]
         S, room = len(batch), [b.count - 1 for b in batch]
-        meta = torch.tensor([[b.slot for b in batch], [len(t) for t in toks], room], dtype=torch.int64)
-        if eng.device.type == "cuda":
-            meta = meta.pin_memory()
-        meta = meta.to(eng.device, non_blocking=True)
         if self.ngram:
             self.hist.catch_up([(b.request, b.slot, t) for b, t in zip(batch, toks)])
-            p = sp.spec.proposer
-            drafts, m = self.hist.propose(meta[0], meta[1], meta[2], k, p.min_n, p.max_n)
         else:                                              # the draft model's room drafts per row (prepare)
             drafts, ids = self.drafts
             self.drafts = None
             assert ids == [b.request for b in batch], "draft rows out of step with the batch"
-            drafts, m = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1])), meta[2]
+            self.buf[:S, :drafts.shape[1]].copy_(drafts)
         nb, _ = sp.runner.shape(S, 1 + max(room))
         seeded = []
         for r, (b, st) in enumerate(zip(batch, sts)):
@@ -83,13 +104,9 @@ class DeviceProposals:
                     seeded.append((i * nb + r, float(st.req.sampling.temperature), int(st.req.sampling.seed),
                                    b.pos + 1 + i))
         last = [st.output[-1] for st in sts]
-        nb, w, _, tok = sp.runner.run_device(last, [b.pos for b in batch], [b.slot for b in batch], room, drafts, m,
-                                             seeded)
+        nb, w = sp.runner.run_device(last, [b.pos for b in batch], [b.slot for b in batch], room, seeded)
         T = nb * w
-        n = T + S * k + S
-        self.res[:T].copy_(tok[:T])
-        self.res[T:T + S * k].copy_(drafts.reshape(-1))
-        self.res[T + S * k:n].copy_(m)
+        n = T + nb * k + nb
         self.host[:n].copy_(self.res[:n], non_blocking=True)
         event = None
         if eng.device.type == "cuda":
@@ -104,8 +121,8 @@ class DeviceProposals:
         acceptance, and the pending step's one-token rows (Speculator.outcome)."""
         batch, last, nb, T, S = self._pend
         self._pend, k = None, self.k
-        vals = self.host[:T + S * k + S].tolist()
-        vt, dr, mm = vals[:T], vals[T:T + S * k], vals[T + S * k:]
+        vals = self.host[:T + nb * k + nb].tolist()
+        vt, dr, mm = vals[:T], vals[T:T + nb * k], vals[T + nb * k:]
         real, inputs = [], []
         for r, b in enumerate(batch):
             props = dr[r * k:r * k + mm[r]]

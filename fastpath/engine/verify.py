@@ -232,6 +232,8 @@ class VerifyRunner:
         self._logits: dict[tuple[int, int], Tensor] = {}
         self.pool = None
         self.replays = 0
+        self.source = None     # device drafts: (VerifyBatch, room [nb]) -> (drafts [nb, k], m [nb]) (spec_device.py)
+        self.res: Tensor | None = None                     # ... and the buffer their step's results are packed into
 
     def shape(self, rows: int, width: int) -> tuple[int, int]:
         """(nb, w) a batch of `rows` rows of at most `width` inputs runs at."""
@@ -253,21 +255,23 @@ class VerifyRunner:
         self._logits[key] = logits
         return logits
 
-    def _capture(self, key: tuple[int, int]) -> None:
-        """Warm up on a side stream with every slot -1 (the bank untouched), then capture; metadata restored."""
-        meta, _ = self._buffers(key)
+    def _capture(self, key: tuple) -> None:
+        """Warm up on a side stream with every slot -1 (the bank untouched), then capture; metadata restored.
+        key (nb, w): the host-draft body; (nb, w, "device"): the device-draft body (_device_body)."""
+        meta, _ = self._buffers(key[:2])
         T = key[0] * key[1]
+        body = (lambda: self._device_body(key[:2])) if len(key) == 3 else (lambda: self._body(key))
         saved = meta.clone()
         meta[2 * T:3 * T].fill_(-1)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._body(key)
+                body()
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
-            self._body(key)
+            body()
         self.pool = g.pool()
         self.graphs[key] = g
         meta.copy_(saved)
@@ -276,8 +280,9 @@ class VerifyRunner:
         """Capture every (rows, width) bucket now (benchmarks: no capture inside a timed run), largest first."""
         if self.capture:
             for key in sorted(((nb, w) for nb in self.row_buckets for w in self.widths), reverse=True):
-                if key not in self.graphs:
-                    self._capture(key)
+                for k in ((key, key + ("device",)) if self.source is not None else (key,)):
+                    if k not in self.graphs:
+                        self._capture(k)
 
     def run(self, inputs: list[list[int]], pos: list[int], slot: list[int],
             seeded: list[tuple[int, float, int, int]]) -> tuple[int, int, Tensor, Tensor]:
@@ -306,11 +311,36 @@ class VerifyRunner:
         sample_rows(logits, tok, seeded, backend=self.model.backend)
         return nb, w, logits, tok
 
-    def run_device(self, last: list[int], pos: list[int], slot: list[int], room: list[int], drafts: Tensor,
-                   m: Tensor, seeded: list[tuple[int, float, int, int]]) -> tuple[int, int, Tensor, Tensor]:
-        """run() with the drafts on the device (docs/engine.md "Device proposals"): row r feeds last[r] then its m[r]
-        drafts (drafts [S, k], m [S] device int64, m[r] <= room[r]) at positions pos[r]..; the host lays the batch
-        out for room[r] drafts, the device writes the drafts' ids and sets slot -1 past m[r]. No host read."""
+    def _device_body(self, key: tuple[int, int], seeded: list | None = None) -> Tensor:
+        """The device-draft verify step, one graph per bucket (or eager): each row's room from the slots the host
+        laid out, drafts and counts from `source` (fixed shapes), the drafts' ids and slot -1 past m written into
+        the metadata, the verify forward, sampling, and tokens | drafts | counts packed into `res`."""
+        nb, w = key
+        meta, tok = self._buffers(key)
+        vb = VerifyBatch.view(meta, nb, w)
+        room = (vb.slot[1:] >= 0).sum(0)                   # [nb]: row r was laid out for room_r drafts
+        drafts, m = self.source(vb, room)                  # [nb, k], [nb]
+        vb.ids.view(w, nb)[1:].copy_(drafts[:, :w - 1].t())
+        j = torch.arange(1, w, dtype=torch.int64, device=self.device)[:, None]
+        vb.slot[1:].copy_(torch.where(j <= m[None, :], vb.slot[1:], torch.full_like(vb.slot[1:], -1)))
+        logits = verify_forward(self.model, vb, self.bank, self.snaps, self.inputs)
+        if seeded is None:
+            ops.greedy_sample(logits, tok, backend=self.model.backend)
+        else:
+            sample_rows(logits, tok, seeded, backend=self.model.backend)
+        T, k = nb * w, self.k
+        self.res[:T].copy_(tok)
+        self.res[T:T + nb * k].copy_(drafts.reshape(-1))
+        self.res[T + nb * k:T + nb * k + nb].copy_(m)
+        self._logits[key + ("device",)] = logits
+        return logits
+
+    def run_device(self, last: list[int], pos: list[int], slot: list[int], room: list[int],
+                   seeded: list[tuple[int, float, int, int]]) -> tuple[int, int]:
+        """run() with the drafts made on the device by `source` (docs/engine.md "Device proposals"): row r feeds
+        last[r] then its m[r] <= room[r] drafts at positions pos[r]..; the host lays the batch out for room[r]
+        drafts, _device_body (a graph when greedy) does the rest. Returns (nb, w); the step's tokens [nb*w], drafts
+        [nb*k] and counts [nb] are in res. No host read."""
         S = len(last)
         nb, w = self.shape(S, 1 + max(room))
         T = nb * w
@@ -321,24 +351,17 @@ class VerifyRunner:
                 ps[j * nb + r], sl[j * nb + r] = pos[r] + j, slot[r]
         vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
         key, self.last_nb = (nb, w), nb
-        meta, tok = self._buffers(key)
+        meta, _ = self._buffers(key)
         self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
         meta.copy_(self.stage[:len(vals)], non_blocking=True)
-        if w > 1:                                          # after the upload, in stream order
-            vb = VerifyBatch.view(meta, nb, w)
-            vb.ids.view(w, nb)[1:, :S].copy_(drafts[:, :w - 1].t())
-            j = torch.arange(1, w, dtype=torch.int64, device=self.device)[:, None]
-            real = vb.slot[1:, :S]
-            real.copy_(torch.where(j <= m[None, :], real, torch.full_like(real, -1)))
         if self.capture and not seeded:
-            if key not in self.graphs:
-                self._capture(key)
-            self.graphs[key].replay()
+            if key + ("device",) not in self.graphs:
+                self._capture(key + ("device",))
+            self.graphs[key + ("device",)].replay()
             self.replays += 1
-            return nb, w, self._logits[key], tok
-        logits = verify_forward(self.model, VerifyBatch.view(meta, nb, w), self.bank, self.snaps, self.inputs)
-        sample_rows(logits, tok, seeded, backend=self.model.backend)
-        return nb, w, logits, tok
+        else:
+            self._device_body(key, seeded)
+        return nb, w
 
     def replay(self, rows: list[tuple[int, int, int]]) -> None:
         """The replay rollback of rows (r, a, slot) of the last verify batch (FastOptions.spec_replay)."""
