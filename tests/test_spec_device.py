@@ -77,6 +77,30 @@ def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models, propo
         assert host.tokens == got.tokens and host.schedule_log.to_json() == log
 
 
+def test_device_draft_seeded_rows_key_every_position_by_the_position_it_predicts(models):
+    """DESIGN §13: each verify position of a seeded row is sampled with the key of the absolute position its logits
+    predict (its input's position + 1, read back from the verify batch's own metadata), positions past the first
+    included, so seeded requests are speculation-invariant."""
+    cfg, w, _ = models
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    trace = _trace(NGRAM)
+    eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
+    checked = []
+    body = eng.spec.runner._device_body
+
+    def device_body(key, seeded=None):
+        out = body(key, seeded)
+        nb, w = key
+        pos = eng.spec.runner.meta[key][nb * w:2 * nb * w]
+        for t, _, _, q in seeded or ():
+            assert q == int(pos[t]) + 1, (key, t, q, int(pos[t]))
+            checked.append(t // nb)
+        return out
+    eng.spec.runner._device_body = device_body
+    eng.run_trace(trace, "legacy")
+    assert checked and max(checked) >= 1, "no seeded position past a row's first was sampled in a device step"
+
+
 def test_device_drafts_compose_with_the_prefix_cache(models):
     """Prefix-cache hits and stores with device-draft steps between them: log and tokens == the oracle's."""
     cfg, w, oracle_model = models

@@ -648,6 +648,24 @@ MUTANTS += [
            "drafted tokens that were never emitted",
            SPEC, "            for j, (_, s, _, _) in enumerate(rows):\n                self.snap.restore(j, s)\n", "",
            (T_SPEC_LOG + "[draft]",)),
+    Mutant("spec_device_ngram_oldest_match", "speculative device drafts",
+           "the device ngram search takes the oldest earlier occurrence of the suffix instead of the most recent one "
+           "(DESIGN §13), so device drafts differ from the host proposer's and the oracle's",
+           "fastpath/engine/ngram_device.py", "        i = torch.where(ok, starts[None, :], -1).amax(1)\n",
+           "        i = torch.where(ok, starts[None, :], W).amin(1)\n        i = torch.where(i == W, -1, i)\n",
+           ("tests/test_ngram_device.py::test_device_ngram_equals_the_oracles_prompt_lookup",)),
+    Mutant("spec_device_drafts_not_masked", "speculative device drafts",
+           "the device-draft verify body does not set slot -1 past a row's m drafts, so a row with fewer drafts than "
+           "its room runs its padding positions in its own slot and its state advances over them",
+           VERIFY, "        vb.slot[1:].copy_(torch.where(j <= m[None, :], vb.slot[1:], torch.full_like(vb.slot[1:], "
+                   "-1)))\n", "",
+           ("tests/test_spec_device.py::test_device_drafts_keep_the_host_proposers_log_and_the_oracles",)),
+    Mutant("spec_device_seeded_key_by_step", "speculative device drafts",
+           "a seeded row's device-draft verify positions are all sampled with the key of its first position",
+           "fastpath/engine/spec_device.py", "                                   b.pos + 1 + i))\n",
+           "                                   b.pos + 1))\n",
+           ("tests/test_spec_device.py::test_device_draft_seeded_rows_key_every_position_by_the_position_it_predicts",
+            )),
     Mutant("oracle_spec_overlapped", "spec: speculative async",
            "the truth overlaps speculative async steps like plain ones, launching decode rows from unresolved "
            "tokens (no proposals) so async and legacy schedules part",
