@@ -55,13 +55,15 @@ def _loop_steps(log: dict) -> int:
     return sum(1 for s in log["steps"] if s["batch"] and all(b["kind"] != "prefill" for b in s["batch"]))
 
 
-@pytest.mark.parametrize("proposer", [NGRAM, DRAFT], ids=["ngram", "draft"])
-def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models, proposer):
+@pytest.mark.parametrize("proposer,replay", [(NGRAM, False), (DRAFT, False), (NGRAM, True)],
+                         ids=["ngram", "draft", "ngram-replay"])
+def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models, proposer, replay):
     """pad_decode (the graphs' shapes, eager on CPU): every decode-loop step takes device drafts (ngram: zero-draft
     rows logged as decode rows, a step without drafts as a plain decode step), prefill steps the host proposer;
-    tokens and log == the host proposer's run and == the oracle's, legacy and async; a seeded row is among them."""
+    tokens and log == the host proposer's run and == the oracle's, legacy and async; a seeded row is among them;
+    also with the replay rollback (FastOptions.spec_replay)."""
     cfg, w, oracle_model = models
-    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch", spec_replay=replay))
     trace = _trace(proposer)
     for mode in ("legacy", "async"):
         eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
