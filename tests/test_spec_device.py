@@ -122,16 +122,24 @@ def test_device_drafts_compose_with_the_prefix_cache(models):
     assert got.tokens == want.tokens and log == want.schedule_log.to_json()
 
 
-def test_device_drafts_are_not_taken_with_a_logits_hook_or_without_graphs(models):
-    """on_logits needs the batch on the host at launch, and without graphs/pad_decode the host proposer runs."""
+def test_device_drafts_show_on_logits_every_position_and_need_graphs_or_pad_decode(models):
+    """A logits hook (qualify's, run_recording_logits) sees, after the step's wait, every real position of a
+    device-draft step as a decode row: the same rows as the host proposer's run, logits close (the verify widths
+    differ: GEMM shapes); without graphs / pad_decode the host proposer runs."""
+    from fastpath.batch_invariant import run_recording_logits
     cfg, w, _ = models
     fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
-    trace = parse_trace(TRACE)
+    trace = _trace(NGRAM)
     assert Engine(fast, trace.engine, max_len=32).spec.device_drafts is None
     eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
-    eng.on_logits = lambda batch, logits: None
-    eng.run_trace(trace, "legacy")
-    assert eng.spec.device_drafts.steps == 0
+    dev, ld = run_recording_logits(eng, trace, "legacy")
+    assert eng.spec.device_drafts.steps > 0
+    eng.spec.device_drafts = None
+    host, lh = run_recording_logits(eng, trace, "legacy")
+    assert dev.tokens == host.tokens and dev.schedule_log.to_json() == host.schedule_log.to_json()
+    assert ld.keys() == lh.keys() and len(ld) > 0
+    for key in ld:
+        assert torch.allclose(ld[key], lh[key], atol=1e-5, rtol=1e-5), key
 
 
 def test_batch_invariant_device_drafts_equal_no_speculation_bitwise(models):

@@ -9,8 +9,8 @@ DraftModel.propose_device, copied into a static buffer, m = room), writes the dr
 the metadata, runs the verify forward and sampling, and packs tokens | drafts | counts into one buffer that comes
 back in ONE non-blocking copy with the step's event. The host learns the proposals only in resolve, after the
 step's one wait (Launched.finalize); there it logs each row exactly as a host proposal would have (m = 0: a decode
-row; else a verify row with its m proposals) and decides acceptance. Steps with a prefill piece (whose budget
-needs m before the batch is built) and runs with an on_logits hook take the host path (the same proposals:
+row; else a verify row with its m proposals), calls on_logits (if set) and decides acceptance. Steps with a
+prefill piece (whose budget needs m before the batch is built) take the host path (the same proposals:
 tests/test_ngram_device.py, tests/test_spec_device.py). Cost: with ngram every decode-loop step is a verify batch
 at the room's width, also when no row has a draft (the host cannot know that without a sync).
 """
@@ -71,9 +71,9 @@ class DeviceProposals:
         self._pend, self.drafts = None, None
 
     def applies(self, live) -> bool:
-        """This step takes device drafts: rows to decode, none prefilling, no logits hook, histories that fit."""
+        """This step takes device drafts: rows to decode, none prefilling, histories that fit."""
         eng = self.engine
-        return (bool(live) and eng.on_logits is None and not any(st.prefilling for _, st in live)
+        return (bool(live) and not any(st.prefilling for _, st in live)
                 and (not self.ngram or all(self.hist.fits(len(st.req.prompt) + len(st.output)) for _, st in live)))
 
     def row(self, r: int, st, slot: int) -> BatchRow:
@@ -112,15 +112,15 @@ class DeviceProposals:
         if eng.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        self._pend = (batch, last, nb, T, S)
+        self._pend = (batch, last, nb, w, S)
         self.steps += 1
         return Launched(eng.k, [], rec, [], self.host, event, finalize=self.finalize)
 
     def finalize(self, p) -> None:
         """Resolve, after the step's wait: the logged batch (decode rows for m = 0, verify rows with their drafts),
         acceptance, and the pending step's one-token rows (Speculator.outcome)."""
-        batch, last, nb, T, S = self._pend
-        self._pend, k = None, self.k
+        batch, last, nb, w, S = self._pend
+        self._pend, k, T = None, self.k, nb * w
         vals = self.host[:T + nb * k + nb].tolist()
         vt, dr, mm = vals[:T], vals[T:T + nb * k], vals[T + nb * k:]
         real, inputs = [], []
@@ -130,6 +130,9 @@ class DeviceProposals:
             real.append(BatchRow(b.row, b.request, b.slot, "verify", b.pos, len(props) + 1, proposals=props) if props
                         else BatchRow(b.row, b.request, b.slot, "decode", b.pos, 1))
         p.record.batch = real
+        eng = self.engine
+        if eng.on_logits is not None:                      # after the wait: the verify logits are still the step's
+            eng.on_logits(*self.sp._expand(real, inputs, nb, self.sp.runner._logits[(nb, w, "device")], [], None))
         out_rows, samples, host = self.sp.outcome(real, real, inputs, vt, nb, [], [], p.record)
         if not p.record.verify:                            # no row had a draft: logged as the plain decode step
             p.record.verify = None
