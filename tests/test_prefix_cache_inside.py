@@ -78,31 +78,32 @@ def _pool_states(fast, P: int) -> dict[int, dict[str, torch.Tensor]]:
     return {e.pos: eng.bank.slot_state(eng.bank.pool_slot(e.index)) for e in eng.prefix.entries.values()}
 
 
+def _inside_vs_at_end(backend: str) -> list[tuple[int, str, torch.Tensor, torch.Tensor]]:
+    """Mamba-only LONG with block 8: (p, state name, the checkpoint stored inside a 24-piece, the one a piece ending
+    at p stored) for p = 8, 16 and the conv and SSM states."""
+    _, fast = _models("MM")
+    fast = fast.with_options(backend=backend)
+    inside, at_end = _pool_states(fast, 24), _pool_states(fast, 8)
+    assert sorted(inside) == sorted(at_end) == [8, 16, 24]
+    return [(p, n, inside[p][n], at_end[p][n]) for p in (8, 16) for n in ("conv", "ssm")]
+
+
 def test_a_checkpoint_inside_a_piece_is_bitwise_the_state_a_piece_ending_there_leaves():
     """Mamba-only, Triton kernels (prefill arithmetic is piece-invariant there, bitwise: the fixed-tile matmul's
     bits do not depend on the number of rows): pieces of 24 store 8 and 16 from inside the piece; pieces of 8 end
     on every boundary and store by copying the slot. Same bits, conv and SSM."""
-    _, fast = _models("MM")
-    inside, at_end = _pool_states(fast.with_options(backend="triton"), 24), _pool_states(fast.with_options(
-        backend="triton"), 8)
-    assert sorted(inside) == sorted(at_end) == [8, 16, 24]
-    for p in (8, 16):
-        for name in ("conv", "ssm"):
-            assert torch.equal(inside[p][name], at_end[p][name]), (p, name)
+    for p, name, inside, at_end in _inside_vs_at_end("triton"):
+        assert torch.equal(inside, at_end), (p, name)
 
 
 def test_torch_backend_checkpoint_inside_a_piece_is_the_state_a_piece_ending_there_leaves_to_fp32_rounding():
     """The torch backend projects with BLAS (F.linear), whose bits depend on the row count on some CPUs (an AMD EPYC
     here: 24 rows vs 8 differ in the last bits), so pieces of 24 and of 8 leave equal states only to fp32
     rounding; the checkpoint taken inside the piece is still the state at p (a wrong position is off by O(1))."""
-    _, fast = _models("MM")
-    inside, at_end = _pool_states(fast.with_options(backend="torch"), 24), _pool_states(fast.with_options(
-        backend="torch"), 8)
-    assert sorted(inside) == sorted(at_end) == [8, 16, 24]
-    for p in (8, 16):
-        for name in ("conv", "ssm"):
-            torch.testing.assert_close(inside[p][name], at_end[p][name], rtol=1e-5, atol=1e-5, msg=(p, name))
-    assert not torch.allclose(inside[8]["ssm"], at_end[16]["ssm"], rtol=1e-3, atol=1e-3)   # positions do differ
+    pairs = _inside_vs_at_end("torch")
+    for p, name, inside, at_end in pairs:
+        torch.testing.assert_close(inside, at_end, rtol=1e-5, atol=1e-5, msg=(p, name))
+    assert not torch.allclose(pairs[1][2], pairs[3][3], rtol=1e-3, atol=1e-3)   # the states at 8 and 16 do differ
 
 
 def test_a_hybrid_checkpoint_inside_a_piece_is_the_oracles_state_at_p():
