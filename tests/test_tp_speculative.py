@@ -18,6 +18,7 @@ from fastpath.options import FastOptions  # noqa: E402
 from fastpath.tp import load_spec_model, run_tp_cpu  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.trace import dump_trace, load_trace  # noqa: E402
+from tests.test_tp import _assert_near_ties  # noqa: E402
 from tools.spec_checks import without_speculation  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
@@ -35,17 +36,9 @@ def _model_for(trace) -> dict:
 
 def _tokens_agree(spec: dict, got: dict, want: dict, trace) -> None:
     """got == want, or every differing greedy request is a near tie of the fp64 oracle (never a seeded one)."""
-    if got == want:
-        return
-    from tools.compare import TAU, compare_tie_aware
-    cfg, tensors = load_spec_model(spec)
-    oracle_model = OracleModel(cfg, tensors, dtype=torch.float64)
-    for req in trace.requests:
-        if got[req.id] != want[req.id]:
-            assert req.sampling.kind == "greedy", f"{req.id}: seeded tokens differ"
-            v = compare_tie_aware(oracle_model, req.id, req.prompt, got[req.id], req.stop_token_ids,
-                                  req.max_new_tokens, TAU[torch.float32])
-            assert v.ok and v.near_ties, f"{req.id}: differs, not a near tie: {v.failure} {v.note}"
+    if got != want:
+        cfg, tensors = load_spec_model(spec)
+        _assert_near_ties(OracleModel(cfg, tensors, dtype=torch.float64), trace, got, want)
 
 
 @pytest.mark.tp
