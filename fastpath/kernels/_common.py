@@ -24,7 +24,9 @@ except ImportError:   # pragma: no cover - older Triton: kernels launch without 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 if INTERPRET:   # older Triton interpreters (the GPU image's 3.6) with NumPy >= 2.5: scalar loads as loop bounds
     from ._interpreter_compat import apply as _apply_interpreter_compat
+    from ._interpreter_speed import apply as _apply_interpreter_speed
     _apply_interpreter_compat()
+    _apply_interpreter_speed()     # a @triton.jit helper call skips re-patching what its grid patched
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
