@@ -1,10 +1,12 @@
 """Deliberately broken engine pieces, shared by the tests that prove a check can fail."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from fastpath.engine.rows import compaction_moves
-from tools.adapters import Adapter, Capabilities, RunResult
+from tools.adapters import Adapter, Capabilities, OracleAdapter, RunResult
 
 
 def compact_without_moving_slots(self):
@@ -63,3 +65,18 @@ class SilentCacheEngine(CacheReportingEngine):
     """A working cache whose adapter reports no facts about it."""
     report = False
     CAPABILITIES = Capabilities(("greedy",), ("legacy", "async"), compute_dtype=torch.float32)
+
+
+class SlowWrongOracle(OracleAdapter):
+    """The oracle scheduler with its first request's first token changed, so every trace's tokens check fails; a
+    trace whose first request is named "slow" also takes 1 s longer (a later instance of qualify --jobs 2 fails
+    first)."""
+
+    def run_trace(self) -> RunResult:
+        r = super().run_trace()
+        first = self.trace.requests[0].id
+        if first == "slow":
+            time.sleep(1.0)
+        toks = dict(r.tokens)
+        toks[first] = [(toks[first][0] + 1) % self.model.config.vocab_size] + toks[first][1:]
+        return RunResult(toks, r.finish_reasons, r.schedule_log, r.digest, prefix_cache=r.prefix_cache)

@@ -84,6 +84,34 @@ def test_qualify_refuses_bad_arguments_naming_them(args, words, tmp_path):
     assert p.returncode == 2 and words in p.stderr, p.stderr
 
 
+def one_request_trace(path: Path, rid: str) -> str:
+    """A one-request trace file for the shipped tiny model."""
+    engine = {"max_requests": 2, "max_tokens_per_step": 16, "prefill_chunk": 16}
+    request = {"id": rid, "arrival_step": 0, "prompt": [1, 5, 9], "max_new_tokens": 2}
+    path.write_text(json.dumps({"schema": "hybridqual.trace/1", "engine": engine, "requests": [request]}))
+    return str(path)
+
+
+def test_jobs_report_in_plan_order_and_fail_fast_stops_at_the_first_fail_in_that_order(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """--jobs 2: the later instance fails first (its worker is 1 s quicker), yet the report, the lines and the stop
+    follow the plan's order: the first instance's FAIL, nothing of the second."""
+    from tools import qualify as q
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    slow, fast = one_request_trace(tmp_path / "slow.json", "slow"), one_request_trace(tmp_path / "fast.json", "fast")
+    assert q.main(["--engine", "broken_engines:SlowWrongOracle", "--trace", slow, fast, "--mode", "legacy",
+                   "--jobs", "2", "--fail-fast", "--out", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["jobs"] == 2 and [i["scenario"] for i in report["instances"]] == ["slow"], report["instances"]
+    assert [(c["trace"], c["status"]) for c in report["checks"]] == [("tiny-sort/slow", "FAIL")], report["checks"]
+    assert report["stopped"].startswith("--fail-fast: stopped at the first FAIL (tiny-sort/slow: legacy: tokens")
+    assert "tiny-sort 1/2] slow" in out and "fast" not in out.replace("--fail-fast", ""), out
+    assert q.main(["--jobs", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "--jobs 0: must be at least 1" in capsys.readouterr().err
+
+
 @pytest.mark.tp          # the tp tier (`pytest -m tp`); the default tier's TP check is test_tp.py's gloo TP=2 == TP=1
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 def test_qualify_tp2_under_torchrun_matches_goldens(tmp_path):

@@ -5,7 +5,7 @@
     python -m tools.qualify [--model M] --trace T.json ...    # these trace files (one instance each)
         [--engine fastpath|oracle|hf|hf-batched|module:Class] [--mode legacy async] [--device cpu|cuda]
         [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
-        [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast]
+        [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast] [--jobs N]
     torchrun --nproc_per_node 2 -m tools.qualify --tp 2 ...   # tensor parallel fast path
 
 Checks, a line each (PASS / FAIL / SKIP with its reason; tools/qualify_checks.py): tokens vs the truth
@@ -16,6 +16,8 @@ streamed) is judged by the streamed fp64 oracle (tools/qualify_truth.py): the en
 teacher-forced, one layer's weights in memory at a time. report.json and junit.xml under --out are removed
 at start and rewritten after every check. Exit 0 when nothing failed and at least one check passed (--strict:
 and nothing was skipped); --fail-fast stops at the first FAIL (exit 1, the report says where it stopped).
+--jobs N runs instances in N worker processes (tools/qualify_jobs.py; default min(2, cores) for the default plan
+on cpu, else 1); the report, its lines and --fail-fast's stop keep the plan's order.
 """
 from __future__ import annotations
 
@@ -101,6 +103,26 @@ def oracle_device_problem(device: str) -> str | None:
     return None
 
 
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:      # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_jobs(args) -> str | None:
+    """Fill in --jobs (min(2, cores) for the default plan on cpu, else 1); an error message for a bad value."""
+    if args.jobs is None:
+        default_plan = not (args.model or args.trace)
+        args.jobs = min(2, cpu_cores()) if default_plan and args.device == "cpu" and args.tp == 1 else 1
+    elif args.jobs < 1:
+        return f"--jobs {args.jobs}: must be at least 1"
+    elif args.jobs > 1 and args.tp > 1:
+        return f"--jobs {args.jobs}: not with --tp {args.tp} (the ranks already run every instance together)"
+    return None
+
+
 class FailFast(Exception):
     """Raised by the report hook at the first FAIL under --fail-fast."""
 
@@ -147,11 +169,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--oracle", choices=ORACLES, default="auto",
                     help="the truth: auto (in memory when the fp64 model fits, else streamed), memory, streamed")
     ap.add_argument("--oracle-device", default="cpu", help="where the fp64 oracle computes: cpu or cuda")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="worker processes running instances side by side, reported in plan order (default: "
+                         "min(2, CPU cores) for the default plan on cpu, else 1); each uses cores/jobs torch threads")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
                          "schedule log is not the default policy's: that check is skipped)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what --jobs workers are started with
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario and not args.model:
         print("--scenario needs --model (the default plan names its own scenarios)", file=sys.stderr)
         return 2
-    problem = prepare_device(args.device)
+    problem = resolve_jobs(args)
+    problem = problem or prepare_device(args.device)
     problem = problem or oracle_device_problem(args.oracle_device)
     try:
         adapter_cls = configured_adapter(args)
@@ -191,7 +219,8 @@ def run(args, adapter_cls, rank0: bool) -> int:
     plan = build_plan(args)
     header = {"engine": args.engine, "device": args.device, "modes": args.mode,
               "models": [str(m) for m, _, _ in plan], "tau": tau, "tau_source": tau_source,
-              "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls)}
+              "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls),
+              "jobs": args.jobs}
     report = Report(args.out if rank0 else None, header)
     progress = Progress(args.quiet)
     print(f"hybridqual qualify: engine={args.engine} ({header['versions']['engine']}) device={args.device} "
@@ -227,47 +256,93 @@ def run(args, adapter_cls, rank0: bool) -> int:
     return 1 if bad else 0
 
 
-def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, on_check, counters: dict) -> int | None:
-    """Every (model, instance) of the plan through check_instance; None when done, an exit code on bad input."""
+def plan_steps(args, plan):
+    """The plan as steps in report order, computing only what decides them (the truth's loading, instantiation):
+    ("say", line), ("check", Check), ("oracle", model, how), ("exit", code, message) and ("instance", model_dir,
+    i, n, inst, oracle_model, spec) — spec: what a worker needs to rebuild the instance (tools/qualify_jobs.py)."""
     from oracle.checkpoint import CheckpointError
     from oracle.trace import TraceError
     for model_dir, names, files in plan:
         if not (model_dir / "config.json").exists():
-            on_check(Check.of(str(model_dir), "model folder exists", False, "no config.json there"))
+            yield "check", Check.of(str(model_dir), "model folder exists", False, "no config.json there")
             continue
         try:
             oracle_model, how = load_truth(model_dir, args.oracle, args.oracle_device)
         except (CheckpointError, ValueError) as e:
-            on_check(Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}"))
+            yield "check", Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}")
             continue
-        report.header.setdefault("oracle", {})[str(model_dir)] = how
-        progress.say(f"[{model_dir.name}] truth: {how}")
+        yield "oracle", str(model_dir), how
+        yield "say", f"[{model_dir.name}] truth: {how}"
         try:
             insts = ([instance_from_file(p, oracle_model.config) for p in files] if files is not None
                      else instances_for(model_dir, oracle_model.config, names, model_dir.name))
         except (TraceError, OSError, ValueError) as e:
-            print(f"--trace: {e}", file=sys.stderr)
-            return 2
+            yield "exit", 2, f"--trace: {e}"
+            return
         for i, inst in enumerate(insts, 1):
             if isinstance(inst, Check):           # a scenario that failed to instantiate
-                on_check(inst)
+                yield "check", inst
                 continue
-            progress.say(f"[{model_dir.name} {i}/{len(insts)}] {inst.scenario} ({inst.family})")
-            info = {"model": str(model_dir), "scenario": inst.scenario, "family": inst.family,
-                    "skip_reason": inst.skip_reason, "concrete": inst.concrete}
-            truth = None
-            if inst.trace is not None:
-                truth = truth_for(model_dir, inst, oracle_model)
-                info["truth"] = truth["source"]
-                progress.say(f"  truth: {truth['source']}")
-            report.instance(info)
-            checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
-                                    progress, on_check, truth)
-            if inst.trace is None or all(c.skipped for c in checks):
-                counters["skipped"] += 1
-            else:
-                counters["ran"] += 1
-                counters["families"].add(inst.family)
+            spec = {"model": str(model_dir), "i": i, "n": len(insts),
+                    **({"trace_file": str(files[i - 1])} if files is not None else {"scenario": inst.scenario})}
+            yield "instance", model_dir, i, len(insts), inst, oracle_model, spec
+
+
+def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, oracle_model, progress: Progress,
+                 on_instance, on_check) -> tuple[bool, str]:
+    """One instance: its truth, then every check; (it ran — not skipped —, its family)."""
+    progress.say(f"[{model_dir.name} {i}/{n}] {inst.scenario} ({inst.family})")
+    info = {"model": str(model_dir), "scenario": inst.scenario, "family": inst.family,
+            "skip_reason": inst.skip_reason, "concrete": inst.concrete}
+    truth = None
+    if inst.trace is not None:
+        truth = truth_for(model_dir, inst, oracle_model)
+        info["truth"] = truth["source"]
+        progress.say(f"  truth: {truth['source']}")
+    on_instance(info)
+    checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
+                            progress, on_check, truth)
+    return not (inst.trace is None or all(c.skipped for c in checks)), inst.family
+
+
+def count(counters: dict, ran: bool, family: str) -> None:
+    """One finished instance in the summary's counters."""
+    if ran:
+        counters["ran"] += 1
+        counters["families"].add(family)
+    else:
+        counters["skipped"] += 1
+
+
+def apply_step(step, report: Report, progress: Progress, on_check) -> int | None:
+    """A step other than an instance, in order; an exit code for ("exit", ...)."""
+    if step[0] == "say":
+        progress.say(step[1])
+    elif step[0] == "check":
+        on_check(step[1])
+    elif step[0] == "oracle":
+        report.header.setdefault("oracle", {})[step[1]] = step[2]
+    elif step[0] == "exit":
+        print(step[2], file=sys.stderr)
+        return step[1]
+    return None
+
+
+def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, on_check, counters: dict) -> int | None:
+    """Every (model, instance) of the plan through check_instance, in this process or (--jobs > 1) in worker
+    processes (tools/qualify_jobs.py, same order); None when done, an exit code on bad input."""
+    if args.jobs > 1:
+        from .qualify_jobs import run_parallel
+        return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters)
+    for step in plan_steps(args, plan):
+        if step[0] != "instance":
+            code = apply_step(step, report, progress, on_check)
+            if code is not None:
+                return code
+            continue
+        _, model_dir, i, n, inst, oracle_model, _spec = step
+        count(counters, *run_instance(args, adapter_cls, tau, model_dir, i, n, inst, oracle_model, progress,
+                                      report.instance, on_check))
     return None
 
 
