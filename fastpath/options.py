@@ -14,6 +14,9 @@ of class attributes and a module global that tests and benches used to flip.
     batch_invariant  fixed-tile GEMMs and request-only prefill pieces (fastpath/batch_invariant.py)
     spec_replay      speculative rollback by replaying the accepted positions' conv/SSM steps from saved inputs
                      (False, the default: per-position snapshots; fastpath/engine/verify.py, docs/engine.md)
+    spec_device_drafts  ngram / draft proposals on the device inside the padded / graphed decode loop (no host
+                     sync; fastpath/engine/spec_device.py). Off by default: on the H200 (2026-12-02) it broke bf16
+                     async == legacy and batch-invariant bs1 == batched bitwise on spec_ngram (docs/engine.md)
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class FastOptions:
     fold_norm: bool = True
     batch_invariant: bool = False
     spec_replay: bool = False
+    spec_device_drafts: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:

@@ -219,7 +219,8 @@ def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir:
     """One TP rank (torch.multiprocessing.spawn target): run job's traces, write rank<r>.json (tokens, logs).
 
     job: {"model": spec, "traces": [paths], "modes": [...], "backend": "triton"|"torch", "batch_invariant": bool,
-    "pad_decode": bool (the graphs' bucket shapes, eager; speculative traces: device drafts, reported per run)}.
+    "pad_decode": bool (the graphs' bucket shapes, eager), "device_drafts": bool (FastOptions.spec_device_drafts:
+    speculative traces' drafts on the device, reported per run)}.
     """
     import json
     import os
@@ -232,7 +233,8 @@ def run_traces_worker(rank: int, world: int, init_file: str, job: dict, out_dir:
                             timeout=datetime.timedelta(seconds=120))
     try:
         cfg, tensors = load_spec_model(job["model"])
-        options = FastOptions(backend=job.get("backend", "triton"), batch_invariant=job.get("batch_invariant", False))
+        options = FastOptions(backend=job.get("backend", "triton"), batch_invariant=job.get("batch_invariant", False),
+                              spec_device_drafts=job.get("device_drafts", False))
         model = tp_model(cfg, tensors, "cpu", torch.float32, options)
         out = {}
         for path in job["traces"]:

@@ -63,7 +63,7 @@ def test_device_drafts_keep_the_host_proposers_log_and_the_oracles(models, propo
     tokens and log == the host proposer's run and == the oracle's, legacy and async; a seeded row is among them;
     also with the replay rollback (FastOptions.spec_replay)."""
     cfg, w, oracle_model = models
-    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch", spec_replay=replay))
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch", spec_replay=replay, spec_device_drafts=True))
     trace = _trace(proposer)
     for mode in ("legacy", "async"):
         eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
@@ -84,7 +84,7 @@ def test_device_draft_seeded_rows_key_every_position_by_the_position_it_predicts
     predict (its input's position + 1, read back from the verify batch's own metadata), positions past the first
     included, so seeded requests are speculation-invariant."""
     cfg, w, _ = models
-    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch", spec_device_drafts=True))
     trace = _trace(NGRAM)
     eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
     checked = []
@@ -106,7 +106,7 @@ def test_device_draft_seeded_rows_key_every_position_by_the_position_it_predicts
 def test_device_drafts_compose_with_the_prefix_cache(models):
     """Prefix-cache hits and stores with device-draft steps between them: log and tokens == the oracle's."""
     cfg, w, oracle_model = models
-    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch", spec_device_drafts=True))
     shared = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
     trace = parse_trace({"schema": "hybridqual.trace/1",
                          "engine": {"max_requests": 2, "max_tokens_per_step": 24, "prefill_chunk": 16,
@@ -128,7 +128,7 @@ def test_device_drafts_show_on_logits_every_position_and_need_graphs_or_pad_deco
     differ: GEMM shapes); without graphs / pad_decode the host proposer runs."""
     from fastpath.batch_invariant import run_recording_logits
     cfg, w, _ = models
-    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch"))
+    fast = FastModel(cfg, w, "cpu", torch.float32, FastOptions(backend="torch", spec_device_drafts=True))
     trace = _trace(NGRAM)
     assert Engine(fast, trace.engine, max_len=32).spec.device_drafts is None
     eng = Engine(fast, trace.engine, max_len=32, pad_decode=True)
@@ -146,7 +146,7 @@ def test_batch_invariant_device_drafts_equal_no_speculation_bitwise(models):
     """Batch-invariant mode: a verify row's logits are bitwise a decode row's, so speculative tokens == the
     non-speculative ones exactly (the CPU twin of the GPU test below)."""
     cfg, w, _ = models
-    o = FastOptions(backend="torch", batch_invariant=True)
+    o = FastOptions(backend="torch", batch_invariant=True, spec_device_drafts=True)
     m, E = make_model(cfg, w, "cpu", torch.float32, o), engine_class(o)
     t = json.loads(json.dumps(TRACE))
     t["requests"] = t["requests"][:1]                       # one request: the interpreter's fixed-tile matmul is slow
@@ -203,7 +203,7 @@ def test_gpu_device_drafts_decode_loop_has_no_host_sync_with_graphs(proposer, ba
     cfg = zoo.tiny_config("bamba", **MODEL)
     w = zoo.random_weights(cfg, seed=3)
     oracle_model = OracleModel(cfg, w, dtype=torch.float64)
-    o = FastOptions(batch_invariant=batch_invariant)
+    o = FastOptions(batch_invariant=batch_invariant, spec_device_drafts=True)
     fast, E = make_model(cfg, w, "cuda", torch.bfloat16, o), engine_class(o)
     t = json.loads(json.dumps(GPU_TRACE))
     if proposer == "draft":

@@ -36,7 +36,7 @@ def _trace(proposer: dict | None, k: int = 3):
 @pytest.fixture(scope="module")
 def fast():
     cfg = zoo.tiny_config("bamba", **MODEL)
-    return FastModel(cfg, zoo.random_weights(cfg, seed=3), "cpu", torch.float32, FastOptions(backend="torch"))
+    return FastModel(cfg, zoo.random_weights(cfg, seed=3), "cpu", torch.float32, FastOptions(backend="torch", spec_device_drafts=True))
 
 
 def _nbytes(*ts) -> int:
@@ -52,7 +52,7 @@ def test_predicted_speculative_scratch_equals_what_the_engine_allocates(fast, pr
     trace = _trace(proposer)
     eng = Engine(model, trace.engine, max_len=16, pad_decode=pad)
     sp = eng.spec
-    parts = memory.spec_bytes(model.config, trace.engine, 16, model.dtype, replay=replay, padded=pad,
+    parts = memory.spec_bytes(model.config, trace.engine, 16, model.dtype, replay=replay, padded=pad, device_drafts=pad,
                               draft=sp.draft.model.config if sp.draft is not None else None)
     assert parts["rollback"] == sp.runner.scratch_bytes() > 0
     eng.run_trace(trace)
@@ -85,7 +85,7 @@ def test_a_device_too_small_for_speculations_scratch_is_an_error_naming_k(fast, 
     bank = memory.bank_bytes(cfg, ec.max_requests, 16, fast.dtype)
     tokens = min(ec.max_tokens_per_step, ec.max_requests * min(ec.prefill_chunk, 16))
     act = memory.activation_bytes(cfg, tokens, fast.dtype, sequences=min(ec.max_requests, tokens))
-    parts = memory.spec_bytes(cfg, ec, 16, fast.dtype, padded=True)
+    parts = memory.spec_bytes(cfg, ec, 16, fast.dtype, padded=True, device_drafts=True)
     need = bank + max(act, memory.verify_activation_bytes(cfg, ec, fast.dtype)) + sum(parts.values())
     assert need > bank + act
     monkeypatch.setattr(memory, "available_bytes", lambda device: need - 1)

@@ -54,11 +54,12 @@ def test_tp2_speculative_equals_non_speculative_and_tp1_logs(tmp_path):
     for key, items in by_model.items():
         spec = json.loads(key)
         paths = [str(p) for _, s, pl in items for p in (s, pl)]
-        job = {"model": spec, "traces": paths, "modes": ["legacy", "async"], "backend": "torch", "pad_decode": True}
+        job = {"model": spec, "traces": paths, "modes": ["legacy", "async"], "backend": "torch", "pad_decode": True,
+               "device_drafts": True}
         ranks = run_tp_cpu(job, 2, str(tmp_path / ("trained" if "path" in spec else "zoo")))
         assert ranks[0] == ranks[1], "TP ranks disagree (tokens or schedule logs)"
         cfg, tensors = load_spec_model(spec)
-        fast = FastModel(cfg, tensors, "cpu", torch.float32, FastOptions(backend="torch"))
+        fast = FastModel(cfg, tensors, "cpu", torch.float32, FastOptions(backend="torch", spec_device_drafts=True))
         for name, s, pl in items:
             trace = load_trace(s)
             eng = Engine(fast, trace.engine, max_len=max(len(r.prompt) + r.max_new_tokens for r in trace.requests),

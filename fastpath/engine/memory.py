@@ -69,7 +69,7 @@ def predict(engine, step_tokens: int | None = None) -> dict[str, int]:
         sp = engine.spec
         parts = spec_bytes(engine.config, engine.ec, engine.bank.max_len, engine.model.dtype,
                            replay=sp.runner.replaying, padded=sp.runner.padded,
-                           draft=sp.draft.model.config if sp.draft is not None else None)
+                           device_drafts=sp.device_drafts is not None, draft=sp.draft.model.config if sp.draft is not None else None)
         out["activations"] = max(out["activations"], verify_activation_bytes(engine.config, engine.ec,
                                                                                 engine.model.dtype))
         out["speculative"] = sum(parts.values())
@@ -89,11 +89,11 @@ def verify_activation_bytes(config, ec, dtype: torch.dtype) -> int:
 
 
 def spec_bytes(config, ec, max_len: int, dtype: torch.dtype, replay: bool = False, padded: bool = False,
-               draft=None) -> dict[str, int]:
+               draft=None, device_drafts: bool = False) -> dict[str, int]:
     """Device bytes speculation (ec.speculative) allocates with the engine, computed, not allocated:
     rollback (PositionSnapshots [n_mamba, k, R, ...] fp32, or with replay the InputLog: R slots' state + xBC, dt at
     R*(k+1) tokens in `dtype`), verify_buffers (the tokens buffer + every (rows, width) shape's metadata and tokens:
-    the buckets when padded, else every rows x width), device_drafts (padded with ngram/draft: the token history
+    the buckets when padded, else every rows x width), device_drafts (padded with ngram/draft and FastOptions.spec_device_drafts: the token history
     [R, max_len] (ngram) or the drafts buffer [R, k] (draft), + the result buffer), draft_bank and draft_weights
     (draft: its HybridConfig; bank of max_len + k positions, its snapshot of R slots, its weights in `dtype`; its
     graphs' small buffers not counted)."""
@@ -109,7 +109,7 @@ def spec_bytes(config, ec, max_len: int, dtype: torch.dtype, replay: bool = Fals
               [(nb, w) for nb in range(1, R + 1) for w in range(2, k + 2)])
     out = {"rollback": rollback, "verify_buffers": 8 * (R * (k + 1) + sum(4 * nb * w + nb for nb, w in shapes))}
     kind = sp.proposer.kind
-    if padded and kind in ("ngram", "draft"):
+    if padded and device_drafts and kind in ("ngram", "draft"):
         out["device_drafts"] = 8 * ((R * max_len if kind == "ngram" else R * k) + R * (k + 1) + R * k + R)
     if draft is not None:
         from oracle.checkpoint import expected_shapes
@@ -171,7 +171,7 @@ def _gib(n: int) -> str:
 
 
 def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.device, replay: bool = False,
-               padded: bool = False) -> None:
+               padded: bool = False, device_drafts: bool = False) -> None:
     """Raise a MemoryError naming max_requests / max_len / the token budget when the bank (+KV) and the activation
     peak of the largest step would not fit what `device` has free, or naming engine_config.speculative.k when
     those fit but not with speculation's scratch (spec_bytes; replay / padded: FastOptions.spec_replay, graphs or
@@ -183,7 +183,7 @@ def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.devic
     act = activation_bytes(config, tokens, dtype, sequences=min(ec.max_requests, tokens))
     have = available_bytes(device)
     if getattr(ec, "speculative", None) is not None and have is not None:
-        _check_spec_fits(config, ec, max_len, dtype, device, replay, padded, bank, act, have)
+        _check_spec_fits(config, ec, max_len, dtype, device, replay, padded, bank, act, have, device_drafts)
     if have is not None and bank + act > have:
         raise MemoryError(
             f"engine_config/max_len: the state bank + KV ({_gib(bank)} for max_requests={ec.max_requests}, "
@@ -193,7 +193,7 @@ def check_fits(config, ec, max_len: int, dtype: torch.dtype, device: torch.devic
 
 
 def _check_spec_fits(config, ec, max_len: int, dtype, device, replay: bool, padded: bool, bank: int, act: int,
-                     have: int) -> None:
+                     have: int, device_drafts: bool = False) -> None:
     """check_fits' speculative part: bank + activations fit, the verify step's activations and the scratch do not."""
     if bank + act > have:
         return                                       # the bank / budget error below names its own fields
@@ -202,7 +202,7 @@ def _check_spec_fits(config, ec, max_len: int, dtype, device, replay: bool, padd
         from oracle.config import from_hf_config
         from oracle.speculative import model_path
         draft = from_hf_config(model_path(ec.speculative))
-    parts = spec_bytes(config, ec, max_len, dtype, replay, padded, draft)
+    parts = spec_bytes(config, ec, max_len, dtype, replay, padded, draft, device_drafts)
     v_act = verify_activation_bytes(config, ec, dtype)
     need = bank + max(act, v_act) + sum(parts.values())
     if need > have:

@@ -251,7 +251,8 @@ class Speculator:
                                     None if g is None else "capture" if g.capture else "eager", self.k)
         self._drafts: dict[str, list[int]] = {}
         self.device_drafts = None                       # drafts on the device in the decode loop (spec_device.py)
-        if g is not None and p.kind in ("ngram", "draft"):
+        if g is not None and p.kind in ("ngram", "draft") and \
+                getattr(getattr(engine.model, "options", None), "spec_device_drafts", False):
             from .spec_device import DeviceProposals
             self.device_drafts = DeviceProposals(self, engine)
         self._on_device = False

@@ -86,5 +86,6 @@ def check_engine_args(model: Any, engine_config: Any, max_len: Any, graphs: Any,
     _flag("graphs", graphs)
     _flag("pad_decode", pad_decode)
     memory.check_fits(model.config, ec, max_len, model.dtype, model.device,
-                      replay=bool(getattr(model.options, "spec_replay", False)), padded=bool(graphs or pad_decode))
+                      replay=bool(getattr(model.options, "spec_replay", False)), padded=bool(graphs or pad_decode),
+                      device_drafts=bool(getattr(model.options, "spec_device_drafts", False)))
     return ec
