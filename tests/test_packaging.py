@@ -13,8 +13,18 @@ import pytest
 from tools import cli, paths
 
 ROOT = Path(__file__).resolve().parent.parent
-installed = pytest.mark.skipif(importlib.util.find_spec("hybridqual") is None,
-                               reason="hybridqual is not pip-installed (checkout used through PYTHONPATH)")
+
+
+def _installed_from_this_checkout() -> bool:
+    """hybridqual is pip-installed (editable) from this very checkout: only then are both names one module set (a
+    copy of the tree beside another checkout's install, e.g. a blind mutant judge's, imports `hybridqual` from there)."""
+    spec = importlib.util.find_spec("hybridqual")
+    return spec is not None and spec.origin is not None and ROOT in Path(spec.origin).resolve().parents
+
+
+installed = pytest.mark.skipif(not _installed_from_this_checkout(),
+                               reason="hybridqual is not pip-installed from this checkout (PYTHONPATH, or another "
+                                      "checkout's install)")
 
 
 def test_goldens_are_found_in_the_checkout():
