@@ -80,3 +80,13 @@ class SlowWrongOracle(OracleAdapter):
         toks = dict(r.tokens)
         toks[first] = [(toks[first][0] + 1) % self.model.config.vocab_size] + toks[first][1:]
         return RunResult(toks, r.finish_reasons, r.schedule_log, r.digest, prefix_cache=r.prefix_cache)
+
+
+class DyingWorker(OracleAdapter):
+    """Says why on stderr and ends its process (exit code 3) in run_trace: a qualify --jobs worker that dies."""
+
+    def run_trace(self) -> RunResult:
+        import os
+        import sys
+        print("DyingWorker: ending this process on purpose", file=sys.stderr, flush=True)
+        os._exit(3)

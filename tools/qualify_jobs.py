@@ -51,9 +51,21 @@ def start_workers(args, n: int) -> list[subprocess.Popen]:
     if __package__ == "tools":          # a checkout: the workers import this very tools/ from any working directory
         path = os.environ.get("PYTHONPATH")
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + path if path else "")
-    return [subprocess.Popen([sys.executable, "-m", f"{__package__}.qualify_jobs", str(threads), *args.argv],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
-            for _ in range(n)]
+    workers = [subprocess.Popen([sys.executable, "-m", f"{__package__}.qualify_jobs", str(threads), *args.argv],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                bufsize=1, env=env)
+               for _ in range(n)]
+    for w in workers:                   # stderr passed through, its tail kept for the error a dead worker gives
+        w.stderr_tail = deque(maxlen=20)
+        w.stderr_reader = threading.Thread(target=_relay_stderr, args=(w,), daemon=True)
+        w.stderr_reader.start()
+    return workers
+
+
+def _relay_stderr(w: subprocess.Popen) -> None:
+    for line in w.stderr:
+        w.stderr_tail.append(line.rstrip("\n"))
+        sys.stderr.write(line)
 
 
 def stop_workers(workers: list[subprocess.Popen]) -> None:
@@ -118,8 +130,11 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
         if line is None:                     # a worker ended: its unfinished task is an error
             k = busy.pop(i, None)
             if k is not None:
-                buffers[k].append({"kind": "error", "text": f"worker {workers[i].pid} exited "
-                                                            f"(code {workers[i].wait()}) before finishing it"})
+                code = workers[i].wait()
+                workers[i].stderr_reader.join(timeout=5)
+                tail = " | ".join(list(workers[i].stderr_tail)[-8:]) or "no stderr"
+                buffers[k].append({"kind": "error", "text": f"worker {workers[i].pid} exited (code {code}) before "
+                                                            f"finishing it; its stderr ended: {tail}"})
             return
         msg = json.loads(line)
         buffers[msg["task"]].append(msg)
