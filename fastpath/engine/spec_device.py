@@ -132,7 +132,7 @@ class DeviceProposals:
         p.record.batch = real
         eng = self.engine
         if eng.on_logits is not None:                      # after the wait: the verify logits are still the step's
-            eng.on_logits(*self.sp._expand(real, inputs, nb, self.sp.runner._logits[(nb, w, "device")], [], None))
+            eng.on_logits(*self.sp._expand(real, inputs, nb, self.sp.runner.device_logits, [], None))
         out_rows, samples, host = self.sp.outcome(real, real, inputs, vt, nb, [], [], p.record)
         if not p.record.verify:                            # no row had a draft: logged as the plain decode step
             p.record.verify = None

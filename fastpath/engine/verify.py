@@ -234,6 +234,7 @@ class VerifyRunner:
         self.replays = 0
         self.source = None     # device drafts: (VerifyBatch, room [nb]) -> (drafts [nb, k], m [nb]) (spec_device.py)
         self.res: Tensor | None = None                     # ... and the buffer their step's results are packed into
+        self.device_logits: Tensor | None = None           # the last device-draft step's logits [w*nb, V]
 
     def shape(self, rows: int, width: int) -> tuple[int, int]:
         """(nb, w) a batch of `rows` rows of at most `width` inputs runs at."""
@@ -260,7 +261,8 @@ class VerifyRunner:
         key (nb, w): the host-draft body; (nb, w, "device"): the device-draft body (_device_body)."""
         meta, _ = self._buffers(key[:2])
         T = key[0] * key[1]
-        body = (lambda: self._device_body(key[:2])) if len(key) == 3 else (lambda: self._body(key))
+        body = (lambda: self._logits.__setitem__(key, self._device_body(key[:2]))) if len(key) == 3 else \
+            (lambda: self._body(key))
         saved = meta.clone()
         meta[2 * T:3 * T].fill_(-1)
         side = torch.cuda.Stream()
@@ -332,7 +334,6 @@ class VerifyRunner:
         self.res[:T].copy_(tok)
         self.res[T:T + nb * k].copy_(drafts.reshape(-1))
         self.res[T + nb * k:T + nb * k + nb].copy_(m)
-        self._logits[key + ("device",)] = logits
         return logits
 
     def run_device(self, last: list[int], pos: list[int], slot: list[int], room: list[int],
@@ -359,8 +360,9 @@ class VerifyRunner:
                 self._capture(key + ("device",))
             self.graphs[key + ("device",)].replay()
             self.replays += 1
-        else:
-            self._device_body(key, seeded)
+            self.device_logits = self._logits[key + ("device",)]      # the graph's own output
+        else:                          # eager: its own logits (never the graph's entry, which a replay still fills)
+            self.device_logits = self._device_body(key, seeded)
         return nb, w
 
     def replay(self, rows: list[tuple[int, int, int]]) -> None:
