@@ -660,6 +660,13 @@ MUTANTS += [
            VERIFY, "        vb.slot[1:].copy_(torch.where(j <= m[None, :], vb.slot[1:], torch.full_like(vb.slot[1:], "
                    "-1)))\n", "",
            ("tests/test_spec_device.py::test_device_drafts_keep_the_host_proposers_log_and_the_oracles",)),
+    Mutant("spec_device_eager_logits_in_graph_slot", "speculative device drafts",
+           "an eager device-draft step (seeded rows) stores its logits where the bucket's graph output is kept, so "
+           "a later run's replay of that bucket reports the eager step's stale logits (tokens stay right)",
+           VERIFY, "            self.device_logits = self._device_body(key, seeded)\n",
+           "            self._logits[key + (\"device\",)] = self.device_logits = self._device_body(key, seeded)\n",
+           ("tests/test_spec_device.py::test_gpu_device_draft_logits_are_the_replayed_graphs_own_in_every_run",),
+           gpu_only=True),
     Mutant("spec_device_seeded_key_by_step", "speculative device drafts",
            "a seeded row's device-draft verify positions are all sampled with the key of its first position",
            "fastpath/engine/spec_device.py", "                                   b.pos + 1 + i))\n",
