@@ -94,7 +94,8 @@ def classify(junit_path: Path, rc: int) -> tuple[str, str]:
                 if asserted and not any(t in head for t in CRASH_TYPES):
                     killers.append(node)
                 else:
-                    crashes.append(f"{node} ({head.split(':')[0][:60] or tag})")
+                    kind = head.split(':')[0][:60] or tag     # the exception type, then its message (the cause)
+                    crashes.append(f"{node} ({kind}){head[len(kind):][:240]}")
     if killers:
         return "KILLED", killers[0]
     if crashes:
