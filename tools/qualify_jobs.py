@@ -56,7 +56,7 @@ def start_workers(args, n: int) -> list[subprocess.Popen]:
                                 bufsize=1, env=env)
                for _ in range(n)]
     for w in workers:                   # stderr passed through, its tail kept for the error a dead worker gives
-        w.stderr_tail = deque(maxlen=20)
+        w.stderr_tail = deque(maxlen=8)
         w.stderr_reader = threading.Thread(target=_relay_stderr, args=(w,), daemon=True)
         w.stderr_reader.start()
     return workers
@@ -132,7 +132,7 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
             if k is not None:
                 code = workers[i].wait()
                 workers[i].stderr_reader.join(timeout=5)
-                tail = " | ".join(list(workers[i].stderr_tail)[-8:]) or "no stderr"
+                tail = " | ".join(workers[i].stderr_tail) or "no stderr"
                 buffers[k].append({"kind": "error", "text": f"worker {workers[i].pid} exited (code {code}) before "
                                                             f"finishing it; its stderr ended: {tail}"})
             return

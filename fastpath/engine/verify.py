@@ -253,7 +253,6 @@ class VerifyRunner:
         meta, tok = self._buffers(key)
         logits = verify_forward(self.model, VerifyBatch.view(meta, *key), self.bank, self.snaps, self.inputs)
         ops.greedy_sample(logits, tok, backend=self.model.backend)
-        self._logits[key] = logits
         return logits
 
     def _capture(self, key: tuple) -> None:
@@ -261,8 +260,7 @@ class VerifyRunner:
         key (nb, w): the host-draft body; (nb, w, "device"): the device-draft body (_device_body)."""
         meta, _ = self._buffers(key[:2])
         T = key[0] * key[1]
-        body = (lambda: self._logits.__setitem__(key, self._device_body(key[:2]))) if len(key) == 3 else \
-            (lambda: self._body(key))
+        body = (lambda: self._device_body(key[:2])) if len(key) == 3 else (lambda: self._body(key))
         saved = meta.clone()
         meta[2 * T:3 * T].fill_(-1)
         side = torch.cuda.Stream()
@@ -273,7 +271,7 @@ class VerifyRunner:
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
-            body()
+            self._logits[key] = body()              # the graph's static output, which every replay refills
         self.pool = g.pool()
         self.graphs[key] = g
         meta.copy_(saved)
