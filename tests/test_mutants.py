@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.mutants.blind import (CRASH, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
+from tools.mutants.blind import (CRASH, copy_prefix, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
                                  judge, rotation, run_qualify)
 from tools.mutants.runner import ROOT, Mutant, classify, run_one, stale_hunks
 from tools.mutants.zoo import MUTANTS, QUICK
@@ -155,3 +155,28 @@ def test_blind_cheap_mutant_dies_in_the_main_job_without_its_named_tests():
     o = judge(m, [stage])
     assert o.status == KILLED, o
     assert judge(None, [stage]).status == SURVIVED
+
+
+def test_blind_copies_have_no_path_separator_so_pythonpath_entries_under_them_stay_whole():
+    """The control's label "(control: no mutation)" held a ':' (os.pathsep): every PYTHONPATH entry under its copy
+    split in two, and its qualify --jobs workers could not import tests/ — a CRASH of the control, not of the tree."""
+    for label in ("(control: no mutation)", "pc_block_off_by_one", "a b/c;d:e" * 9):
+        prefix = copy_prefix(label)
+        assert prefix.startswith("hq-blind-") and os.pathsep not in prefix and "/" not in prefix, prefix
+        assert len(prefix) <= len("hq-blind-") + 41
+    assert copy_prefix("(control: no mutation)") == "hq-blind-_control__no_mutation_-"
+
+
+def test_cheap_first_runs_measured_files_by_mean_time_keeping_each_files_tests_together():
+    """The blind CPU-tier order: cheapest measured file first, unmeasured files after, a file's tests contiguous
+    and in collected order (the same set of tests: only the order changes)."""
+    from tools.mutants.cheap_first import TIMES, cheapest_first, load_times
+    ids = ["tests/test_b.py::x", "tests/test_a.py::y[1]", "tests/test_b.py::z", "tests/test_new.py::n",
+           "tests/test_a.py::y[2]", "tests/test_c.py::w"]
+    order = [ids[i] for i in cheapest_first(ids, {"tests/test_a.py": 3.0, "tests/test_b.py": 0.5,
+                                                  "tests/test_c.py": 1.0})]
+    assert order == ["tests/test_b.py::x", "tests/test_b.py::z", "tests/test_c.py::w", "tests/test_a.py::y[1]",
+                     "tests/test_a.py::y[2]", "tests/test_new.py::n"]
+    assert sorted(order) == sorted(ids) and cheapest_first(ids, {}) == [0, 2, 1, 4, 3, 5]   # files as collected
+    times = load_times(TIMES)           # the shipped measurement names real test files
+    assert times and all((ROOT / f).exists() for f in times), sorted(f for f in times if not (ROOT / f).exists())

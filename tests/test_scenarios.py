@@ -184,3 +184,19 @@ def test_default_plan_covers_every_family_on_shipped_models():
         assert model_dir in SHIPPED
         for inst in scenarios.instantiate(model_dir, _config(model_dir), names):
             assert inst.trace is not None, (model_dir.name, inst.scenario, inst.skip_reason)
+
+
+def test_default_run_qualifies_prefix_caching_and_speculation_through_shipped_traces():
+    """Issue 20.3: the main job's default run also covers the two features that scenarios do not build, with
+    shipped concrete traces whose file says the family it is listed under, on a model they fit."""
+    from tools.qualify import instance_from_file
+    cover = scenarios.plan_coverage()
+    assert set(scenarios.TRACE_FAMILIES) == {"prefix_cache", "speculative"}
+    assert all(cover[f] for f in scenarios.TRACE_FAMILIES), cover
+    listed = {f"{m}:{n}": f for m, f, names in scenarios.DEFAULT_TRACES for n in names}
+    for model_dir, files in scenarios.default_trace_plan():
+        assert model_dir in SHIPPED
+        for path in files:
+            inst = instance_from_file(path, _config(model_dir))
+            assert inst.trace is not None, (path.name, inst.skip_reason)
+            assert listed[f"{model_dir.name}:{path.stem}"] == inst.family, (path.name, inst.family)

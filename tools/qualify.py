@@ -45,11 +45,19 @@ def instance_from_file(path: Path, config) -> scenarios.Instance:
     import oracle
     from oracle.trace import TraceError, check_against_model
     trace = oracle.load_trace(path)
+    family = trace_family(trace)
     try:
         check_against_model(trace, config.vocab_size, config.chunk_size)
     except TraceError as e:
-        return scenarios.Instance(path.stem, "trace file", None, f"does not fit the model: {e}", trace.to_json())
-    return scenarios.Instance(path.stem, "trace file", trace, None, trace.to_json())
+        return scenarios.Instance(path.stem, family, None, f"does not fit the model: {e}", trace.to_json())
+    return scenarios.Instance(path.stem, family, trace, None, trace.to_json())
+
+
+def trace_family(trace) -> str:
+    """A trace file's family: the engine feature it exercises (prefix_cache, speculative), else "trace file"."""
+    if trace.engine.prefix_cache is not None:
+        return "prefix_cache"
+    return "speculative" if trace.engine.speculative is not None else "trace file"
 
 
 def instances_for(model_dir: Path, config, names: list[str] | None, label: str) -> list:
@@ -145,7 +153,8 @@ def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
         return [(args.model or DEFAULT_MODEL, None, list(args.trace))]
     if args.model:
         return [(args.model, args.scenario, None)]
-    return [(Path(m), names, None) for m, names in scenarios.default_plan()]
+    return ([(Path(m), names, None) for m, names in scenarios.default_plan()]
+            + [(m, None, files) for m, files in scenarios.default_trace_plan()])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -97,9 +97,27 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+# The main job also runs the shipped prefix-cache and speculative traces (goldens/traces/<name>.json: concrete
+# traces, not scenarios in units) on an attention-bearing zoo model, so the default run qualifies both features:
+# the checkpoint's Mamba state and K/V, its key, eviction and inert caches; rollback, bonus token, seeded keys.
+DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn")),
+    ("zoo-bamba", "speculative", ("spec_scripted", "spec_ngram", "spec_draft")),
+)
+TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
+
+
 def default_plan() -> list[tuple[Path, list[str] | None]]:
     """The qualify main job's default run: (model folder, scenario names) covering every family at least once."""
     return [(MODELS / m, list(names)) for m, names in DEFAULT_PLAN]
+
+
+def default_trace_plan() -> list[tuple[Path, list[Path]]]:
+    """The main job's shipped trace files: (model folder, trace paths) for the features scenarios do not build."""
+    by_model: dict[str, list[Path]] = {}
+    for m, _family, names in DEFAULT_TRACES:
+        by_model.setdefault(m, []).extend(TRACES / f"{n}.json" for n in names)
+    return [(MODELS / m, files) for m, files in by_model.items()]
 
 
 def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> dict[str, list[str]]:
@@ -108,6 +126,9 @@ def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> di
     for model, names in plan if plan is not None else default_plan():
         for n in _names(names):
             out[SCENARIOS[n][0]].append(f"{Path(model).name}:{n}")
+    if plan is None:                     # the default run's trace files: prefix_cache, speculative
+        for model, family, names in DEFAULT_TRACES:
+            out.setdefault(family, []).extend(f"{model}:{n}" for n in names)
     return out
 
 

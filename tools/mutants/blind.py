@@ -2,7 +2,8 @@
 
 Stage 1 is the qualification main job (`python -m tools.qualify`, its default plan) and then qualify over every
 shipped model's whole scenario corpus (`--model M`); stage 2 is the whole CPU tier (`pytest -x -q -n 2`, default
-markers). Each runs as a subprocess in the mutant's temporary copy of the tree with TRITON_INTERPRET=1, and the
+markers, cheapest test files first: tools/mutants/cheap_first.py). Each runs as a subprocess in the mutant's
+temporary copy of the tree with TRITON_INTERPRET=1, and the
 first stage that FAILS kills the mutant. What is not a kill: a patch that does not compile or import, or whose
 first failure is a NameError/ImportError/SyntaxError raised by the patched code (INVALID); a harness that dies
 without reporting a failed check, or runs past its time limit (CRASH for that stage; the next stage still runs).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -158,7 +160,7 @@ def run_pytest(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> Sta
     """The whole CPU tier in the copy (default markers; not the zoo's own tests, which would recurse)."""
     junit = work / "blind-junit.xml"
     cmd = [sys.executable, "-m", "pytest", *stage.argv, "-p", "no:cacheprovider", "-p", "tools.mutants.no_shrink",
-           "--ignore=tests/test_mutants.py", f"--junitxml={junit}"]
+           "-p", "tools.mutants.cheap_first", "--ignore=tests/test_mutants.py", f"--junitxml={junit}"]
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -183,12 +185,19 @@ def judge(m: Mutant | None, stages: list[Stage], name: str | None = None) -> Bli
     """Judge `m` (None: the unmutated control, which must SURVIVE) by `stages` in order."""
     label = name or (m.name if m is not None else "(control: no mutation)")
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix=f"hq-blind-{label[:40].replace(' ', '_')}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=copy_prefix(label)) as tmp:
         COPIES.add(tmp)
         try:
             return _judge_copy(m, stages, label, Path(tmp), t0)
         finally:
             COPIES.discard(tmp)
+
+
+def copy_prefix(label: str) -> str:
+    """The temporary copy's name prefix: letters, digits, '_', '-' and '.' only. A ':' (os.pathsep) in the path
+    splits every PYTHONPATH entry under the copy, so the control's "(control: no mutation)" once made its qualify
+    --jobs workers miss tests/ (No module named 'broken_engines') and the control CRASHed in sessions 9-10."""
+    return "hq-blind-" + re.sub(r"[^A-Za-z0-9_.-]", "_", label[:40]) + "-"
 
 
 def _judge_copy(m: Mutant | None, stages: list[Stage], label: str, tmp: Path, t0: float) -> BlindOutcome:
