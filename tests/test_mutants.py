@@ -180,3 +180,13 @@ def test_cheap_first_runs_measured_files_by_mean_time_keeping_each_files_tests_t
     assert sorted(order) == sorted(ids) and cheapest_first(ids, {}) == [0, 2, 1, 4, 3, 5]   # files as collected
     times = load_times(TIMES)           # the shipped measurement names real test files
     assert times and all((ROOT / f).exists() for f in times), sorted(f for f in times if not (ROOT / f).exists())
+
+
+def test_blind_gpu_stage_runs_the_gpu_tier_with_compiled_kernels_and_the_cpu_stages_interpreted():
+    """GPU-only mutants are judged blind by the gpu tier: that stage drops TRITON_INTERPRET, the others keep it."""
+    from tools.mutants.blind import default_stages
+    stages = {s.name: s for s in default_stages(("qualify-main", "pytest", "pytest-gpu"), models=[])}
+    assert list(stages) == ["qualify", "pytest", "pytest -m gpu"]
+    gpu = stages["pytest -m gpu"]
+    assert not gpu.interpret and gpu.argv[gpu.argv.index("-m") + 1] == "gpu" and "-x" in gpu.argv
+    assert stages["qualify"].interpret and stages["pytest"].interpret

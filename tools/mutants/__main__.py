@@ -60,9 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--list", action="store_true", help="list the zoo and exit")
     ap.add_argument("--markdown", action="store_true", help="print the zoo as a markdown table and exit")
     ap.add_argument("--blind", action="store_true", help="judge without the named tests (qualify, then CPU tier)")
-    ap.add_argument("--stages", nargs="+", default=["qualify", "pytest"], choices=["qualify", "qualify-main", "pytest"],
+    ap.add_argument("--stages", nargs="+", default=["qualify", "pytest"],
+                    choices=["qualify", "qualify-main", "pytest", "pytest-gpu"],
                     help="blind stages: qualify (main job + every model's corpus), qualify-main (main job only), "
-                         "pytest (the whole CPU tier)")
+                         "pytest (the whole CPU tier), pytest-gpu (the gpu tier, compiled kernels: "
+                         "GPU-only mutants, with --gpu)")
     ap.add_argument("--models", nargs="+", help="blind: shipped models whose corpus qualify runs (default: all)")
     ap.add_argument("--pytest-jobs", type=int, default=2, help="blind: xdist workers of the CPU-tier stage")
     ap.add_argument("--rotate", type=int, metavar="K", help="blind: judge a rotating window of K mutants (CI)")
@@ -94,7 +96,7 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
         print(f"blind: --budget-s {args.budget_s:g}: window of {len(chosen)} mutants, estimated {est:.0f} s wall "
               f"(recorded blind times, else {DEFAULT_MUTANT_S:.0f} s each; the control run is not counted: "
               "--no-control in CI)", flush=True)
-    stages = [s.__class__(s.name, s.kind, s.argv, args.stage_timeout)
+    stages = [s.__class__(s.name, s.kind, s.argv, args.stage_timeout, s.interpret)
               for s in default_stages(tuple(args.stages), args.models, args.pytest_jobs)]
     named = load_results("named")
     day, commit, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit(), time.time()

@@ -37,6 +37,7 @@ class Stage:
     kind: str                               # "qualify" | "pytest"
     argv: tuple[str, ...] = ()
     timeout: int = 3600
+    interpret: bool = True                  # TRITON_INTERPRET=1 (the CPU tier); False: compiled kernels (gpu tier)
 
 
 @dataclass
@@ -76,6 +77,8 @@ def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[
                 for m in (models if models is not None else shipped_models())]
     if "pytest" in which:
         out.append(Stage("pytest", "pytest", ("-x", "-q", "-n", str(jobs))))
+    if "pytest-gpu" in which:            # the gpu tier (needs CUDA): how GPU-only mutants are judged blind
+        out.append(Stage("pytest -m gpu", "pytest", ("-x", "-q", "-m", "gpu", "-p", "no:xdist"), interpret=False))
     return out
 
 
@@ -208,7 +211,8 @@ def _judge_copy(m: Mutant | None, stages: list[Stage], label: str, tmp: Path, t0
         return BlindOutcome(label, e.status, "import" if e.status != STALE else "", e.detail, time.time() - t0)
     results: list[StageResult] = []
     for st in stages:
-        r = (run_qualify if st.kind == "qualify" else run_pytest)(st, tree, env, Path(tmp))
+        st_env = env if st.interpret else {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
+        r = (run_qualify if st.kind == "qualify" else run_pytest)(st, tree, st_env, Path(tmp))
         results.append(r)
         if r.status in ("FAIL", INVALID):
             status = KILLED if r.status == "FAIL" else INVALID
