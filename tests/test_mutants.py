@@ -8,6 +8,7 @@ a harness that dies or hangs without a failed check is a CRASH, and a stage stop
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -190,3 +191,17 @@ def test_blind_gpu_stage_runs_the_gpu_tier_with_compiled_kernels_and_the_cpu_sta
     gpu = stages["pytest -m gpu"]
     assert not gpu.interpret and gpu.argv[gpu.argv.index("-m") + 1] == "gpu" and "-x" in gpu.argv
     assert stages["qualify"].interpret and stages["pytest"].interpret
+
+
+def test_blind_report_counts_only_recorded_kills_and_names_each_verdicts_commit(tmp_path, monkeypatch, capsys):
+    """--blind --report adds up runs made at several commits; a mutant with no recorded verdict is UNJUDGED, which
+    is not a kill, so the rate is below 100% and the exit code says so."""
+    import tools.mutants.__main__ as cli
+    monkeypatch.setattr(cli, "RESULTS", tmp_path)
+    a, b = MUTANTS[0].name, MUTANTS[1].name
+    (tmp_path / "blind.json").write_text(json.dumps({a: {"status": "KILLED", "stage": "qualify", "seconds": 50,
+                                                         "commit": "abc1234", "date": "2026-12-02 18:00 UTC"}}))
+    assert cli.main(["--blind", "--report", "--only", a, b]) == 1
+    out = capsys.readouterr().out
+    assert "recorded blind kill rate: 1/2 = 50%" in out and "UNJUDGED" in out and "abc1234" in out, out
+    assert cli.main(["--blind", "--report", "--only", a]) == 0

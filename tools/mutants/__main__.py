@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                    "fits S seconds (without --rotate), and start none after S "
                                                    "seconds (the rest SKIPPED)")
     ap.add_argument("--stage-timeout", type=int, default=3600, help="blind: seconds per stage before it is a CRASH")
+    ap.add_argument("--report", action="store_true",
+                    help="blind: judge nothing; print the recorded blind verdict of every chosen mutant "
+                         "(out/mutants/blind.json: status, stage, time, commit, date) and the kill rate over them")
     ap.add_argument("--no-control", action="store_true",
                     help="blind: skip the unmutated control run (which must survive every stage)")
     return ap.parse_args(argv)
@@ -150,6 +153,25 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
     return 0 if judged and killed == len(judged) else 1
 
 
+def report_blind(chosen: list) -> int:
+    """--blind --report: the recorded blind verdicts of `chosen` in zoo order, each with the commit and date it was
+    judged at (runs at several commits add up here; a mutant never judged is UNJUDGED and not a kill)."""
+    rec = load_results("blind")
+    print(f"{'mutant':40s} {'blind':9s} {'time':>6s} {'commit':8s} {'date (UTC)':17s} stage: detail")
+    counts: dict[str, int] = {}
+    for m in chosen:
+        r = rec.get(m.name, {})
+        st = r.get("status", "UNJUDGED")
+        counts[st] = counts.get(st, 0) + 1
+        print(f"{m.name:40s} {st:9s} {r.get('seconds', 0):5.0f}s {r.get('commit', '-'):8s} {r.get('date', '-'):17s} "
+              f"{r.get('stage') or '-'}: {str(r.get('detail', ''))[:120]}")
+    killed = counts.get("KILLED", 0)
+    commits = sorted({rec[m.name].get("commit", "?") for m in chosen if m.name in rec})
+    print(f"recorded blind kill rate: {killed}/{len(chosen)} = {100 * killed / max(1, len(chosen)):.0f}% | "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" | judged at commits {', '.join(commits)}")
+    return 0 if chosen and killed == len(chosen) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = {m.name for m in MUTANTS}
@@ -172,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in MUTANTS:
             print(f"{m.name:34s} {m.bug_class:22s} {'gpu ' if m.gpu_only else ''}{m.story}")
         return 0
+    if args.blind and args.report:
+        return report_blind(chosen)
     if args.blind:
         return run_blind(args, chosen)
     print(f"{'mutant':34s} {'class':22s} {'status':9s} {'time':>6s}  killed by")
