@@ -135,9 +135,11 @@ def parse_speculative(obj: Any, path: str = PATH) -> SpecConfig:
 
 
 def model_path(spec: SpecConfig) -> Path:
-    """The draft model folder: an absolute path, or relative to the working directory, else to the checkout root."""
+    """The draft model folder: an absolute path, or relative to the working directory, else to the checkout root;
+    a shipped `goldens/...` path also where an installed wheel keeps goldens/ (hybridqual/data/)."""
     p = Path(spec.proposer.model)
-    for cand in ((p,) if p.is_absolute() else (p, ROOT / p)):
+    shipped = (ROOT / "hybridqual" / "data" / Path(*p.parts[1:]),) if p.parts[:1] == ("goldens",) else ()
+    for cand in ((p,) if p.is_absolute() else (p, ROOT / p, *shipped)):
         if (cand / "config.json").exists():
             return cand
     raise TraceError(f"{PATH}.proposer.model", f"no HF model folder (config.json) at {spec.proposer.model!r}")

@@ -144,6 +144,17 @@ def test_console_script_qualifies_the_shipped_model(venv, work):
     assert f"{venv.resolve()}/lib/" in json.dumps(report) and "tiny-sort" in json.dumps(report)   # the installed model
 
 
+def test_console_script_qualifies_a_shipped_draft_model_trace_outside_the_checkout(venv, work):
+    """spec_draft (in the main job's default run) names its draft model `goldens/models/zoo-mamba2`: installed, that
+    is the package data, found from a working directory that is not a checkout."""
+    data = Path(installed_paths(venv, work)["goldens"])
+    p = sh(["hybridqual", "qualify", "--model", data / "models" / "zoo-bamba", "--trace",
+            data / "traces" / "spec_draft.json", "--mode", "legacy", "--out", "out-spec"], cwd=work[0], env=work[1])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads((work[0] / "out-spec" / "report.json").read_text())
+    assert report["failed"] == 0 and report["passed"] > 0, report
+
+
 def test_installed_goldens_are_what_the_oracle_produces(venv, work):
     p = sh(["hybridqual", "goldens", "regen", "--check", "--model", "zoo-mamba2", "--trace", "async_drain"],
            cwd=work[0], env=work[1])

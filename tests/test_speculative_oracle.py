@@ -223,3 +223,23 @@ def test_bad_speculative_config_names_the_field(bamba, spec, field):
     with pytest.raises(TraceError) as e:
         run_trace(bamba, parse_trace(t))
     assert e.value.field == field, str(e.value)
+
+
+def test_shipped_draft_model_path_resolves_in_an_installed_wheel_layout(tmp_path, monkeypatch):
+    """spec_draft names its draft `goldens/models/zoo-mamba2`; installed, goldens/ is hybridqual/data/, so the main
+    job's default run of the shipped speculative traces finds it there from any working directory."""
+    import oracle.speculative as sp
+    site = tmp_path / "site"
+    (site / "hybridqual" / "data" / "models" / "d").mkdir(parents=True)
+    (site / "hybridqual" / "data" / "models" / "d" / "config.json").write_text("{}")
+    monkeypatch.setattr(sp, "ROOT", site)
+    monkeypatch.chdir(tmp_path)
+    class P:
+        model = "goldens/models/d"
+
+    class S:
+        proposer = P()
+    assert sp.model_path(S()) == site / "hybridqual" / "data" / "models" / "d"
+    P.model = "goldens/models/missing"
+    with pytest.raises(TraceError, match="no HF model folder"):
+        sp.model_path(S())
