@@ -194,6 +194,9 @@ def test_default_run_qualifies_prefix_caching_and_speculation_through_shipped_tr
     assert set(scenarios.TRACE_FAMILIES) == {"prefix_cache", "speculative"}
     assert all(cover[f] for f in scenarios.TRACE_FAMILIES), cover
     listed = {f"{m}:{n}": f for m, f, names in scenarios.DEFAULT_TRACES for n in names}
+    plan = scenarios.main_job_plan()          # every scenario entry and every trace file, each once
+    assert [(m, n) for m, n, f in plan if f is None] == scenarios.default_plan()
+    assert [(m, f) for m, n, f in plan if f is not None] == scenarios.default_trace_plan()
     for model_dir, files in scenarios.default_trace_plan():
         assert model_dir in SHIPPED
         for path in files:

@@ -153,8 +153,7 @@ def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
         return [(args.model or DEFAULT_MODEL, None, list(args.trace))]
     if args.model:
         return [(args.model, args.scenario, None)]
-    return ([(Path(m), names, None) for m, names in scenarios.default_plan()]
-            + [(m, None, files) for m, files in scenarios.default_trace_plan()])
+    return scenarios.main_job_plan()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

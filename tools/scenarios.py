@@ -120,6 +120,14 @@ def default_trace_plan() -> list[tuple[Path, list[Path]]]:
     return [(MODELS / m, files) for m, files in by_model.items()]
 
 
+def main_job_plan() -> list[tuple[Path, list[str] | None, list[Path] | None]]:
+    """The main job's default run, in its order: (model, scenario names, trace files). The trained model's short
+    task first, then the prefix-cache and speculative trace files, then the zoo's scenarios: under --fail-fast a
+    broken engine stops at the first few instances (the blind judge's cost per mutant)."""
+    scen = [(m, names, None) for m, names in default_plan()]
+    return scen[:1] + [(m, None, files) for m, files in default_trace_plan()] + scen[1:]
+
+
 def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> dict[str, list[str]]:
     """family -> the 'model:scenario' entries of a plan that cover it (what the main job says it covered)."""
     out: dict[str, list[str]] = {f: [] for f in FAMILIES}
