@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.mutants.blind import (CRASH, copy_prefix, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
-                                 judge, rotation, run_qualify)
+from tools.mutants.blind import (CRASH, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
+                                 copy_prefix, judge, rotation, run_qualify)
 from tools.mutants.runner import ROOT, Mutant, classify, run_one, stale_hunks
 from tools.mutants.zoo import MUTANTS, QUICK
 

@@ -234,6 +234,7 @@ def test_shipped_draft_model_path_resolves_in_an_installed_wheel_layout(tmp_path
     (site / "hybridqual" / "data" / "models" / "d" / "config.json").write_text("{}")
     monkeypatch.setattr(sp, "ROOT", site)
     monkeypatch.chdir(tmp_path)
+
     class P:
         model = "goldens/models/d"
 

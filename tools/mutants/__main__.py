@@ -10,6 +10,7 @@ are kept in out/mutants/{named,blind}.json so each table can show the other's ve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -99,7 +100,7 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
         print(f"blind: --budget-s {args.budget_s:g}: window of {len(chosen)} mutants, estimated {est:.0f} s wall "
               f"(recorded blind times, else {DEFAULT_MUTANT_S:.0f} s each; the control run is not counted: "
               "--no-control in CI)", flush=True)
-    stages = [s.__class__(s.name, s.kind, s.argv, args.stage_timeout, s.interpret)
+    stages = [dataclasses.replace(s, timeout=args.stage_timeout)
               for s in default_stages(tuple(args.stages), args.models, args.pytest_jobs)]
     named = load_results("named")
     day, commit, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit(), time.time()
