@@ -66,7 +66,7 @@ class Scheduler:
         cfg = model.config
         trace = check_against_model(trace, cfg.vocab_size, cfg.chunk_size)       # normalised: ints, tuples
         self.model, self.trace, self.mode = model, trace, mode
-        # Replay hook (tools.qualify): request id -> its output tokens, taken instead of sampling while they last,
+        # Replay hook (hybridqual.qualify): request id -> its output tokens, taken instead of sampling while they last,
         # so the log is this policy's schedule for another engine's (tie-accepted) outputs.
         self.forced = forced_tokens or {}
         self.chunk_size = cfg.chunk_size

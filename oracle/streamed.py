@@ -139,7 +139,7 @@ class StreamedOracle:
 
     def prefetch(self, requests: Sequence[Request]) -> None:
         """Score every request in one pass and keep each sequence's logits, so the teacher_forced_logits calls
-        that follow (one per request in tools.compare) do not each read the whole model again."""
+        that follow (one per request in hybridqual.qualify.compare) do not each read the whole model again."""
         seqs = [tuple(_check_ids(self.config, list(p) + list(t), f"requests[{r}]")) for r, (p, t) in
                 enumerate(requests)]
         todo = sorted({s for s in seqs if s not in self._cache})
@@ -151,7 +151,7 @@ class StreamedOracle:
         self._cache.clear()
 
     def teacher_forced_logits(self, prompt: Sequence[int], tokens: Sequence[int]) -> Tensor:
-        """[len(tokens), vocab]: the rows that predicted each of `tokens` (tools.compare.teacher_forced_logits'
+        """[len(tokens), vocab]: the rows that predicted each of `tokens` (hybridqual.qualify.compare.teacher_forced_logits'
         contract, computed in one chunked pass instead of prefill + decode; from prefetch() when it has them:
         the same bits, as a sequence's logits do not depend on where prompt and tokens are split)."""
         seq = tuple(list(prompt) + list(tokens))
@@ -169,7 +169,7 @@ class TokenScores:
     logits: Tensor            # [len(tokens) + 1, vocab] fp64
     top1: list[int]           # argmax of each row (lowest index on ties), len(tokens) + 1
     top2: list[int]           # runner-up of each row
-    margins: list[float]      # top-1 minus top-2 logit of each row (tools.compare.top2_margin)
+    margins: list[float]      # top-1 minus top-2 logit of each row (hybridqual.qualify.compare.top2_margin)
     gaps: list[float]         # per token: logit[top1] - logit[token] (0 when the token is the argmax)
 
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Install Megatron-Core's dynamic inference engine next to hybridqual, for `tools.megatron:MegatronAdapter`.
+# Install Megatron-Core's dynamic inference engine next to hybridqual, for `hybridqual.adapters.megatron:MegatronAdapter`.
 #
 #   bash scripts/install-megatron.sh                # CPU machine: venv .venv-megatron/ (Python 3.12), idempotent
 #   bash scripts/install-megatron.sh --fetch-wheels # also fill .whl/ with what the GPU image lacks (no internet there)
 #
 # What it installs (docs/megatron.md): torch==2.13.0 (the registry's build; its CUDA libraries come along and are
 # not used on CPU), megatron-core==$MEGATRON_VERSION (needs Python >= 3.12), einops, the Triton-only pieces of
-# mamba_ssm and causal_conv1d built into wheels from their sdists by tools/megatron/vendor.py (no CUDA build),
+# mamba_ssm and causal_conv1d built into wheels from their sdists by tools/adapters/megatron/vendor.py (no CUDA build),
 # pytest + hypothesis, and this checkout editable. flash-attn is not installable here: the adapter supplies a
-# stand-in (tools/megatron/flash_attn_standin.py) for the attention kernel only, and every report says so.
+# stand-in (tools/adapters/megatron/flash_attn_standin.py) for the attention kernel only, and every report says so.
 # The GPU image (Python 3.12, torch 2.11, triton 3.6) takes .whl/*.whl with
-#   pip install --no-index --no-deps --target /tmp/site .whl/*.whl      (tools/gpu_run.d/megatron.sh does it)
+#   pip install --no-index --no-deps --target /tmp/site .whl/*.whl      (tools/bench/gpu_run.d/megatron.sh does it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -47,7 +47,7 @@ vendor_wheels() {               # the two Triton-only wheels, built once from th
     [ -f "$SD/mamba_ssm-$MAMBA_VERSION.tar.gz" ] && [ -f "$SD/causal_conv1d-$CONV_VERSION.tar.gz" ] || \
       MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE "$1" -m pip download -q --no-deps \
         --no-binary :all: --no-build-isolation -d "$SD" "mamba-ssm==$MAMBA_VERSION" "causal-conv1d==$CONV_VERSION"
-    (cd "$SD" && PYTHONPATH="$ROOT" "$1" -m tools.megatron.vendor "$SD" "$SD" >/dev/null)
+    (cd "$SD" && PYTHONPATH="$ROOT" "$1" -m hybridqual.adapters.megatron.vendor "$SD" "$SD" >/dev/null)
   fi
 }
 
@@ -70,7 +70,7 @@ have "mamba-ssm==$MAMBA_VERSION" "causal-conv1d==$CONV_VERSION" || \
   "${PIP[@]}" --no-deps --force-reinstall "$SD/mamba_ssm-$MAMBA_VERSION-py3-none-any.whl" \
     "$SD/causal_conv1d-$CONV_VERSION-py3-none-any.whl"
 "$PY" -c 'import hybridqual' 2>/dev/null || "${PIP[@]}" --no-deps -e "$ROOT"
-TRITON_INTERPRET=1 "$PY" -c 'import tools.megatron as m; m.check_install()'
+TRITON_INTERPRET=1 "$PY" -c 'import hybridqual.adapters.megatron as m; m.check_install()'
 echo "install-megatron.sh: $VENV ready in $((SECONDS - t0)) s (python $("$PY" -c 'import platform; print(platform.python_version())'))"
 
 if [ "$FETCH" = 1 ]; then      # what the GPU image lacks, for `pip install --no-index --no-deps --target /tmp/site`

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
 export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
-exec python3 -m tools.qualify "$@"
+exec python3 -m hybridqual.qualify "$@"

@@ -13,7 +13,7 @@ rc=$?
 set -e
 if [ $rc -eq 0 ]; then
   # Every shipped golden must still be exactly what the oracle produces (DESIGN §6).
-  python3 -m tools.goldens regen --check || rc=$?
+  python3 -m hybridqual.goldens regen --check || rc=$?
 fi
 if [ $rc -eq 0 ]; then
   python3 -m pytest -p no:xdist -q -m wheel tests/test_packaging_wheel.py || rc=$?

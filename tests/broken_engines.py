@@ -6,7 +6,7 @@ import time
 import torch
 
 from fastpath.engine.rows import compaction_moves
-from tools.adapters import Adapter, Capabilities, OracleAdapter, RunResult
+from hybridqual.adapters import Adapter, Capabilities, OracleAdapter, RunResult
 
 
 def compact_without_moving_slots(self):
@@ -23,7 +23,7 @@ def compact_without_moving_slots(self):
 
 
 class CacheReportingEngine(Adapter):
-    """An 'external' engine behind the adapter protocol (tools/adapters.py) that reports its prefix-cache facts in
+    """An 'external' engine behind the adapter protocol (tools/adapters/__init__.py) that reports its prefix-cache facts in
     RunResult.prefix_cache's JSON form, as an engine outside hybridqual would from its own counters. The fast path
     on the torch stand-ins does the work; subclasses break the cache (`inert`) or stay silent (`report = False`)."""
     inert = False       # the cache is never consulted: every admission misses (tokens still right)

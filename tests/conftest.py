@@ -25,7 +25,7 @@ def pytest_addoption(parser, pluginmanager):
     """The harness plugin (--hq-model, --hq-trace, hq_case) normally comes from the install's `pytest11` entry
     point; a checkout used through PYTHONPATH without `pip install` (the GPU machine) registers it from source."""
     if not pluginmanager.has_plugin("hybridqual"):
-        from tools import pytest_hq
+        from hybridqual import pytest_hq
         pluginmanager.register(pytest_hq, "hybridqual")
 
 

@@ -3,9 +3,10 @@ import pytest
 import torch
 
 import oracle
-from tools import adapters, goldens
-from tools.compare import TAU
-from tools.qualify import check_trace
+from hybridqual import adapters
+from hybridqual.goldens import regen as goldens
+from hybridqual.qualify.compare import TAU
+from hybridqual.qualify.runner import check_trace
 
 
 class NaiveEngine(adapters.Adapter):
@@ -49,7 +50,7 @@ def test_user_adapter_qualifies_against_goldens():
 def test_resolve_names_bad_engine_specs():
 
     for spec, words in [("nosuch", "expected one of"), ("os.path:nothing", "cannot load"),
-                        ("tools.goldens:regen", "not a subclass")]:
+                        ("hybridqual.goldens:regen", "not a subclass")]:
         with pytest.raises(ValueError, match=words):
             adapters.resolve(spec)
 
@@ -77,8 +78,8 @@ def test_hf_adapters_keep_prompt_token_zero_and_skip_what_they_cannot_do(engine)
     the oracle; async, the schedule log and logits are SKIPs with reasons, never a run compared with itself."""
     pytest.importorskip("transformers")
     from oracle.trace import parse_trace
-    from tools.qualify_checks import check_instance
-    from tools.scenarios import Instance
+    from hybridqual.qualify.checks import check_instance
+    from hybridqual.scenarios.plan import Instance
     model = goldens.MODELS / "zoo-bamba"
     tr = parse_trace(ZEROS)
     checks = {c.name.split(" (")[0]: c for c in check_instance(adapters.resolve(engine), model,

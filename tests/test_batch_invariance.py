@@ -52,7 +52,7 @@ def checkpoint():
 
 
 def _solo(trace: Trace, req) -> Trace:
-    from tools.spec_checks import for_requests      # scripted speculative proposals of this request only
+    from hybridqual.qualify.spec_checks import for_requests      # scripted speculative proposals of this request only
     return Trace(for_requests(trace.engine, {req.id}),
                  (type(req)(req.id, 0, req.prompt, req.max_new_tokens, req.stop_token_ids, req.sampling),))
 

@@ -1,11 +1,11 @@
-"""tools/bench_spec.py's CPU smoke mode: every row of the GPU benchmark (baseline, ngram, upper bound, last draft
+"""tools/bench/spec.py's CPU smoke mode: every row of the GPU benchmark (baseline, ngram, upper bound, last draft
 wrong under both rollbacks, draft) runs through the same code on a tiny zoo model with the torch stand-ins, so a GPU
 visit cannot die on a typo."""
 from __future__ import annotations
 
 import json
 
-from tools.bench_spec import main, upper_bound_spec
+from hybridqual.bench.spec import main, upper_bound_spec
 
 
 def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everything(capsys, tmp_path):

@@ -1,7 +1,7 @@
-"""The tie-aware comparison rules of DESIGN §5 (tools/compare.py) on a model whose ties are placed by design."""
+"""The tie-aware comparison rules of DESIGN §5 (tools/qualify/compare.py) on a model whose ties are placed by design."""
 import torch
 
-from tools.compare import compare_bitwise, compare_tie_aware
+from hybridqual.qualify.compare import compare_bitwise, compare_tie_aware
 
 V, NEAR = 8, 1e-4
 
@@ -121,7 +121,7 @@ def test_forgiven_ties_carry_count_eligible_positions_and_smallest_margin():
 
 
 def test_tie_bound_allows_rounding_flips_but_not_a_runner_up_bias():
-    from tools.compare import MEASURED_ERR, TAU, tie_bound
+    from hybridqual.qualify.compare import MEASURED_ERR, TAU, tie_bound
     fp32, bf16 = torch.float32, torch.bfloat16
     assert tie_bound(0, fp32, TAU[fp32]) == 1                       # one flip is always plausible
     assert tie_bound(100, fp32, TAU[fp32]) < 10                     # p = 2E/τ ≈ 0.023
@@ -130,7 +130,7 @@ def test_tie_bound_allows_rounding_flips_but_not_a_runner_up_bias():
 
 
 def test_logits_check_fails_a_monotone_rescale_that_keeps_every_argmax():
-    from tools.compare import LOGITS_C, compare_logits
+    from hybridqual.qualify.compare import LOGITS_C, compare_logits
     g = torch.Generator().manual_seed(0)
     want = torch.randn(12, 96, generator=g, dtype=torch.float64) * 3
     noise = (torch.rand(12, 96, generator=g, dtype=torch.float64) - 0.5) * 2e-5   # fp32-sized rounding
@@ -146,7 +146,7 @@ def test_logits_check_fails_a_monotone_rescale_that_keeps_every_argmax():
 def test_mismatch_and_logits_verdict_report_the_rank_of_the_candidates_token_in_the_oracle_row():
     """The rank (logits strictly above the candidate's token) is what the top-k part of the near-tie rule bounds;
     both verdicts carry it so a run at size records the distribution a rank rule would be measured from."""
-    from tools.compare import Verdict, _judge, compare_logits
+    from hybridqual.qualify.compare import Verdict, _judge, compare_logits
     row = torch.tensor([5.0, 4.9, 4.8, 4.7, 4.6, 4.5, 4.4, 0.0], dtype=torch.float64)
     mm = _judge("r", row, tok=6, pos=0, tau=1.0, verdict=Verdict("r", True, 0))
     assert (mm.oracle_rank, mm.near_tie) == (6, False)        # gap 0.6 <= τ but rank 6 is outside the top 5
@@ -164,7 +164,7 @@ def test_rank_bound_follows_the_dtype_a_bf16_flip_deep_in_a_flat_row_is_a_tie_a_
     k = 5. Below the bound and within τ: a near tie; past the bound: a failure even within τ."""
     import torch as t
 
-    from tools.compare import TAU, Verdict, _judge, top_k_for
+    from hybridqual.qualify.compare import TAU, Verdict, _judge, top_k_for
     row = t.linspace(5.0, 4.0, 40, dtype=t.float64)             # 40 tokens within 1.0 < τ(bf16) of the top
     k16, k32 = top_k_for(t.bfloat16), top_k_for(t.float32)
     assert k32 == 5 and k16 > 9

@@ -30,7 +30,7 @@ def models():
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_bf16_engine_async_equals_legacy_and_tracks_oracle(models, path, graphs):
     from fastpath import Engine
-    from tools.compare import TAU, compare_tie_aware
+    from hybridqual.qualify.compare import TAU, compare_tie_aware
     oracle_model, fast = models
     trace = load_trace(path)
     eng = Engine(fast, trace.engine, max_len=96, graphs=graphs)

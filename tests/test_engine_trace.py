@@ -110,7 +110,7 @@ TRITON_WORK = 400   # prompt + new tokens of a trace run on the Triton interpret
 
 
 def _assert_near_ties(oracle_model, trace: Trace, got: dict, want: dict) -> None:
-    from tools.compare import TAU, compare_tie_aware
+    from hybridqual.qualify.compare import TAU, compare_tie_aware
     for req in trace.requests:
         if got[req.id] == want[req.id]:
             continue

@@ -3,7 +3,7 @@ import json
 import shutil
 
 
-from tools import goldens
+from hybridqual.goldens import regen as goldens
 
 
 def test_goldens_regenerate_identically_from_the_oracle(capsys):

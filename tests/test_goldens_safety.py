@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tools import goldens
+from hybridqual.goldens import regen as goldens
 
 MODEL = "zoo-mamba2"          # the smallest shipped model
 FAST_TRACE = "async_drain"    # its cheapest trace for the oracle (a few seconds)

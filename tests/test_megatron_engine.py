@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.megatron import available
+from hybridqual.adapters.megatron import available
 
 pytestmark = [pytest.mark.megatron,
               pytest.mark.skipif(available() is not None, reason=f"megatron-core not importable: {available()}")]
@@ -40,8 +40,8 @@ def _write(tmp_path: Path, trace: dict) -> Path:
 
 def _qualify(trace_path: Path, engine: str, out: Path, env: dict | None = None, modes=("legacy", "async"),
              model: Path = MODEL, device: str = "cpu") -> dict:
-    """python -m tools.qualify in a subprocess (a fresh process per Megatron set-up); returns report.json."""
-    cmd = [sys.executable, "-m", "tools.qualify", "--engine", engine, "--model", str(model), "--trace",
+    """python -m hybridqual.qualify in a subprocess (a fresh process per Megatron set-up); returns report.json."""
+    cmd = [sys.executable, "-m", "hybridqual.qualify", "--engine", engine, "--model", str(model), "--trace",
            str(trace_path), "--mode", *modes, "--out", str(out), "--quiet", "--device", device]
     run_env = dict(os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {}), **(env or {}))
     if device != "cpu":
@@ -128,7 +128,7 @@ def test_hybrid_prefix_caching_hits_and_keeps_the_oracle_tokens():
     with r0) starts computing at position 8, restored from the cache, and every request keeps the golden tokens
     (the truth: each request alone, no cache). The three prefix traces pass qualify too (docs/megatron.md)."""
     from oracle.trace import load_trace
-    from tools.megatron.adapter import MegatronPrefixAdapter
+    from hybridqual.adapters.megatron.adapter import MegatronPrefixAdapter
     trace = load_trace(ROOT / "goldens" / "traces" / "prefix_shared_system.json")
     adapter = MegatronPrefixAdapter(MODEL, trace, "legacy", "cpu")
     result = adapter.run_trace()

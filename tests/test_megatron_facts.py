@@ -1,4 +1,4 @@
-"""Megatron's schedule facts check (tools/megatron/schedule_facts.py) on facts shaped as the adapter records them
+"""Megatron's schedule facts check (tools/adapters/megatron/schedule_facts.py) on facts shaped as the adapter records them
 (default tier: pure Python, no Megatron). The facts below are the ones Megatron 0.19.2 produced on the compaction
 trace of test_megatron_engine (zoo-bamba, legacy); the engine-tier run checks the live ones."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 from oracle.trace import parse_trace
-from tools.megatron.schedule_facts import problems, summary
+from hybridqual.adapters.megatron.schedule_facts import problems, summary
 
 TRACE = parse_trace({"schema": "hybridqual.trace/1", "description": "compaction",
                      "engine": {"max_requests": 3, "max_tokens_per_step": 64, "mode": "legacy", "prefill_chunk": 64},
@@ -71,8 +71,8 @@ def test_megatron_graphs_refuses_cpu_by_capability_with_the_reason():
     """megatron-graphs on CPU: no mode is declared, so every run is a SKIP naming why (no CUDA device)."""
     import pytest
     import torch
-    from tools.megatron.adapter import MegatronGraphsAdapter
-    from tools.megatron.mapping import UnsupportedConfig
+    from hybridqual.adapters.megatron.adapter import MegatronGraphsAdapter
+    from hybridqual.adapters.megatron.mapping import UnsupportedConfig
     caps = MegatronGraphsAdapter.capabilities("cpu")
     assert caps.modes == () and "no CUDA device" in caps.why_not("legacy", "")
     if torch.cuda.is_available():

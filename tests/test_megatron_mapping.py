@@ -11,7 +11,7 @@ import torch
 import oracle
 from oracle.checkpoint import load_checkpoint
 from oracle import zoo
-from tools.megatron import available, mapping
+from hybridqual.adapters.megatron import available, mapping
 
 MODELS = Path(__file__).resolve().parents[1] / "goldens" / "models"
 MAPPABLE = ["tiny-sort", "zoo-bamba", "zoo-mamba2"]
@@ -62,7 +62,7 @@ def test_eps_and_dt_clamp_refused_only_when_they_differ():
 @needs_megatron
 @pytest.mark.parametrize("name", MAPPABLE)
 def test_static_logits_equal_the_oracle_in_fp32(name):
-    from tools.megatron.runtime import build_model
+    from hybridqual.adapters.megatron.runtime import build_model
     model, cfg = build_model(MODELS / name)
     toks = [(7 * i + 3) % cfg.vocab_size for i in range(21)]        # 21 > 2 SSD chunks of 8
     with torch.no_grad():

@@ -2,7 +2,7 @@
 
 Every mutant's patch must still apply exactly once to the current tree (cheap; catches a stale zoo after a
 refactor), the runner must tell assertion kills from crashes, and every QUICK mutant must be KILLED by an
-assertion of the suite when applied to a temporary copy (the full zoo: `python -m tools.mutants --jobs 2`).
+assertion of the suite when applied to a temporary copy (the full zoo: `python -m hybridqual.mutants --jobs 2`).
 The blind judge (issue 20) must count only a failed check as a kill: a patch that does not import is INVALID,
 a harness that dies or hangs without a failed check is a CRASH, and a stage stops at its first FAIL.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.mutants.blind import (CRASH, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
+from hybridqual.mutants.blind import (CRASH, DEFAULT_MUTANT_S, INVALID, KILLED, SURVIVED, Stage, budget_window,
                                  copy_prefix, judge, rotation, run_qualify)
-from tools.mutants.runner import ROOT, Mutant, classify, run_one, stale_hunks
-from tools.mutants.zoo import MUTANTS, QUICK
+from hybridqual.mutants.runner import ROOT, Mutant, classify, run_one, stale_hunks
+from hybridqual.mutants.zoo import MUTANTS, QUICK
 
 
 def test_zoo_is_large_named_and_every_patch_applies_exactly_once():
@@ -70,7 +70,7 @@ def test_quick_mutants_are_killed_by_assertions():
     assert not bad, "mutants not killed: " + "; ".join(bad)
 
 
-# A stand-in for `python -m tools.qualify` (report.json as the real one writes it), so the blind judge's reading of
+# A stand-in for `python -m hybridqual.qualify` (report.json as the real one writes it), so the blind judge's reading of
 # qualify is tested in a second, not in the minutes a real main job takes.
 FAKE_QUALIFY = """
 import json, os, sys, time
@@ -96,10 +96,11 @@ time.sleep(600)                         # the judge must stop us at the first FA
 
 @pytest.fixture
 def fake_tree(tmp_path):
-    tree = tmp_path / "tree"
-    (tree / "tools").mkdir(parents=True)
-    (tree / "tools" / "__init__.py").write_text("")
-    (tree / "tools" / "qualify.py").write_text(FAKE_QUALIFY)
+    tree = tmp_path / "tree"          # `python -m hybridqual.qualify` in it runs FAKE_QUALIFY
+    (tree / "hybridqual" / "qualify").mkdir(parents=True)
+    (tree / "hybridqual" / "__init__.py").write_text("")
+    (tree / "hybridqual" / "qualify" / "__init__.py").write_text("")
+    (tree / "hybridqual" / "qualify" / "__main__.py").write_text(FAKE_QUALIFY)
     return tree
 
 
@@ -171,7 +172,7 @@ def test_blind_copies_have_no_path_separator_so_pythonpath_entries_under_them_st
 def test_cheap_first_runs_measured_files_by_mean_time_keeping_each_files_tests_together():
     """The blind CPU-tier order: cheapest measured file first, unmeasured files after, a file's tests contiguous
     and in collected order (the same set of tests: only the order changes)."""
-    from tools.mutants.cheap_first import TIMES, cheapest_first, load_times
+    from hybridqual.mutants.cheap_first import TIMES, cheapest_first, load_times
     ids = ["tests/test_b.py::x", "tests/test_a.py::y[1]", "tests/test_b.py::z", "tests/test_new.py::n",
            "tests/test_a.py::y[2]", "tests/test_c.py::w"]
     order = [ids[i] for i in cheapest_first(ids, {"tests/test_a.py": 3.0, "tests/test_b.py": 0.5,
@@ -185,7 +186,7 @@ def test_cheap_first_runs_measured_files_by_mean_time_keeping_each_files_tests_t
 
 def test_blind_gpu_stage_runs_the_gpu_tier_with_compiled_kernels_and_the_cpu_stages_interpreted():
     """GPU-only mutants are judged blind by the gpu tier: that stage drops TRITON_INTERPRET, the others keep it."""
-    from tools.mutants.blind import default_stages
+    from hybridqual.mutants.blind import default_stages
     stages = {s.name: s for s in default_stages(("qualify-main", "pytest", "pytest-gpu"), models=[])}
     assert list(stages) == ["qualify", "pytest", "pytest -m gpu"]
     gpu = stages["pytest -m gpu"]
@@ -196,7 +197,7 @@ def test_blind_gpu_stage_runs_the_gpu_tier_with_compiled_kernels_and_the_cpu_sta
 def test_blind_report_counts_only_recorded_kills_and_names_each_verdicts_commit(tmp_path, monkeypatch, capsys):
     """--blind --report adds up runs made at several commits; a mutant with no recorded verdict is UNJUDGED, which
     is not a kill, so the rate is below 100% and the exit code says so."""
-    import tools.mutants.__main__ as cli
+    import hybridqual.mutants.__main__ as cli
     monkeypatch.setattr(cli, "RESULTS", tmp_path)
     a, b = MUTANTS[0].name, MUTANTS[1].name
     (tmp_path / "blind.json").write_text(json.dumps({a: {"status": "KILLED", "stage": "qualify", "seconds": 50,

@@ -13,7 +13,7 @@ import oracle
 from oracle.checkpoint import CheckpointError, hf_part_of, normalised_names
 from oracle.streamed import StreamedOracle, fits_in_memory, in_memory_bytes, score_tokens, token_scores
 from oracle.zoo import VARIANTS
-from tools.compare import teacher_forced_logits, top2_margin
+from hybridqual.qualify.compare import teacher_forced_logits, top2_margin
 
 TINY_SORT = os.path.join(os.path.dirname(__file__), "..", "goldens", "models", "tiny-sort")
 
@@ -48,7 +48,7 @@ def test_streamed_equals_in_memory_bitwise_on_tiny_sort():
 
 def test_streamed_equals_in_memory_on_a_sharded_bf16_anchor_variant(tmp_path):
     """tools/anchor.py's small variant (Bamba layout, chunk 256, bf16 shards): streamed == in-memory bitwise."""
-    from tools.anchor import anchor_config, write_anchor
+    from hybridqual.anchor import anchor_config, write_anchor
     cfg = anchor_config(scale=16, layers=8)
     assert cfg.chunk_size == 256 and cfg.attention_layer_ids == (7,) and cfg.mamba_d_state == 128
     info = write_anchor(os.fspath(tmp_path / "a"), cfg, seed=3, layers_per_shard=3)
@@ -58,8 +58,8 @@ def test_streamed_equals_in_memory_on_a_sharded_bf16_anchor_variant(tmp_path):
 
 
 def test_anchor_tool_refuses_to_overwrite_and_rejects_a_scale_that_does_not_divide(tmp_path, capsys):
-    """`tools.anchor write` into an existing folder needs --force; --scale must divide every width; `score` runs."""
-    from tools.anchor import anchor_config, main
+    """`hybridqual.anchor write` into an existing folder needs --force; --scale must divide every width; `score` runs."""
+    from hybridqual.anchor import anchor_config, main
     out = os.fspath(tmp_path / "a")
     assert main(["write", out, "--scale", "16", "--layers", "2"]) == 0
     assert main(["write", out, "--scale", "16", "--layers", "2"]) == 2
@@ -159,7 +159,7 @@ def _prefill_then_decode(model, prompt, tokens):
 
 
 def test_teacher_forced_logits_one_pass_match_prefill_decode(zoo_folder):
-    """The one-pass rows, streamed and in memory (tools.compare.teacher_forced_logits), equal generation's
+    """The one-pass rows, streamed and in memory (hybridqual.qualify.compare.teacher_forced_logits), equal generation's
     prefill + decode rows to 1e-12: the same truth computed by the chunked scan instead of token by token."""
     folder = zoo_folder("bamba-g4-clamp")
     model, so = oracle.load(folder), StreamedOracle(folder)
@@ -171,9 +171,9 @@ def test_teacher_forced_logits_one_pass_match_prefill_decode(zoo_folder):
 
 
 def test_tie_aware_compare_accepts_the_streamed_oracle(zoo_folder):
-    """tools.compare.compare_tie_aware with a StreamedOracle in place of the model: the same verdicts (greedy
+    """hybridqual.qualify.compare.compare_tie_aware with a StreamedOracle in place of the model: the same verdicts (greedy
     output passes; a flipped token fails at its position) as with the in-memory oracle."""
-    from tools.compare import compare_tie_aware
+    from hybridqual.qualify.compare import compare_tie_aware
     folder = zoo_folder("granitemoehybrid")
     model, so = oracle.load(folder), StreamedOracle(folder)
     prompt = [4, 8, 15, 16, 23, 42]
@@ -204,7 +204,7 @@ def test_prefetch_serves_teacher_forced_logits_bitwise_in_one_pass(zoo_folder, m
 
 
 def test_token_scores_give_argmax_margins_and_gaps(zoo_folder):
-    """score_tokens: top-1 = argmax, margin = tools.compare.top2_margin, gap 0 exactly where the token is top-1."""
+    """score_tokens: top-1 = argmax, margin = hybridqual.qualify.compare.top2_margin, gap 0 exactly where the token is top-1."""
     folder = zoo_folder("nemotron_h")
     model = oracle.load(folder)
     prompt = [7, 3, 11]

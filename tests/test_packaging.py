@@ -1,8 +1,9 @@
-"""The checkout side of packaging: one set of harness modules under both names, the console script's dispatch, the
-plugin's startup with and without an install. The installed wheel itself: tests/test_packaging_wheel.py."""
+"""The checkout side of packaging: one import name for the harness, the console script's dispatch, the plugin's
+startup with and without an install. The installed wheel itself: tests/test_packaging_wheel.py."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import cli, paths
+from hybridqual import cli, paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,36 +34,38 @@ def test_goldens_are_found_in_the_checkout():
 
 
 @installed
-def test_both_names_give_the_same_module_objects_in_a_checkout():
+def test_the_checkout_is_imported_under_one_name_only():
+    import hybridqual
     import hybridqual.adapters
-    import tools.adapters
-    assert hybridqual.adapters is tools.adapters      # else a hybridqual.adapters.Adapter subclass is not a tools one
-    import hybridqual.goldens
-    import tools.goldens
-    assert hybridqual.goldens is tools.goldens and hybridqual.paths is paths
+    assert Path(hybridqual.__file__).resolve().parent == ROOT / "tools"
+    assert hybridqual.adapters.__name__ == "hybridqual.adapters" and "tools" not in sys.modules
+
+
+def test_no_file_of_the_project_names_the_source_folder_as_a_module():
+    """The harness has one import name, hybridqual: no import, `python -m` or `-p` names the source folder tools/
+    as a module anywhere in the project (code, scripts, docs)."""
+    pattern = r"(^|[^A-Za-z0-9_.])((from|import) tools( |\.)|-[mp] tools\.|tools\.(qualify|goldens|adapters|mutants|scenarios|bench|replay|compare|megatron)\b)"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for f in files:
+        if not f.endswith((".py", ".sh", ".md", ".toml", ".txt", ".cfg")) and not f.startswith(".ci/"):
+            continue
+        for i, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
+            if re.search(pattern, line) and f != "tests/test_packaging.py":
+                hits.append(f"{f}:{i}: {line.strip()[:120]}")
+    assert not hits, "\n".join(hits)
 
 
 @installed
-@pytest.mark.parametrize("first", ["tools", "hybridqual"])
-def test_whichever_name_is_imported_first_the_other_is_an_alias(first):
-    second = {"tools": "hybridqual", "hybridqual": "tools"}[first]
-    code = (f"import {first}.adapters as a, {second}.adapters as b, {second}.qualify as q, {first}.qualify as r; "
-            f"assert a is b and q is r and a.__name__ == '{first}.adapters', (a, b)")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-
-
-@installed
-def test_a_copy_of_the_tree_on_pythonpath_keeps_its_own_modules(tmp_path):
-    shutil.copytree(ROOT / "tools", tmp_path / "tools", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import hybridqual, tools, json; "
-            "print(json.dumps([hybridqual.__file__, tools.__file__, hybridqual is tools]))")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), TRITON_INTERPRET="1")   # as the mutant runner runs its copies
+def test_a_copy_of_the_tree_on_its_import_path_keeps_its_own_modules(tmp_path):
+    from hybridqual.mutants.runner import import_path
+    for part in ("tools", "oracle", "fastpath"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import hybridqual, oracle, hybridqual.adapters as a, json; print(json.dumps([hybridqual.__file__, a.__file__]))"
+    env = dict(os.environ, PYTHONPATH=import_path(tmp_path), TRITON_INTERPRET="1")   # as the mutant runner runs copies
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    hq, tl, same = json.loads(p.stdout)
-    assert Path(tl).is_relative_to(tmp_path) and not Path(hq).is_relative_to(tmp_path) and not same
+    assert all(Path(f).is_relative_to(tmp_path) for f in json.loads(p.stdout))
 
 
 def test_console_script_dispatches_and_refuses_unknown_names(capsys):
@@ -97,7 +100,7 @@ class _Config:
 
 
 def test_plugin_names_an_unreadable_user_file(tmp_path):
-    from tools.pytest_hq import hq_pairs
+    from hybridqual.pytest_hq import hq_pairs
     bad = tmp_path / "t.json"
     bad.write_bytes(b"\xff\xfe not json")
     with pytest.raises(pytest.UsageError, match=f"--hq-trace {bad}: cannot read it as JSON"):

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 import oracle  # noqa: E402
 from broken_engines import CacheReportingEngine, InertCacheEngine, SilentCacheEngine  # noqa: E402
 from oracle.trace import load_trace  # noqa: E402
-from tools.adapters import OracleAdapter  # noqa: E402
-from tools.prefix_checks import (NO_FACTS, CacheEvents, FactsError, adapter_runner, prefix_cache_checks,  # noqa: E402
+from hybridqual.adapters import OracleAdapter  # noqa: E402
+from hybridqual.qualify.prefix_checks import (NO_FACTS, CacheEvents, FactsError, adapter_runner, prefix_cache_checks,  # noqa: E402
                                  qualify_check)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,8 +110,8 @@ def test_malformed_facts_are_an_error_naming_the_field(facts, where):
 
 def test_qualify_fails_an_external_inert_cache_beside_right_tokens(oracle_model):
     """Through qualify's check_instance (a trace file): the tokens pass, the cache line fails '0 of 3'."""
-    from tools.qualify import instance_from_file
-    from tools.qualify_checks import check_instance
+    from hybridqual.qualify.runner import instance_from_file
+    from hybridqual.qualify.checks import check_instance
     inst = instance_from_file(ROOT / "goldens" / "traces" / "prefix_shared_system.json", oracle_model.config)
     checks = {c.name: c for c in check_instance(InertCacheEngine, MODEL, inst, ["legacy"], oracle_model, "cpu")}
     assert checks["legacy: tokens match the truth (tie-aware, τ=0.001)"].status == "PASS"

@@ -19,7 +19,7 @@ from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run_trace  # noqa: E402
 from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace, TraceError, load_trace  # noqa: E402
-from tools.prefix_checks import engine_runner, prefix_cache_checks  # noqa: E402
+from hybridqual.qualify.prefix_checks import engine_runner, prefix_cache_checks  # noqa: E402
 
 SYS = tuple(16 + (7 * i + 3) % 48 for i in range(16))
 HYBRID = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
@@ -99,7 +99,7 @@ def _close_to_cold(fast, trace: Trace, mode: str) -> None:
     """Tokens are a blunt check on a tiny random model (a wrong state can keep the argmax): every sampled logits row
     with the cache must match the same engine's cold run (cache field removed). Same fp32 kernels; only the batch
     composition differs, which moves rows by < 2e-6 (measured); a wrong restored state moved them by ~0.9."""
-    from tools.prefix_checks import without_cache
+    from hybridqual.qualify.prefix_checks import without_cache
     off = without_cache(trace)
     _, on_rows = run_recording_logits(Engine(fast, trace.engine, max_len=_max_len(trace)), trace, mode)
     _, off_rows = run_recording_logits(Engine(fast, off.engine, max_len=_max_len(trace)), off, mode)

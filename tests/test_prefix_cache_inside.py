@@ -18,7 +18,7 @@ from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run  # noqa: E402
 from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace  # noqa: E402
-from tools.replay import compare_request_state  # noqa: E402
+from hybridqual.replay import compare_request_state  # noqa: E402
 
 DIMS = dict(hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
 LONG = tuple(16 + (5 * i + 1) % 48 for i in range(27))          # 27 tokens: blocks 8, 16 inside a 24-piece

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from oracle.zoo import write_hf_folder
-from tools.paths import ROOT
-from tools.scenarios import SCENARIOS
+from hybridqual.paths import ROOT
+from hybridqual.scenarios.plan import SCENARIOS
 
 from test_packaging import _Config   # noqa: E402  (the pytest.Config stand-in the plugin's pairing reads)
 
@@ -34,7 +34,7 @@ def test_hq_model_alone_runs_every_scenario_instantiated_for_a_chunk_256_model(t
 
 def test_hq_scenario_picks_scenarios_and_hq_trace_still_pairs_files(tmp_path):
     import pytest
-    from tools.pytest_hq import hq_pairs, scenario_cases, scenario_names
+    from hybridqual.pytest_hq import hq_pairs, scenario_cases, scenario_names
     model = ROOT / "goldens" / "models" / "zoo-mamba2"
     seed = ROOT / "goldens" / "traces" / "seed_compaction.json"
     cfg = _Config(**{"--hq-model": [model], "--hq-scenario": ["request_order", "piece_chunk"], "--hq-trace": [seed]})

@@ -1,6 +1,6 @@
-"""The differential matrix as users run it (tools.qualify.check_trace), and proof that every check can fail.
+"""The differential matrix as users run it (hybridqual.qualify.runner.check_trace), and proof that every check can fail.
 
-`hq_case` pairs come from the pytest plugin tools.pytest_hq: the shipped models × traces by default (a fast
+`hq_case` pairs come from the pytest plugin hybridqual.pytest_hq: the shipped models × traces by default (a fast
 subset in the CPU tier, the rest marked slow), or the user's `--hq-model` / `--hq-trace`.
 """
 import pytest
@@ -9,9 +9,10 @@ import torch
 import oracle
 from broken_engines import compact_without_moving_slots
 from fastpath.engine.rows import RowTable
-from tools import adapters, goldens
-from tools.compare import TAU
-from tools.qualify import check_trace
+from hybridqual import adapters
+from hybridqual.goldens import regen as goldens
+from hybridqual.qualify.compare import TAU
+from hybridqual.qualify.runner import check_trace
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ class TakesRunnerUpAtNearTie(adapters.FastpathAdapter):
 
 
 def test_near_tie_is_reported_and_the_check_continues_teacher_forced_through_the_engine(oracle_models):
-    from tools.compare import teacher_forced_logits
+    from hybridqual.qualify.compare import teacher_forced_logits
     zoo = goldens.MODELS / "zoo-bamba"
     omodel = oracle_for(oracle_models, zoo)
     trace = oracle.load_trace(SEED)

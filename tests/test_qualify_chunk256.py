@@ -1,4 +1,4 @@
-"""`python -m tools.qualify --model <a chunk-256 HF folder>` runs the whole corpus (issue 16, done-when): every
+"""`python -m hybridqual.qualify --model <a chunk-256 HF folder>` runs the whole corpus (issue 16, done-when): every
 scenario is instantiated in the model's units and either runs or is skipped with its reason — no crash, no
 TraceError. The default tier instantiates every scenario (and checks each against the model); one scenario through
 the fast path and the whole corpus through qualify (oracle engine, then the fast path) are slow-marked
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from oracle.zoo import write_hf_folder
-from tools import qualify
-from tools.scenarios import SCENARIOS
+from hybridqual.qualify import runner as qualify
+from hybridqual.scenarios.plan import SCENARIOS
 
 # Widths tiny enough for the Triton interpreter; chunk 256 as in HF's default and real Bamba / Granite-4.0-H.
 CHUNK256 = dict(chunk_size=256, mamba_n_heads=2, mamba_head_dim=4, mamba_n_groups=1, mamba_d_state=4, n_attn_heads=2,

@@ -15,7 +15,7 @@ SEED = "goldens/traces/seed_compaction.json"
 
 def qualify(*args, launcher=(sys.executable, "-m")):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    return subprocess.run([*launcher, "tools.qualify", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([*launcher, "hybridqual.qualify", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
 
 
@@ -54,7 +54,7 @@ def test_quiet_prints_only_the_summary(tmp_path):
 
 
 def test_report_is_on_disk_after_every_check_and_skips_are_not_passes(tmp_path):
-    from tools.report import Check, Report
+    from hybridqual.qualify.report import Check, Report
     (tmp_path / "junit.xml").write_text("stale")
     r = Report(tmp_path, {"engine": "x"})
     read = lambda: json.loads((tmp_path / "report.json").read_text())   # noqa: E731
@@ -96,7 +96,7 @@ def test_jobs_report_in_plan_order_and_fail_fast_stops_at_the_first_fail_in_that
                                                                                         capsys):
     """--jobs 2: the later instance fails first (its worker is 1 s quicker), yet the report, the lines and the stop
     follow the plan's order: the first instance's FAIL, nothing of the second."""
-    from tools import qualify as q
+    from hybridqual.qualify import runner as q
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     slow, fast = one_request_trace(tmp_path / "slow.json", "slow"), one_request_trace(tmp_path / "fast.json", "fast")
@@ -115,7 +115,7 @@ def test_jobs_report_in_plan_order_and_fail_fast_stops_at_the_first_fail_in_that
 def test_a_worker_that_dies_is_an_error_carrying_its_exit_code_and_stderr(tmp_path, monkeypatch):
     """--jobs 2: a worker process that ends mid-instance makes qualify raise, naming the instance, the worker's exit
     code and the end of its stderr (what the blind judge's CRASH lines then show)."""
-    from tools import qualify as q
+    from hybridqual.qualify import runner as q
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     a, b = one_request_trace(tmp_path / "a.json", "a"), one_request_trace(tmp_path / "b.json", "b")
@@ -140,10 +140,10 @@ def test_qualify_tp2_under_torchrun_matches_goldens(tmp_path):
 def test_default_plan_qualifies_on_cuda_in_bf16_with_graphs(tmp_path):
     """Issue 16.2: τ follows the bf16 compute dtype, so the zoo and the tiny model qualify on the GPU by default."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-m", "tools.qualify", "--device", "cuda", "--graphs", "--out", str(tmp_path)],
+    p = subprocess.run([sys.executable, "-m", "hybridqual.qualify", "--device", "cuda", "--graphs", "--out", str(tmp_path)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     report = json.loads((tmp_path / "report.json").read_text())
     assert p.returncode == 0 and report["failed"] == 0, p.stdout[-5000:] + p.stderr[-3000:]
     import torch
-    from tools.compare import TAU
+    from hybridqual.qualify.compare import TAU
     assert "bfloat16" in report["tau_source"] and report["tau"] == TAU[torch.bfloat16]

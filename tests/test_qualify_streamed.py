@@ -1,4 +1,4 @@
-"""qualify judges a model that does not fit in memory with the streamed fp64 oracle (tools/qualify_truth.py): the
+"""qualify judges a model that does not fit in memory with the streamed fp64 oracle (tools/qualify/truth.py): the
 engine's own tokens scored teacher-forced, the schedule replayed with them. Forced on a zoo model, its verdicts are
 the in-memory truth's, check for check; broken engines still FAIL; a model too big for memory streams by itself.
 """
@@ -11,10 +11,12 @@ import torch
 import oracle
 import oracle.streamed as streamed
 from oracle.trace import parse_trace
-from tools import adapters, goldens, qualify
-from tools.qualify_checks import check_instance, check_task, truth_for
-from tools.qualify_truth import ScheduleOnly, StreamedTruth, load_truth
-from tools.scenarios import Instance
+from hybridqual import adapters
+from hybridqual.goldens import regen as goldens
+from hybridqual.qualify import runner as qualify
+from hybridqual.qualify.checks import check_instance, check_task, truth_for
+from hybridqual.qualify.truth import ScheduleOnly, StreamedTruth, load_truth
+from hybridqual.scenarios.plan import Instance
 
 from test_qualify_verdicts import biased, engine, flip_case as verdicts_flip_case   # noqa: E402  (the oracle-with-forced-tokens engines)
 
@@ -118,7 +120,7 @@ COMPACT = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 2, "max_to
 def test_qualify_cli_streams_when_the_model_does_not_fit_and_a_broken_compaction_fails(tmp_path, monkeypatch):
     """End to end on the fast path (one interpreter run): the header and the instance say the truth is streamed and
     why; a compaction that forgets the slot mapping (tests/broken_engines.py) fails under it. (The unbroken fast path
-    passing under streamed truth: tools.qualify --oracle streamed, docs/qualification.md.)"""
+    passing under streamed truth: hybridqual.qualify --oracle streamed, docs/qualification.md.)"""
     from broken_engines import compact_without_moving_slots
     from fastpath.engine.rows import RowTable
     trace = tmp_path / "compact.json"

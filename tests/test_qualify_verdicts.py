@@ -12,11 +12,12 @@ import torch
 import oracle
 from oracle.schedule_log import digest
 from oracle.trace import parse_trace
-from tools import adapters, goldens
-from tools.adapters import Capabilities, RunResult
-from tools.compare import teacher_forced_logits, top2_margin
-from tools.qualify_checks import check_instance, check_task, truth_for
-from tools.scenarios import Instance
+from hybridqual import adapters
+from hybridqual.goldens import regen as goldens
+from hybridqual.adapters import Capabilities, RunResult
+from hybridqual.qualify.compare import teacher_forced_logits, top2_margin
+from hybridqual.qualify.checks import check_instance, check_task, truth_for
+from hybridqual.scenarios.plan import Instance
 
 MODEL = goldens.MODELS / "zoo-bamba"
 SEED = goldens.TRACES / "seed_compaction.json"

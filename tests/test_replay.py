@@ -6,8 +6,8 @@ import oracle
 from broken_engines import compact_without_moving_slots
 from fastpath.engine.engine import Engine
 from fastpath.engine.rows import RowTable
-from tools import goldens
-from tools.replay import bisect, first_log_difference, step_table
+from hybridqual.goldens import regen as goldens
+from hybridqual.replay import bisect, first_log_difference, step_table
 
 MODEL = goldens.MODELS / "zoo-bamba"
 TRACE = goldens.TRACES / "seed_compaction.json"
@@ -50,7 +50,7 @@ def test_log_difference_and_table_name_the_step():
 
 
 def test_rel_diff_compares_across_devices_on_the_cpu():
-    from tools.replay import rel_diff
+    from hybridqual.replay import rel_diff
     a = torch.ones(3, dtype=torch.float32)
     assert rel_diff(a, a.double()) == 0.0 and rel_diff(a * 2, a) == 1.0
 
@@ -72,7 +72,7 @@ def test_replay_cli_runs_on_cuda_and_on_cpu_on_a_gpu_machine(capsys):
     import subprocess
     import sys
     for device in ("cuda", "cpu"):
-        p = subprocess.run([sys.executable, "-m", "tools.replay", str(TRACE), "--model", str(MODEL), "--device",
+        p = subprocess.run([sys.executable, "-m", "hybridqual.replay", str(TRACE), "--model", str(MODEL), "--device",
                             device, "--no-table"], cwd=goldens.ROOT, capture_output=True, text=True, timeout=600,
                            env={k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"})
         assert "Traceback" not in p.stderr, p.stderr[-3000:]

@@ -15,8 +15,8 @@ from oracle import zoo
 from oracle.model import OracleModel
 from oracle.scheduler import run_trace as oracle_run
 from oracle.trace import load_trace
-from tools import goldens
-from tools.replay import ROLLBACK_NONE, ROLLBACK_RESTORE, bisect, step_table
+from hybridqual.goldens import regen as goldens
+from hybridqual.replay import ROLLBACK_NONE, ROLLBACK_RESTORE, bisect, step_table
 
 TRACE = goldens.TRACES / "spec_scripted.json"      # made for this tiny Bamba (seed 3): rejections at first/last
 ENGINE_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)

@@ -11,9 +11,10 @@ import pytest
 import oracle
 from oracle import scheduler as oracle_scheduler
 from oracle.trace import check_against_model, dump_trace, load_trace, parse_trace
-from tools import goldens, scenarios
-from tools.scenario_edges import ScheduleModel, census_of
-from tools.scenario_units import ScenarioError, Units
+from hybridqual.goldens import regen as goldens
+from hybridqual.scenarios import plan as scenarios
+from hybridqual.scenarios.edges import ScheduleModel, census_of
+from hybridqual.scenarios.units import ScenarioError, Units
 
 SHIPPED = sorted(p for p in scenarios.MODELS.iterdir() if (p / "config.json").exists())
 BOUNDARIES = {"piece_budget": {"last_eq_budget", "last_less_budget", "cut_more_budget", "skip_then_fit"},
@@ -189,7 +190,7 @@ def test_default_plan_covers_every_family_on_shipped_models():
 def test_default_run_qualifies_prefix_caching_and_speculation_through_shipped_traces():
     """Issue 20.3: the main job's default run also covers the two features that scenarios do not build, with
     shipped concrete traces whose file says the family it is listed under, on a model they fit."""
-    from tools.qualify import instance_from_file
+    from hybridqual.qualify.runner import instance_from_file
     cover = scenarios.plan_coverage()
     assert set(scenarios.TRACE_FAMILIES) == {"prefix_cache", "speculative"}
     assert all(cover[f] for f in scenarios.TRACE_FAMILIES), cover

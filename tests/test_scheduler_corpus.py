@@ -33,7 +33,7 @@ MODEL_PARAMS = [m if m in ("fake", "bamba") else pytest.param(m, marks=pytest.ma
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_async_matches_legacy_and_each_request_alone(path, model_name):
     model, trace = MODELS[model_name](), load_trace(path)
-    from tools.spec_checks import unfit_reason
+    from hybridqual.qualify.spec_checks import unfit_reason
     if unfit_reason(trace, model.config.vocab_size):          # speculative traces made for the zoo's vocab
         pytest.skip(unfit_reason(trace, model.config.vocab_size))
     legacy, asyn = run_trace(model, trace, "legacy"), run_trace(model, trace, "async")

@@ -257,7 +257,7 @@ def test_generated_traces_hit_the_piece_boundaries_and_shuffled_admissions():
     """The strategies above reach the piece-splitter edges (tools/scenario_edges.piece_census; skip_then_fit, which
     needs three prefilling rows in one step, is left to the piece_budget scenario) and lists whose file order is
     not the admission order."""
-    from tools.scenario_edges import ScheduleModel, census_of
+    from hybridqual.scenarios.edges import ScheduleModel, census_of
     hits, shuffled = set(), 0
 
     @settings(CI, max_examples=200, database=None)

@@ -21,7 +21,7 @@ from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run  # noqa: E402
 from oracle.trace import parse_trace  # noqa: E402
-from tools.spec_checks import log_consistency, recompute_accepted, without_speculation  # noqa: E402
+from hybridqual.qualify.spec_checks import log_consistency, recompute_accepted, without_speculation  # noqa: E402
 
 MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
 NGRAM = {"kind": "ngram", "min_n": 1, "max_n": 2}
@@ -199,7 +199,7 @@ def test_gpu_device_drafts_decode_loop_has_no_host_sync_with_graphs(proposer, ba
     accepted; the log is consistent (and the acceptance the oracle recomputes from the logged proposals matches
     when the tokens are the oracle's); async == legacy; speculative tokens == non-speculative bitwise in
     batch-invariant mode; both track the fp64 oracle tie-aware."""
-    from tools.compare import TAU, compare_tie_aware
+    from hybridqual.qualify.compare import TAU, compare_tie_aware
     cfg = zoo.tiny_config("bamba", **MODEL)
     w = zoo.random_weights(cfg, seed=3)
     oracle_model = OracleModel(cfg, w, dtype=torch.float64)

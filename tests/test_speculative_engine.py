@@ -21,7 +21,7 @@ from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run  # noqa: E402
 from oracle.trace import TraceError, parse_trace  # noqa: E402
-from tools.spec_checks import log_consistency, recompute_accepted, verify_rows, without_speculation  # noqa: E402
+from hybridqual.qualify.spec_checks import log_consistency, recompute_accepted, verify_rows, without_speculation  # noqa: E402
 
 ENGINE_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
 K = 3
@@ -254,7 +254,7 @@ def test_gpu_bf16_graphs_speculative_equals_non_speculative(name):
     """bf16 with CUDA graphs (decode-only steps and greedy verify steps replay graphs): async == legacy bitwise with
     speculation; speculative and plain tokens both track the oracle tie-aware; acceptance consistent."""
     from oracle.trace import load_trace
-    from tools.compare import TAU, compare_tie_aware
+    from hybridqual.qualify.compare import TAU, compare_tie_aware
     cfg = zoo.tiny_config("bamba", **ENGINE_MODEL)
     w = zoo.random_weights(cfg, seed=3)
     oracle_model, fast = OracleModel(cfg, w, dtype=torch.float64), FastModel(cfg, w, "cuda", torch.bfloat16)

@@ -13,8 +13,8 @@ from oracle.scheduler import run_trace
 from oracle.speculative import accepted_count, ngram_propose, proposal_room
 from oracle.trace import TraceError, parse_trace
 from test_scheduler_fake import FakeModel
-from tools import goldens
-from tools.spec_checks import log_consistency, recompute_accepted, verify_rows, without_speculation
+from hybridqual.goldens import regen as goldens
+from hybridqual.qualify.spec_checks import log_consistency, recompute_accepted, verify_rows, without_speculation
 
 K = 4
 BASE = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 3, "max_tokens_per_step": 32, "prefill_chunk": 16},

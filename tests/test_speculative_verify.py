@@ -21,7 +21,7 @@ from oracle import zoo  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run  # noqa: E402
 from oracle.trace import parse_trace  # noqa: E402
-from tools.spec_checks import verify_rows, without_speculation  # noqa: E402
+from hybridqual.qualify.spec_checks import verify_rows, without_speculation  # noqa: E402
 
 ENGINE_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
 K = 4
@@ -312,7 +312,7 @@ def test_gpu_verify_graph_replay_equals_eager_padded_bitwise(name):
 def test_gpu_bf16_graphs_ngram_speculation_keeps_the_tokens(arch):
     """Zoo models in bf16 with CUDA graphs: with ngram speculation (verify graphs) and without, the greedy tokens
     track the fp64 oracle tie-aware; async == legacy bitwise with speculation; verify graphs were replayed."""
-    from tools.compare import TAU, compare_tie_aware
+    from hybridqual.qualify.compare import TAU, compare_tie_aware
     cfg = zoo.tiny_config(arch)
     w = zoo.random_weights(cfg, seed=3)
     oracle_model, fast = OracleModel(cfg, w, dtype=torch.float64), FastModel(cfg, w, "cuda", torch.bfloat16)

@@ -57,7 +57,7 @@ def _check_tp_equals_tp1(spec: dict, paths: list[Path], backend: str, tmp_path, 
 
 
 def _assert_near_ties(oracle_model, trace, got: dict, want: dict) -> None:
-    from tools.compare import TAU, compare_tie_aware
+    from hybridqual.qualify.compare import TAU, compare_tie_aware
     for req in trace.requests:
         if got[req.id] != want[req.id]:
             assert req.sampling.kind == "greedy", f"{req.id}: seeded tokens differ between TP=2 and TP=1"

@@ -19,7 +19,7 @@ from fastpath.tp import load_spec_model, run_tp_cpu  # noqa: E402
 from oracle.model import OracleModel  # noqa: E402
 from oracle.trace import dump_trace, load_trace  # noqa: E402
 from tests.test_tp import _assert_near_ties  # noqa: E402
-from tools.spec_checks import without_speculation  # noqa: E402
+from hybridqual.qualify.spec_checks import without_speculation  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 SPEC = ["spec_ngram", "spec_draft", "spec_scripted"]

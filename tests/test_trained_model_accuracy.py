@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import oracle
-from tools import task
-from tools.train_tiny import TinyBamba, batch_of, evaluate, tiny_sort_config, train
+from hybridqual.scenarios import task
+from hybridqual.train_tiny import TinyBamba, batch_of, evaluate, tiny_sort_config, train
 
 try:
     from tests.test_trained_model_forward import MODEL, _config

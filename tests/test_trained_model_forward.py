@@ -23,8 +23,8 @@ from oracle.conv1d import causal_conv1d
 from oracle.gated_norm import rms_norm, rms_norm_gated
 from oracle.mamba2 import process_dt
 from oracle.ssd import ssm_recurrence
-from tools import task
-from tools.train_tiny import TinyBamba, batch_of
+from hybridqual.scenarios import task
+from hybridqual.train_tiny import TinyBamba, batch_of
 
 MODEL = Path(__file__).resolve().parents[1] / "goldens" / "models" / "tiny-sort"
 

@@ -1,14 +1,14 @@
 """Write anchor-3b (DESIGN §8) as a real HF folder: config.json + sharded bf16 safetensors, seeded random weights.
 
-    python -m tools.anchor write /work/tmp_anchor/anchor-3b           # 2,865,483,840 params, ~5.7 GB
-    python -m tools.anchor write /tmp/anchor-s16 --scale 16 --layers 8   # a small variant with the same layout
-    python -m tools.anchor score /work/tmp_anchor/anchor-3b --prompt 64 --tokens 16 [--in-memory]
+    python -m hybridqual.anchor write /work/tmp_anchor/anchor-3b           # 2,865,483,840 params, ~5.7 GB
+    python -m hybridqual.anchor write /tmp/anchor-s16 --scale 16 --layers 8   # a small variant with the same layout
+    python -m hybridqual.anchor score /work/tmp_anchor/anchor-3b --prompt 64 --tokens 16 [--in-memory]
 
 `score` runs the fp64 oracle teacher-forced over one request (seeded prompt + seeded tokens: the cost does
 not depend on the token values) with the streamed oracle (default) or oracle.load, and prints the wall time
 and the process's peak RSS (run each in a fresh process: docs/performance.md).
 
-The config is fastpath.engine.configs' "anchor-3b" (Bamba layout, chunk 256), the one tools/bench_engine.py
+The config is fastpath.engine.configs' "anchor-3b" (Bamba layout, chunk 256), the one tools/bench/engine.py
 runs. `--scale k` divides every width by k (hidden, Mamba and attention heads, FFN, vocab; head dims, state
 and chunk kept; KV heads at least 1); `--layers n` keeps the first n layers (attention at 7, 15, 23, 31 as
 far as they exist).
@@ -142,7 +142,7 @@ def score(folder: str, prompt_len: int, n_tokens: int, in_memory: bool, seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.anchor", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.anchor", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="write an anchor folder")
     w.add_argument("out", help="folder to write")

@@ -1,11 +1,13 @@
 """The `hybridqual` console script: one entry point for the harness, installed or from a checkout.
 
-    hybridqual qualify [ARGS]          # = python -m tools.qualify (the main job)
-    hybridqual replay TRACE [ARGS]     # = python -m tools.replay
-    hybridqual goldens regen|zoo ...   # = python -m tools.goldens
-    hybridqual mutants [ARGS]          # = python -m tools.mutants (needs a source checkout: it mutates the sources)
-    hybridqual bench NAME [ARGS]       # = python -m tools.bench_NAME (NAME: engine, kernels, gemm, chain, ablation,
-                                       #   tp — run tp under torchrun: torchrun --nproc_per_node 2 -m hybridqual.bench_tp)
+    hybridqual qualify [ARGS]          # = python -m hybridqual.qualify (the main job)
+    hybridqual replay TRACE [ARGS]     # = python -m hybridqual.replay
+    hybridqual goldens regen|zoo ...   # = python -m hybridqual.goldens
+    hybridqual scenarios list|write   # = python -m hybridqual.scenarios (the corpus per model; shipped models)
+    hybridqual mutants [ARGS]          # = python -m hybridqual.mutants (needs a source checkout: it mutates the sources)
+    hybridqual bench NAME [ARGS]       # = python -m hybridqual.bench.NAME (NAME: engine, kernels, gemm, chain,
+                                       #   ablation, spec, tp — run tp under torchrun:
+                                       #   torchrun --nproc_per_node 2 -m hybridqual.bench.tp)
 
 `hybridqual SUBCOMMAND --help` prints that tool's own options.
 """
@@ -15,10 +17,11 @@ import importlib
 import inspect
 import sys
 
-from . import paths
+from hybridqual import paths
 
-TOOLS = {"qualify": "qualify", "replay": "replay", "goldens": "goldens", "mutants": "mutants.__main__"}
-BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "tp")
+TOOLS = {"qualify": "qualify.runner", "replay": "replay", "goldens": "goldens.regen", "mutants": "mutants.__main__",
+         "scenarios": "scenarios.plan"}
+BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "spec", "tp")
 
 
 def _usage() -> str:
@@ -26,7 +29,7 @@ def _usage() -> str:
 
 
 def _version() -> str:
-    from . import __version__
+    from hybridqual import __version__
     return __version__
 
 
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "mutants" and paths.checkout_root() is None:
         print("hybridqual mutants: the mutation zoo edits the project's sources and runs its test suite, so it needs a "
-              "source checkout (git clone the project, then `python -m tools.mutants` there); this is an installed "
+              "source checkout (git clone the project, then `python -m hybridqual.mutants` there); this is an installed "
               f"copy at {paths.PACKAGE}", file=sys.stderr)
         return 2
     if cmd in TOOLS:
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if not rest or rest[0] not in BENCHES:
             print(f"hybridqual bench NAME [ARGS]: NAME is one of {', '.join(BENCHES)}", file=sys.stderr)
             return 2
-        return _call(f"bench_{rest[0]}", f"hybridqual bench {rest[0]}", rest[1:])
+        return _call(f"bench.{rest[0]}", f"hybridqual bench {rest[0]}", rest[1:])
     print(f"hybridqual: unknown subcommand {cmd!r}\n\n{_usage()}", file=sys.stderr)
     return 2
 

@@ -1,7 +1,7 @@
 """Measure the fast path's logit error against the oracle (fp64) on the shipped corpus — the basis of τ and of the
-logits check's constant c (tools/compare.py).
+logits check's constant c (tools/qualify/compare.py).
 
-    python -m tools.measure_tau [--dtype float32|bfloat16] [--device cpu|cuda] [--model NAME ...] [--trace NAME ...]
+    python -m hybridqual.measure_tau [--dtype float32|bfloat16] [--device cpu|cuda] [--model NAME ...] [--trace NAME ...]
 
 For every (shipped model, fitting trace) it runs the fast-path engine, records the logits row of every sampled
 position, and compares it with the oracle's fp64 logits for the same tokens (teacher-forced on the engine's own
@@ -24,8 +24,8 @@ def measure(dtype: torch.dtype, device: str, models: list[str] | None = None,
     import oracle
     from fastpath.batch_invariant import run_recording_logits
     from fastpath.engine.engine import Engine
-    from . import goldens
-    from .compare import logit_scale, teacher_forced_logits
+    from hybridqual.goldens import regen as goldens
+    from hybridqual.qualify.compare import logit_scale, teacher_forced_logits
     out: dict[str, tuple[list, list]] = {}
     for mdir in sorted(p for p in goldens.MODELS.iterdir() if (p / "config.json").exists()):
         if models and mdir.name not in models:
@@ -59,7 +59,7 @@ def percentiles(xs: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.measure_tau", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.measure_tau", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", nargs="+", help="only these shipped trace names (file stems)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    from .compare import LOGITS_C, LOGITS_MIN_RATIO, TAU, TAU_MIN_RATIO
+    from hybridqual.qualify.compare import LOGITS_C, LOGITS_MIN_RATIO, TAU, TAU_MIN_RATIO
     per_model = measure(dtype, args.device, args.model, args.trace)
     for name, (absolute, scaled) in per_model.items():
         print(f"  {name:24s} {len(absolute):4d} positions  |Δlogit|: {percentiles(absolute)}")

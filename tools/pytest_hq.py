@@ -7,12 +7,12 @@ Installed with hybridqual (entry point `pytest11: hybridqual`), so a plain `pyte
     pytest --hq-model PATH --hq-trace T1.json [--hq-trace T2.json]  # these trace files
 
 Tests that take the `hq_case` fixture are parametrised over (model, trace file) pairs: with `--hq-model` and no
-`--hq-trace`, every scenario of tools.scenarios instantiated for each model (its concrete trace written to a
+`--hq-trace`, every scenario of hybridqual.scenarios instantiated for each model (its concrete trace written to a
 session temp folder as <scenario>.json; a scenario that cannot run on the model is a skipped case with the
 reason); with `--hq-trace`, those files (plus any `--hq-scenario`); with neither, the shipped models and traces
 (pairs whose token ids fit the model's vocab). `hq_qualify(AdapterClass)` runs qualify's checks (tokens vs the
 truth, schedule log, logits, async == legacy, task accuracy) for the current pair and returns them; a model whose
-fp64 weights do not fit in memory is judged by the streamed oracle (tools.qualify_truth).
+fp64 weights do not fit in memory is judged by the streamed oracle (hybridqual.qualify.truth).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from . import paths
+from hybridqual import paths
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="hybridqual.trace/1 JSON file (repeatable; default: the shipped traces, or with --hq-model "
                      "the scenario corpus)")
     g.addoption("--hq-scenario", action="append", default=[],
-                help="scenario of tools.scenarios to instantiate for each --hq-model (repeatable; default with "
+                help="scenario of hybridqual.scenarios to instantiate for each --hq-model (repeatable; default with "
                      "--hq-model and no --hq-trace: every scenario)")
 
 
@@ -88,7 +88,7 @@ FAST_PAIRS = {("tiny-sort", "seed_compaction")}   # zoo models: tests/test_engin
 def scenario_names(config: pytest.Config) -> list[str] | None:
     """The scenarios to instantiate: --hq-scenario names, all of them with --hq-model and no --hq-trace, else
     none (None). An unknown name is a usage error listing the known ones."""
-    from .scenarios import SCENARIOS
+    from hybridqual.scenarios.plan import SCENARIOS
     names = list(config.getoption("--hq-scenario") or [])
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -107,7 +107,7 @@ def scenario_cases(config: pytest.Config, names: list[str]) -> list:
     import oracle
     from oracle.config import ConfigError
     from oracle.trace import dump_trace
-    from .scenarios import ScenarioError, instantiate
+    from hybridqual.scenarios.plan import ScenarioError, instantiate
     if getattr(config, "_hq_scenario_dir", None) is None:
         config._hq_scenario_dir = Path(tempfile.mkdtemp(prefix="hq-scenarios-"))
     params = []
@@ -154,9 +154,9 @@ def _hq_oracles() -> dict:
 def hq_qualify(hq_case, _hq_oracles):
     """hq_qualify(adapter_cls, modes=("legacy", "async"), device="cpu", tau=None) -> list of qualify Checks for the
     current (model, trace) (`tau` None: the engine's compute dtype's); the fp64 oracle loads once per model (in
-    memory when it fits, else streamed: tools.qualify_truth.load_truth)."""
-    from .qualify import check_trace
-    from .qualify_truth import load_truth
+    memory when it fits, else streamed: hybridqual.qualify.truth.load_truth)."""
+    from hybridqual.qualify.runner import check_trace
+    from hybridqual.qualify.truth import load_truth
 
     model_dir, trace_path = hq_case
 

@@ -1,6 +1,6 @@
 """Replay a trace and debug it: per-step schedule table, first divergence from the oracle, layer bisection.
 
-    python -m tools.replay TRACE [--model M] [--engine fastpath|oracle|hf|module:Class] [--mode legacy|async]
+    python -m hybridqual.replay TRACE [--model M] [--engine fastpath|oracle|hf|module:Class] [--mode legacy|async]
 
 1. Runs the engine on the trace and prints the per-step table (rows → request, slot, positions; admissions,
    frees, compaction moves, sampled tokens) from the engine's own schedule log (else the oracle's, labelled so).
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from . import adapters, goldens
+from hybridqual import adapters
+from hybridqual.goldens import regen as goldens
 
 # Relative tolerance ‖engine − oracle‖ / ‖oracle‖ on a state tensor, by engine compute dtype.
 STATE_RTOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -213,7 +214,7 @@ def _bisect_steps(engine, oracle_model, rtol: float, found: list[StateDivergence
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.replay", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", type=Path)
     ap.add_argument("--model", type=Path, default=None, help="HF-format folder (default: goldens/models/tiny-sort)")
@@ -223,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=None, help="near-tie threshold (default: the engine's dtype's)")
     ap.add_argument("--no-table", action="store_true", help="skip the per-step table")
     args = ap.parse_args(argv)
-    from .qualify import prepare_device
+    from hybridqual.qualify.runner import prepare_device
     problem = prepare_device(args.device)
     if problem:
         print(problem, file=sys.stderr)
         return 2
 
     import oracle
-    from .compare import compare_tie_aware, tau_for, top_k_for
+    from hybridqual.qualify.compare import compare_tie_aware, tau_for, top_k_for
     model_dir = args.model or next(p for p in (goldens.MODELS / "tiny-sort", goldens.MODELS / "zoo-bamba")
                                    if (p / "config.json").exists())
     trace = oracle.load_trace(args.trace)

@@ -1,4 +1,4 @@
-"""Train the tiny Bamba-style sorting model on CPU: `python -m tools.train_tiny --seed S [--out DIR]`.
+"""Train the tiny Bamba-style sorting model on CPU: `python -m hybridqual.train_tiny --seed S [--out DIR]`.
 
 A compact batched, differentiable PyTorch Bamba forward (Mamba2 mixers + one attention layer, gated
 SiLU MLP, partial RoPE), written for training only; the oracle is the truth it is checked against.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from . import task
+from hybridqual.scenarios import task
 
 DEFAULT_OUT = Path("goldens/models/tiny-sort")
 
@@ -351,10 +351,10 @@ def train(seed: int, steps: int, batch: int, lr: float, threads: int, n_eval: in
     ev = evaluate(model, task.heldout(n_eval))
     report = {"seed": seed, "steps": steps, "batch": batch, "lr": lr, "threads": threads,
               "train_seconds": round(train_s, 1), "train_cpu_seconds": round(cpu_s, 1),
-              "task": "sort 16-20 digits (tools/task.py)",
+              "task": "sort 16-20 digits (tools/scenarios/task.py)",
               "heldout": {"seed": task.HELDOUT_SEED, "n": ev["n"], "accuracy": ev["accuracy"],
                           "margins": {k: round(v, 4) for k, v in ev["margins"].items()},
-                          "evaluated_with": "tools.train_tiny forward, float32"},
+                          "evaluated_with": "hybridqual.train_tiny forward, float32"},
               "log": log}
     return model, report
 
@@ -376,7 +376,7 @@ def oracle_evaluate(out: Path, n: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point."""
-    ap = argparse.ArgumentParser(prog="python -m tools.train_tiny",
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.train_tiny",
                                  description="Train the tiny Bamba-style sorting model (goldens/models/tiny-sort).")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=4000)

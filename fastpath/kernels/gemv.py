@@ -153,7 +153,7 @@ def _w_tile(wrow, kk, k_hi, mn, EVEN_K: tl.constexpr):
 
 
 def gemv_launch_rule(N: int, K: int) -> dict:
-    """Keyed on (N, K) only; picked on an H200 (2026-11-30): tools/bench_gemm.py (CUDA graphs, cold weights) chose
+    """Keyed on (N, K) only; picked on an H200 (2026-11-30): tools/bench/gemm.py (CUDA graphs, cold weights) chose
     4 rows per program, 1024-wide K tiles and 8 warps for long K rows; whole bs1 decode steps of anchor-3b
     (docs/performance.md, session 3) then chose 2 rows and 2 warps for K < 4096 (-44 µs/step against 4 rows and
     4 warps). A K split never won (so SPLIT stays 1; benches may set it)."""

@@ -1,6 +1,6 @@
-"""python -m tools.mutants [--only NAME ...] [--quick] [--jobs N] [--list]: run the bug zoo, print the kill table.
+"""python -m hybridqual.mutants [--only NAME ...] [--quick] [--jobs N] [--list]: run the bug zoo, print the kill table.
 
-    python -m tools.mutants --blind [--only ...] [--jobs N] [--budget-s S] [--rotate K [--rotate-index I]]
+    python -m hybridqual.mutants --blind [--only ...] [--jobs N] [--budget-s S] [--rotate K [--rotate-index I]]
                                     [--stages qualify pytest] [--models M ...] [--no-control]
 
 --blind judges every mutant without its named tests (tools/mutants/blind.py): the qualify main job and qualify
@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from .runner import ROOT, run_one
-from .zoo import MUTANTS, QUICK
+from hybridqual.mutants.runner import ROOT, run_one
+from hybridqual.mutants.zoo import MUTANTS, QUICK
 
 RESULTS = ROOT / "out" / "mutants"
 
@@ -52,7 +52,7 @@ def save_results(kind: str, rows: dict[str, dict]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tools.mutants", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.mutants", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", help="run only these mutants")
     ap.add_argument("--quick", action="store_true", help="the CI subset")
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_blind(args: argparse.Namespace, chosen: list) -> int:
     """--blind: judge `chosen` (or its rotating window) stage by stage; print verdicts next to the named ones."""
-    from .blind import (DEFAULT_MUTANT_S, KILLED, SKIPPED, BlindOutcome, budget_window, default_stages,
+    from hybridqual.mutants.blind import (DEFAULT_MUTANT_S, KILLED, SKIPPED, BlindOutcome, budget_window, default_stages,
                         estimated_seconds, judge, junit_of, rotation, stop_all)
 
     def stopped(signum, _frame):                      # SIGTERM (CI timeout, kill PID): take the stages down too

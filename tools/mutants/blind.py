@@ -1,6 +1,6 @@
 """Blind judgement of a mutant (issue 20): no named tests, only what the suite runs anyway.
 
-Stage 1 is the qualification main job (`python -m tools.qualify`, its default plan) and then qualify over every
+Stage 1 is the qualification main job (`python -m hybridqual.qualify`, its default plan) and then qualify over every
 shipped model's whole scenario corpus (`--model M`); stage 2 is the whole CPU tier (`pytest -x -q -n 2`, default
 markers, cheapest test files first: tools/mutants/cheap_first.py). Each runs as a subprocess in the mutant's
 temporary copy of the tree with TRITON_INTERPRET=1, and the
@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runner import CRASH_TYPES, ROOT, Mutant, NotRun, classify, mutated_copy
+from hybridqual.mutants.runner import CRASH_TYPES, ROOT, Mutant, NotRun, classify, mutated_copy
 
 MODELS = ROOT / "goldens" / "models"
 KILLED, SURVIVED, INVALID, CRASH, STALE, SKIPPED = "KILLED", "SURVIVED", "INVALID", "CRASH", "STALE", "SKIPPED"
@@ -32,7 +32,7 @@ KILLED, SURVIVED, INVALID, CRASH, STALE, SKIPPED = "KILLED", "SURVIVED", "INVALI
 
 @dataclass(frozen=True)
 class Stage:
-    """One blind stage: a qualify run (argv after `python -m tools.qualify`) or the CPU tier (kind "pytest")."""
+    """One blind stage: a qualify run (argv after `python -m hybridqual.qualify`) or the CPU tier (kind "pytest")."""
     name: str
     kind: str                               # "qualify" | "pytest"
     argv: tuple[str, ...] = ()
@@ -130,7 +130,7 @@ def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> St
     1 (the report's "stopped" says where); a FAIL line seen in report.json before that also stops it."""
     out = work / ("q-" + stage.name.replace(" ", "_").replace("/", "_"))
     log = work / (out.name + ".log")
-    cmd = [sys.executable, "-m", "tools.qualify", "--quiet", "--fail-fast", "--out", str(out), *stage.argv]
+    cmd = [sys.executable, "-m", "hybridqual.qualify", "--quiet", "--fail-fast", "--out", str(out), *stage.argv]
     t0 = time.time()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -162,8 +162,8 @@ def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> St
 def run_pytest(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> StageResult:
     """The whole CPU tier in the copy (default markers; not the zoo's own tests, which would recurse)."""
     junit = work / "blind-junit.xml"
-    cmd = [sys.executable, "-m", "pytest", *stage.argv, "-p", "no:cacheprovider", "-p", "tools.mutants.no_shrink",
-           "-p", "tools.mutants.cheap_first", "--ignore=tests/test_mutants.py", f"--junitxml={junit}"]
+    cmd = [sys.executable, "-m", "pytest", *stage.argv, "-p", "no:cacheprovider", "-p", "hybridqual.mutants.no_shrink",
+           "-p", "hybridqual.mutants.cheap_first", "--ignore=tests/test_mutants.py", f"--junitxml={junit}"]
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

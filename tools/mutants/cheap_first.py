@@ -1,10 +1,10 @@
-"""pytest plugin for the blind judge's CPU-tier stage (`-p tools.mutants.cheap_first`): the same tests, cheapest
+"""pytest plugin for the blind judge's CPU-tier stage (`-p hybridqual.mutants.cheap_first`): the same tests, cheapest
 test files first, so `pytest -x` reaches a unit test that sees a defect within minutes rather than after the
 end-to-end files. Only the order changes: every test still runs when none fails, so a SURVIVED verdict is the
 whole tier's. The order comes from `tier_times.json` (beside this file: a test file's mean seconds per test,
 measured from a full tier's JUnit XML); a file missing there keeps its place after the measured ones.
 
-    python -m tools.mutants.cheap_first JUNIT.xml [...] > tools/mutants/tier_times.json    # re-measure
+    python -m hybridqual.mutants.cheap_first JUNIT.xml [...] > tools/mutants/tier_times.json    # re-measure
 """
 from __future__ import annotations
 

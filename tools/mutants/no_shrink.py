@@ -1,4 +1,4 @@
-"""pytest plugin for mutant runs (`-p tools.mutants.no_shrink`): hypothesis reports the first failing example
+"""pytest plugin for mutant runs (`-p hybridqual.mutants.no_shrink`): hypothesis reports the first failing example
 without shrinking it — a mutant only needs to be caught, and shrinking a broken engine can take minutes."""
 from hypothesis import Phase, settings
 

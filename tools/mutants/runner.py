@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Not copied into a mutant's tree: VCS data, outputs, caches, wheels and virtual environments (a 4.8 GB
 # .venv-megatron made every blind judgement spend ~15 min copying and deleting it).
 COPY_IGNORE = shutil.ignore_patterns(".git", "out", "__pycache__", "*.egg-info", ".hypothesis", ".peer", ".whl",
-                                     ".whl-src", ".venv*", "build", ".pytest_cache")
+                                     ".whl-src", ".venv*", "build", ".pytest_cache", ".hq-import")
 # Exceptions that mean "the mutated code could not even run" rather than "a check caught the defect".
 CRASH_TYPES = ("ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "NameError")
 
@@ -115,8 +115,21 @@ class NotRun(Exception):
 
 
 def module_of(file: str) -> str | None:
-    """Dotted module name of a project .py file (None for other files)."""
-    return file[:-3].replace("/", ".").removesuffix(".__init__") if file.endswith(".py") else None
+    """Dotted module name of a project .py file (None for other files): tools/ is the package `hybridqual`."""
+    if not file.endswith(".py"):
+        return None
+    name = file[:-3].replace("/", ".").removesuffix(".__init__")
+    return "hybridqual" + name[len("tools"):] if name == "tools" or name.startswith("tools.") else name
+
+
+def import_path(tree: Path) -> str:
+    """PYTHONPATH under which `tree` is what gets imported: `hybridqual` is its tools/ folder (through a link in
+    tree/.hq-import, made here), then oracle/ and fastpath/ from the tree itself."""
+    links = tree / ".hq-import"
+    links.mkdir(exist_ok=True)
+    if not (links / "hybridqual").exists():
+        (links / "hybridqual").symlink_to(Path("..") / "tools", target_is_directory=True)
+    return os.pathsep.join([str(links), str(tree)])
 
 
 def mutated_copy(m: Mutant | None, tmp: Path) -> tuple[Path, dict[str, str]]:
@@ -127,7 +140,7 @@ def mutated_copy(m: Mutant | None, tmp: Path) -> tuple[Path, dict[str, str]]:
     shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
     if m is not None and not apply(m, tree):
         raise NotRun("STALE", "; ".join(stale_hunks(m, tree)))
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONPATH=import_path(tree), PYTHONDONTWRITEBYTECODE="1")
     if m is not None and m.gpu_only:   # compiled kernels on the device: the interpreter cannot reach 2^31 elements
         env.pop("TRITON_INTERPRET", None)
     else:
@@ -139,9 +152,9 @@ def mutated_copy(m: Mutant | None, tmp: Path) -> tuple[Path, dict[str, str]]:
         except SyntaxError as e:
             raise NotRun("INVALID", f"the patched {f} does not compile: {type(e).__name__}: {e}") from None
     mods = sorted(module_of(f) for f in files)
-    probe = ("import importlib, oracle, fastpath, tools\n"
+    probe = ("import importlib, oracle, fastpath, hybridqual\n"
              f"for mod in {mods!r}:\n    importlib.import_module(mod)\n"
-             "print(oracle.__file__, fastpath.__file__, tools.__file__)")
+             "print(oracle.__file__, fastpath.__file__, hybridqual.__file__)")
     where = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True)
     if where.returncode != 0:
         last = (where.stderr.strip().splitlines() or ["no output"])[-1]
@@ -165,7 +178,7 @@ def run_one(m: Mutant, timeout: int = 900) -> Outcome:
         junit = Path(tmp) / "junit.xml"
         # `-m ""`: a named test runs even where it is marked slow (the default tier deselects those)
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "-m", "",
-               "-p", "tools.mutants.no_shrink", f"--junitxml={junit}", *m.tests]
+               "-p", "hybridqual.mutants.no_shrink", f"--junitxml={junit}", *m.tests]
         try:
             proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
             rc = proc.returncode

@@ -6,7 +6,7 @@ the runner stops at the first failure (-x).
 """
 from __future__ import annotations
 
-from .runner import Mutant
+from hybridqual.mutants.runner import Mutant
 
 ENGINE, ROWS, MODEL = "fastpath/engine/engine.py", "fastpath/engine/rows.py", "fastpath/model.py"
 GRAPHS, TORCH_OPS = "fastpath/engine/graphs.py", "fastpath/engine/torch_ops.py"

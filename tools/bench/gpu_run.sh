@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# One whole GPU visit in one device call: environment record, the `gpu` test tier, the kernel benchmarks,
+# logs under $OUT, and a short summary table printed last. Installs nothing from the network: the project
+# runs from the checkout through PYTHONPATH, `hybridqual` being tools/ through a link in .hq-import/ (mamba_ssm's
+# Triton ops come from .peer/ when carried).
+#
+#   run(command="bash tools/bench/gpu_run.sh", carry=[".peer"])         # on the device machine
+#   STEPS="gpu_tests" bash tools/bench/gpu_run.sh                        # a subset of the steps
+#
+# Extending it (other parts): add `step_<name>() { ...; }` below and append <name> to DEFAULT_STEPS, or drop
+# an executable tools/bench/gpu_run.d/<name>.sh (it runs after the built-in steps). A step's output goes to
+# $OUT/<name>.log; if it writes $OUT/<name>.summary, that text is printed in the final summary.
+# The device returns at most 8 files from $OUT: keep to a .log (+ optional .summary/.json) per step.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/out/gpu_run}
+mkdir -p "$OUT"
+mkdir -p "$ROOT/.hq-import"; [ -e "$ROOT/.hq-import/hybridqual" ] || ln -s ../tools "$ROOT/.hq-import/hybridqual"
+export PYTHONPATH="$ROOT/.hq-import:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+[ -d "$ROOT/.peer" ] && export PYTHONPATH="$PYTHONPATH:$ROOT/.peer"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+unset TRITON_INTERPRET
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PYTHON:-python3}
+DEFAULT_STEPS="gpu_tests bench_kernels"
+DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BENCH_ENGINE_TIMEOUT:-300}" $PY -m hybridqual.bench.engine ${BENCH_ENGINE_ARGS:-} --out "$OUT/bench_engine.json" --summary "$OUT/bench_engine.summary"; }
+# Optional (name it in STEPS): the projection launch-rule sweep in CUDA graphs + batch-invariance cost.
+step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY -m hybridqual.bench.gemm ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
+# Optional: one bs1 decode step as a CUDA graph with flag / rule / skip-a-kernel variants (where a step goes).
+step_bench_ablation() { timeout "${BENCH_ABLATION_TIMEOUT:-300}" $PY -m hybridqual.bench.ablation ${BENCH_ABLATION_ARGS:-}; }
+# Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
+step_measure_tau() {
+  timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m hybridqual.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}
+  local rc=$?
+  tail -n 12 "$OUT/measure_tau.log" > "$OUT/measure_tau.summary"
+  return $rc
+}
+# Optional: prefix-cache TTFT (32k shared prefix, hit vs cold) and speculative bs1 (k sweep), anchor-3b.
+step_bench_prefix() { timeout "${BENCH_PREFIX_TIMEOUT:-240}" $PY -m hybridqual.bench.engine --prefix-cache --out "$OUT/bench_prefix.json" --summary "$OUT/bench_prefix.summary"; }
+step_bench_spec() { timeout "${BENCH_SPEC_TIMEOUT:-300}" $PY -m hybridqual.bench.engine --spec --spec-k "${SPEC_K:-1,2,4,8}" --out "$OUT/bench_spec.json" --summary "$OUT/bench_spec.summary"; }
+# Optional: the fast path on CPU (Triton interpreter of this image's triton) on a GPU machine, with a traceback.
+step_interp_cpu() {
+  TRITON_INTERPRET=1 timeout "${INTERP_TIMEOUT:-120}" $PY -c "
+import traceback, oracle
+from fastpath.engine.engine import Engine
+t = oracle.load_trace('goldens/traces/seed_compaction.json')
+try:
+    e = Engine.from_pretrained('goldens/models/tiny-sort', t.engine, device='cpu')
+    print(e.run_trace(t, 'legacy').tokens)
+except Exception:
+    traceback.print_exc(); raise SystemExit(1)
+"
+}
+# Optional (issue 16.6): anchor-3b as a real HF folder (bf16, chunk 256), the corpus instantiated for it; the
+# truth (fp64 oracle on the GPU, every scenario) and the qualification (fast path bf16 + graphs) as two processes,
+# each with its wall time, peak host RSS and peak GPU memory (tools/bench/peak.py).
+step_anchor() {
+  local dir=${ANCHOR_DIR:-/tmp/anchor-3b} t0=$SECONDS
+  [ -e "$dir/config.json" ] || timeout 300 $PY -m hybridqual.anchor write "$dir" || return 1
+  echo "anchor write: $((SECONDS - t0)) s"
+  # goldens carried in (goldens/outputs/<name>/ from an earlier visit's anchor_goldens.tgz) are reused when they hold
+  if [ -z "${ANCHOR_REUSE_GOLDENS:-}" ] || [ ! -d "goldens/outputs/$(basename "$dir")" ]; then
+    $PY -m hybridqual.bench.peak oracle -- timeout "${ANCHOR_ORACLE_TIMEOUT:-300}" $PY -m hybridqual.goldens regen --model "$dir" --oracle-device cuda
+    tar czf "$OUT/anchor_goldens.tgz" -C goldens/outputs "$(basename "$dir")"
+  fi
+  $PY -m hybridqual.bench.peak qualify -- timeout "${ANCHOR_QUALIFY_TIMEOUT:-300}" $PY -m hybridqual.qualify --model "$dir" --device cuda --graphs \
+    --oracle-device cuda --out "$OUT/anchor_qualify" --quiet ${ANCHOR_QUALIFY_ARGS:-}
+  local rc=$?
+  grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
+  return $rc
+}
+STEPS=${STEPS:-$DEFAULT_STEPS}
+declare -a SUMMARY=()
+
+step_gpu_tests() {   # the gpu tier of the whole suite (kernels, engine, ...)
+  timeout "${GPU_TESTS_TIMEOUT:-330}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-0}" -q -rfE -p no:cacheprovider --continue-on-collection-errors ${GPU_TESTS_PATHS:-tests/}
+  local rc=$?
+  grep -E "passed|failed|error|no tests ran" "$OUT/gpu_tests.log" | tail -1 > "$OUT/gpu_tests.summary"
+  return $rc
+}
+
+step_bench_kernels() {   # per-kernel time, TB/s, TFLOP/s, floors, mamba_ssm peer
+  timeout "${BENCH_TIMEOUT:-240}" $PY -m hybridqual.bench.kernels ${BENCH_ARGS:-} --out "$OUT/bench_kernels.json" \
+    --summary "$OUT/bench_kernels.summary"
+}
+
+run_step() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== $name ($(date -u +%H:%M:%S))"
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 5 "$OUT/$name.log"
+  SUMMARY+=("$(printf '%-16s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+}
+
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
+  $PY -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+  $PY -c "import transformers; print('transformers', transformers.__version__)" 2>&1 | tail -1
+  git -C "$ROOT" log --oneline -1 2>/dev/null || true
+} > "$OUT/env.log" 2>&1
+
+for s in $STEPS; do run_step "$s" "step_$s"; done
+if [ -d tools/bench/gpu_run.d ]; then
+  for f in tools/bench/gpu_run.d/*.sh; do [ -e "$f" ] && run_step "$(basename "$f" .sh)" bash "$f"; done
+fi
+
+echo
+echo "================ gpu_run summary ================"
+head -n 3 "$OUT/env.log"
+for line in "${SUMMARY[@]}"; do echo "$line"; done
+for f in "$OUT"/*.summary; do [ -e "$f" ] && { echo "--- $(basename "$f" .summary)"; cat "$f"; }; done

@@ -1,0 +1,311 @@
+"""Benchmark the fast-path kernels on one GPU: time, achieved TB/s and TFLOP/s, floors from the copy
+bandwidth and bf16 GEMM rate measured in the same run, and mamba_ssm's Triton ops (peer) when importable.
+
+    PYTHONPATH=.:.peer python3 tools/bench/kernels.py [--out bench.json] [--summary bench.summary] [--quick]
+        [--only ssd,ssm_step,rest]
+
+Byte counts are the fewest bytes each op must move (inputs read once, outputs written once); FLOP counts
+are stated next to each case. Every time is the median of triton.testing.do_bench (CUDA events).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+from fastpath.kernels.attention import attention_prefill_varlen
+from fastpath.kernels.attention_decode import attention_decode
+from fastpath.kernels.conv1d import causal_conv1d_varlen, conv1d_step
+from fastpath.kernels.gated_norm import rms_norm_gated
+from fastpath.kernels.sampling import greedy_sample
+from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen
+from fastpath.kernels.ssm_step import ssm_step, ssm_step_launch_rule
+
+DEV = torch.device("cuda")
+ROWS: list[dict] = []
+
+
+def bench(fn, warmup=25, rep=150) -> float:
+    """Median milliseconds."""
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def record(name: str, ms: float, nbytes: float, flops: float, ceil: dict, peer_ms: float | None = None,
+           note: str = "") -> dict:
+    floor_ms = max(nbytes / (ceil["copy_TBps"] * 1e12), flops / (ceil["bf16_gemm_TFLOPs"] * 1e12)) * 1e3
+    row = dict(name=name, ms=ms, TBps=nbytes / (ms * 1e-3) / 1e12, TFLOPs=flops / (ms * 1e-3) / 1e12,
+               floor_ms=floor_ms, peer_ms=peer_ms, note=note)
+    ROWS.append(row)
+    print(f"[bench] {json.dumps(row)}", flush=True)
+    return row
+
+
+def ceilings() -> dict:
+    x = torch.randn(2 ** 30, dtype=torch.bfloat16, device=DEV)
+    y = torch.empty_like(x)
+    t = bench(lambda: y.copy_(x), 50, 300)
+    copy = 2 * x.numel() * 2 / (t * 1e-3) / 1e12
+    del x, y
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn_like(a)
+    t = bench(lambda: a @ b, 50, 300)
+    return dict(copy_TBps=copy, bf16_gemm_TFLOPs=2 * 8192 ** 3 / (t * 1e-3) / 1e12)
+
+
+def peer_ops():
+    try:
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        return mamba_chunk_scan_combined, selective_state_update
+    except Exception as e:  # noqa: BLE001 - any import failure just means "no peer"
+        print(f"[bench] mamba_ssm Triton ops not importable ({type(e).__name__}: {e}); no peer figures")
+        return None, None
+
+
+def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
+    """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (DESIGN §8 target: <= 1.9 ms at L = 65536)."""
+    H, P, G, N, Q = 128, 64, 1, 128, 256
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x = torch.randn(L, H, P, device=DEV, dtype=torch.bfloat16, generator=g)
+    dt = torch.randn(L, H, device=DEV, generator=g) * 0.5 - 2
+    A = -torch.rand(H, device=DEV, generator=g) * 4 - 0.5
+    B = torch.randn(L, G, N, device=DEV, dtype=torch.bfloat16, generator=g)
+    C = torch.randn_like(B)
+    D = torch.randn(H, device=DEV, generator=g)
+    dtb = torch.randn(H, device=DEV, generator=g) * 0.1
+    bank = torch.zeros(2, H, P, N, device=DEV)
+    slot, init = torch.tensor([1], device=DEV), torch.tensor([False], device=DEV)
+    table = ssd_chunk_table([0, L], [0], Q, DEV, slot=slot, n_slots=bank.shape[0])   # no host sync per call
+    out = torch.empty_like(x)
+    run = lambda **kw: ssd_varlen(x, dt, A, B, C, D, dtb, bank, [0, L], slot, [0], init, Q, out=out,  # noqa: E731
+                                  table=table, **kw)
+    nbytes = 2 * x.numel() * 2 + 2 * B.numel() * 2 + dt.numel() * 4 + H * P * N * 4
+    nc = L // Q
+    flops = 2 * L * H * P * N * 2 + 2 * nc * H * (Q * (Q + 1) / 2) * P + 2 * nc * G * (Q * (Q + 1) / 2) * N
+    base = ssd_launch_rule(H, G, P, N, Q, x.dtype)
+    cases = [("rule", None)]
+    if variants:
+        def v(**changes):
+            r = json.loads(json.dumps(base))
+            for k, val in changes.items():
+                stage, key = k.split("__")
+                if stage == "top":
+                    r[key] = val
+                else:
+                    r[stage][key] = val
+            return r
+        cases += [("state-parallel", v(state__mode="parallel")),
+                  ("state-flat", v(state__mode="flat")),
+                  ("state-par-n128-w8", v(state__mode="parallel", state__BLOCK_N=128, state__num_warps=8)),
+                  ("state-fused-k32-st4", v(state__BLOCK_K=32, state__num_stages=4)),
+                  ("scan-blocked", v(scan__kind="blocked")),
+                  ("scan-st1", v(scan__num_stages=1)),
+                  ("scan-st3", v(scan__num_stages=3)),
+                  ("scan-p32", v(scan__BLOCK_P=32)),
+                  ("scan-s128", v(scan__BLOCK_S=128)),
+                  ("scan-s32", v(scan__BLOCK_S=32)),
+                  ("scan-w2", v(scan__num_warps=2))]
+    y_rule = None
+    for name, rule in cases:
+        kw = {} if rule is None else dict(_rule=rule, use_cb=rule["use_cb"])
+        try:
+            ms = bench(lambda: run(**kw))
+        except Exception as e:  # noqa: BLE001 - a variant that fails to compile is reported, not fatal
+            print(f"[bench] ssd variant {name} failed: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        note = ""
+        if name == "rule":
+            y_rule = out.clone()
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")     # the table path must not sync the host
+            try:
+                run()
+                note_sync = "sync-free: yes"
+            except RuntimeError as e:
+                note_sync = f"sync-free: NO ({str(e)[:80]})"
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        elif y_rule is not None:
+            note = f"rel(y) vs rule {rel(out, y_rule):.2e}"
+        if name == "rule":
+            ev = []
+            def mark(stage):
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                ev.append((stage, e))
+            stage_ms = {}
+            for _ in range(5):
+                ev.clear()
+                e0 = torch.cuda.Event(enable_timing=True)
+                e0.record()
+                run(_mark=mark)
+                torch.cuda.synchronize()
+                prev = e0
+                for stage, e in ev:
+                    stage_ms[stage] = stage_ms.get(stage, 0.0) + prev.elapsed_time(e) / 5
+                    prev = e
+            note = note_sync + " | stages " + " ".join(f"{k}={v:.3f}" for k, v in stage_ms.items())
+        peer_ms = None
+        if peer is not None and name == "rule":
+            f = lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=None, dt_bias=dtb,  # noqa: E731
+                             dt_softplus=True, return_final_states=True)
+            peer_ms = bench(f)
+            y_peer, h_peer = f()
+            bank.zero_()
+            run()
+            note += f" | vs mamba_ssm: rel(y)={rel(out, y_peer[0]):.2e} rel(h)={rel(bank[1], h_peer[0]):.2e}"
+            z = torch.randn_like(x)
+            peer_z_ms = bench(lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=z[None], dt_bias=dtb,
+                                           dt_softplus=True, return_final_states=True))
+            note += f" | mamba_ssm with z gate: {peer_z_ms:.3f} ms"
+        record(f"ssd_prefill L{L} [{name}]", ms, nbytes, flops, ceil, peer_ms, note)
+
+
+def bench_ssm_step(ceil: dict, peer, variants: bool) -> None:
+    """Decode state update, 256 rows, fp32 state, H128 P64 G1 N128 (target >= 3.6 TB/s)."""
+    R, H, P, G, N = 256, 128, 64, 1, 128
+    g = torch.Generator(device=DEV).manual_seed(1)
+    bank = torch.randn(R, H, P, N, device=DEV, generator=g)
+    x = torch.randn(R, H, P, device=DEV, dtype=torch.bfloat16, generator=g)
+    dt = torch.randn(R, H, device=DEV, generator=g).to(torch.bfloat16)
+    A = -torch.rand(H, device=DEV, generator=g) * 4
+    B = torch.randn(R, G, N, device=DEV, dtype=torch.bfloat16, generator=g)
+    C = torch.randn_like(B)
+    D = torch.randn(H, device=DEV, generator=g)
+    dtb = torch.randn(H, device=DEV, generator=g)
+    z = torch.randn_like(x)
+    slot = torch.randperm(R, device=DEV, generator=g).to(torch.int32)
+    out = torch.empty_like(x)
+    nbytes = bank.numel() * 4 * 2
+    flops = R * H * P * N * 4
+    base = ssm_step_launch_rule(H, P, N)
+    cases = [("rule", None)]
+    if variants:
+        cases += [("p8-w2", dict(base, BLOCK_P=8, num_warps=2)), ("p32-w8", dict(base, BLOCK_P=32, num_warps=8)),
+                  ("p4-w1", dict(base, BLOCK_P=4, num_warps=1))]
+    for name, rule in cases:
+        ms = bench(lambda: ssm_step(bank, x, dt, A, B, C, D, dtb, slot, z=z, out=out, _rule=rule))
+        peer_ms, note = None, ""
+        if peer is not None and name == "rule":
+            Ap = A[:, None, None].expand(H, P, N)
+            dtp, dtbp, Dp = dt[:, :, None].expand(R, H, P), dtb[:, None].expand(H, P), D[:, None].expand(H, P)
+            f = lambda st: peer(st, x, dtp, Ap, B, C, D=Dp, z=z, dt_bias=dtbp, dt_softplus=True,  # noqa: E731
+                                state_batch_indices=slot)
+            peer_ms = bench(lambda: f(bank))
+            b1, b2 = bank.clone(), bank.clone()
+            y1 = ssm_step(b1, x, dt, A, B, C, D, dtb, slot, z=z)
+            y2 = f(b2)
+            note = f"vs mamba_ssm: rel(y)={rel(y1, y2):.2e} rel(state)={rel(b1, b2):.2e}"
+        record(f"ssm_step R{R} [{name}]", ms, nbytes, flops, ceil, peer_ms, note)
+
+
+def bench_rest(ceil: dict) -> None:
+    """conv1d, gated norm, attention, sampling at anchor-3b-like shapes (bf16)."""
+    g = torch.Generator(device=DEV).manual_seed(2)
+    T, Dc, K = 65536, 8192 + 256, 4
+    x = torch.randn(T, Dc, device=DEV, dtype=torch.bfloat16, generator=g)
+    w, b = torch.randn(Dc, K, device=DEV, generator=g), torch.randn(Dc, device=DEV, generator=g)
+    cbank = torch.zeros(4, Dc, K - 1, device=DEV)
+    cu, sl, ini = torch.tensor([0, T], device=DEV), torch.tensor([1], device=DEV), torch.tensor([False], device=DEV)
+    y = torch.empty_like(x)
+    ms = bench(lambda: causal_conv1d_varlen(x, w, b, cbank, cu, sl, ini, out=y))
+    record(f"conv1d_varlen T{T} C{Dc}", ms, 2 * x.numel() * 2, 2 * T * Dc * K, ceil)
+    R = 256
+    cb2 = torch.randn(R, Dc, K - 1, device=DEV, generator=g)
+    xs = x[:R].clone()
+    slots = torch.randperm(R, device=DEV, generator=g)
+    ys = torch.empty_like(xs)
+    ms = bench(lambda: conv1d_step(xs, w, b, cb2, slots, out=ys))
+    record(f"conv1d_step R{R}", ms, cb2.numel() * 4 * 2 + 2 * xs.numel() * 2, 2 * R * Dc * K, ceil)
+    del x, y
+    d = 8192
+    yy = torch.randn(T, d, device=DEV, dtype=torch.bfloat16, generator=g)
+    zz = torch.randn_like(yy)
+    wn = torch.randn(d, device=DEV, generator=g)
+    on = torch.empty_like(yy)
+    ms = bench(lambda: rms_norm_gated(yy, zz, wn, 1, 1e-5, out=on))
+    record(f"rms_norm_gated T{T} D{d} G1", ms, 3 * yy.numel() * 2, 6 * yy.numel(), ceil)
+    del yy, zz, on
+    L, Hq, Hkv, hd = 8192, 32, 8, 80
+    q = torch.randn(L, Hq, hd, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(L, Hkv, hd, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    kc = torch.zeros(2, L, Hkv, hd, device=DEV, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    o = torch.empty_like(q)
+    args = (torch.tensor([0, L], device=DEV), torch.tensor([0], device=DEV), torch.tensor([0], device=DEV))
+    ms = bench(lambda: attention_prefill_varlen(q, k, v, kc, vc, *args, hd ** -0.5, out=o))
+    record(f"attention_prefill L{L} Hq{Hq} Hkv{Hkv} d{hd}", ms, (2 * q.numel() + 4 * k.numel()) * 2,
+           4 * L * L / 2 * Hq * hd, ceil)
+    R, ctx = 64, 4096
+    kc = torch.randn(R, ctx + 1, Hkv, hd, device=DEV, dtype=torch.bfloat16, generator=g)
+    vc = torch.randn_like(kc)
+    qd = torch.randn(R, Hq, hd, device=DEV, dtype=torch.bfloat16, generator=g)
+    kd = torch.randn(R, Hkv, hd, device=DEV, dtype=torch.bfloat16, generator=g)
+    od = torch.empty_like(qd)
+    pos = torch.full((R,), ctx, device=DEV, dtype=torch.int64)
+    rs = torch.arange(R, device=DEV)
+    ms = bench(lambda: attention_decode(qd, kd, kd, kc, vc, rs, pos, hd ** -0.5, out=od))
+    record(f"attention_decode R{R} ctx{ctx}", ms, 2 * kc.numel() * 2, 4 * R * ctx * Hq * hd, ceil,
+           note="16-row query tiles: 1 live row each")
+    logits = torch.randn(256, 32000, device=DEV, dtype=torch.bfloat16, generator=g)
+    buf = torch.empty(256, dtype=torch.int64, device=DEV)
+    ms = bench(lambda: greedy_sample(logits, buf))
+    record("greedy_sample R256 V32000 bf16", ms, logits.numel() * 2, 0, ceil)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--summary", default=None)
+    ap.add_argument("--quick", action="store_true", help="no launch-config variants")
+    ap.add_argument("--only", default="ssd,ssm_step,rest", help="comma list of groups: ssd, ssm_step, rest")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kernels: needs CUDA")
+        return 2
+    t0 = time.time()
+    ceil = ceilings()
+    print(f"[bench] ceilings {json.dumps(ceil)}", flush=True)
+    peer_ssd, peer_ssu = peer_ops()
+    only = set(a.only.split(","))
+    if "ssd" in only:
+        bench_ssd(ceil, peer_ssd, 8192, variants=False)
+        bench_ssd(ceil, peer_ssd, 65536, variants=not a.quick)
+    if "ssm_step" in only:
+        bench_ssm_step(ceil, peer_ssu, variants=not a.quick)
+    if "rest" in only:
+        bench_rest(ceil)
+    lines = [f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | copy {ceil['copy_TBps']:.2f} TB/s"
+             f" | bf16 gemm {ceil['bf16_gemm_TFLOPs']:.0f} TFLOP/s | {time.time() - t0:.0f} s",
+             f"{'kernel':44s} {'ms':>8s} {'TB/s':>6s} {'TFLOP/s':>8s} {'floor ms':>9s} {'peer ms':>8s}"]
+    for r in ROWS:
+        peer = f"{r['peer_ms']:8.3f}" if r["peer_ms"] is not None else f"{'-':>8s}"
+        lines.append(f"{r['name'][:44]:44s} {r['ms']:8.3f} {r['TBps']:6.2f} {r['TFLOPs']:8.1f} "
+                     f"{r['floor_ms']:9.3f} {peer}")
+    for r in ROWS:
+        if r["note"]:
+            lines.append(f"  {r['name']}: {r['note']}")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(dict(ceilings=ceil, rows=ROWS, device=torch.cuda.get_device_name(), torch=torch.__version__,
+                           date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())), f, indent=1)
+    if a.summary:
+        with open(a.summary, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""python -m hybridqual.goldens regen|zoo: see hybridqual.goldens.regen."""
+import sys
+
+from hybridqual.goldens.regen import main
+
+sys.exit(main())

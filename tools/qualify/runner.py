@@ -1,0 +1,373 @@
+"""The main job: run scenario instances through an engine and check it against the goldens / the oracle.
+
+    python -m hybridqual.qualify                                   # the default plan (hybridqual.scenarios.plan.default_plan)
+    python -m hybridqual.qualify --model M [--scenario NAME ...]   # every scenario instantiated for model M
+    python -m hybridqual.qualify [--model M] --trace T.json ...    # these trace files (one instance each)
+        [--engine fastpath|oracle|hf|hf-batched|module:Class] [--mode legacy async] [--device cpu|cuda]
+        [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
+        [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast] [--jobs N]
+    torchrun --nproc_per_node 2 -m hybridqual.qualify --tp 2 ...   # tensor parallel fast path
+
+Checks, a line each (PASS / FAIL / SKIP with its reason; tools/qualify/checks.py): tokens vs the truth
+(tie-aware, τ from the engine's compute dtype unless --tau), schedule log vs the oracle's, logits vs the oracle's,
+legacy == async bitwise, task accuracy. The truth is the shipped golden when its model sha256 and trace sha256
+match, else the oracle (fp64) run now; the report says which. A model that does not fit in memory (or --oracle
+streamed) is judged by the streamed fp64 oracle (tools/qualify/truth.py): the engine's own tokens scored
+teacher-forced, one layer's weights in memory at a time. report.json and junit.xml under --out are removed
+at start and rewritten after every check. Exit 0 when nothing failed and at least one check passed (--strict:
+and nothing was skipped); --fail-fast stops at the first FAIL (exit 1, the report says where it stopped).
+--jobs N runs instances in N worker processes (tools/qualify/jobs.py; default min(2, cores) for the default plan
+on cpu, else 1); the report, its lines and --fail-fast's stop keep the plan's order.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from hybridqual import adapters
+from hybridqual.goldens import regen as goldens
+from hybridqual.scenarios import plan as scenarios
+from hybridqual.qualify.compare import tau_for
+from hybridqual.qualify.checks import check_instance, dtype_name, truth_for
+from hybridqual.qualify.truth import ORACLES, load_truth
+from hybridqual.qualify.report import Check, Progress, Report, versions
+
+DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
+
+
+def instance_from_file(path: Path, config) -> scenarios.Instance:
+    """A trace file as one instance (scenario = file stem); a TraceError for a malformed file, a skip (with the
+    reason) when it does not fit the model."""
+    import oracle
+    from oracle.trace import TraceError, check_against_model
+    trace = oracle.load_trace(path)
+    family = trace_family(trace)
+    try:
+        check_against_model(trace, config.vocab_size, config.chunk_size)
+    except TraceError as e:
+        return scenarios.Instance(path.stem, family, None, f"does not fit the model: {e}", trace.to_json())
+    return scenarios.Instance(path.stem, family, trace, None, trace.to_json())
+
+
+def trace_family(trace) -> str:
+    """A trace file's family: the engine feature it exercises (prefix_cache, speculative), else "trace file"."""
+    if trace.engine.prefix_cache is not None:
+        return "prefix_cache"
+    return "speculative" if trace.engine.speculative is not None else "trace file"
+
+
+def instances_for(model_dir: Path, config, names: list[str] | None, label: str) -> list:
+    """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash."""
+    error = getattr(scenarios, "ScenarioError", ValueError)
+    out = []
+    for name in names if names is not None else list(scenarios.SCENARIOS):
+        try:
+            out += scenarios.instantiate(model_dir, config, [name])
+        except error as e:
+            out.append(Check.of(label, f"scenario {name} instantiates", False, str(e)))
+    return out
+
+
+def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str], oracle_model, device: str,
+                tau: float | None = None) -> list[Check]:
+    """Every check for one trace file (an instance of its own); `tau` None follows the engine's compute dtype."""
+    return check_instance(adapter_cls, Path(model_dir), instance_from_file(Path(trace_path), oracle_model.config),
+                          modes, oracle_model, device, tau)
+
+
+def prepare_device(device: str) -> str | None:
+    """Check --device; on a GPU machine, `cpu` needs the Triton interpreter, which must be on before triton is
+    imported (set here when possible). Returns an error message, or None."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"--device {device!r}: not a torch device ({e})"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: CUDA is not available on this machine"
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            return ("--device cpu: the fast path's Triton kernels need TRITON_INTERPRET=1 on CPU, and triton is "
+                    "already imported; set TRITON_INTERPRET=1 in the environment")
+        os.environ["TRITON_INTERPRET"] = "1"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--device {device}: only cpu and cuda are supported"
+    return None
+
+
+def oracle_device_problem(device: str) -> str | None:
+    """Why --oracle-device cannot be used, or None."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"--oracle-device {device!r}: not a torch device ({e})"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--oracle-device {device}: only cpu and cuda are supported"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--oracle-device {device}: CUDA is not available on this machine"
+    return None
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:      # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_jobs(args) -> str | None:
+    """Fill in --jobs (min(2, cores) for the default plan on cpu, else 1); an error message for a bad value."""
+    if args.jobs is None:
+        default_plan = not (args.model or args.trace)
+        args.jobs = min(2, cpu_cores()) if default_plan and args.device == "cpu" and args.tp == 1 else 1
+    elif args.jobs < 1:
+        return f"--jobs {args.jobs}: must be at least 1"
+    elif args.jobs > 1 and args.tp > 1:
+        return f"--jobs {args.jobs}: not with --tp {args.tp} (the ranks already run every instance together)"
+    return None
+
+
+class FailFast(Exception):
+    """Raised by the report hook at the first FAIL under --fail-fast."""
+
+
+def configured_adapter(args) -> type[adapters.Adapter]:
+    """The adapter class, with --tp / --batch-invariant / --dtype / --graphs applied (fast path only)."""
+    cls = adapters.resolve(args.engine)
+    if args.tp > 1 or args.batch_invariant or args.dtype or args.graphs:
+        if not issubclass(cls, adapters.FastpathAdapter):
+            raise ValueError("--tp / --batch-invariant / --dtype / --graphs apply to the fastpath engine only")
+        cls = type("FastpathAdapterConfigured", (cls,),
+                   {"tp": args.tp, "batch_invariant": args.batch_invariant, "graphs": args.graphs,
+                    "dtype": getattr(torch, args.dtype) if args.dtype else None})
+    return cls
+
+
+def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
+    """(model folder, scenario names or None = all, trace files or None) per model, from the arguments."""
+    if args.trace:
+        return [(args.model or DEFAULT_MODEL, None, list(args.trace))]
+    if args.model:
+        return [(args.model, args.scenario, None)]
+    return scenarios.main_job_plan()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.qualify", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="HF-format model folder (default: the default plan's models)")
+    ap.add_argument("--scenario", nargs="+", help="only these scenarios (with --model)")
+    ap.add_argument("--engine", default="fastpath", help="fastpath | oracle | hf | hf-batched | module:Class")
+    ap.add_argument("--mode", nargs="+", default=["legacy", "async"], choices=["legacy", "async"])
+    ap.add_argument("--trace", nargs="+", type=Path, help="trace files, one instance each")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tau", type=float, default=None,
+                    help="near-tie threshold on the oracle logit gap (default: compare.TAU of the engine's dtype)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="fast path compute dtype (default: bf16 on "
+                                                                     "cuda, fp32 on cpu)")
+    ap.add_argument("--graphs", action="store_true", help="fast path with CUDA graphs for decode-only steps")
+    ap.add_argument("--out", type=Path, default=Path("out/qualify"))
+    ap.add_argument("--quiet", action="store_true", help="no progress lines: failures and the summary only")
+    ap.add_argument("--strict", action="store_true", help="a skipped check makes the run fail too")
+    ap.add_argument("--fail-fast", action="store_true", help="stop at the first FAIL (exit 1; the report says so)")
+    ap.add_argument("--oracle", choices=ORACLES, default="auto",
+                    help="the truth: auto (in memory when the fp64 model fits, else streamed), memory, streamed")
+    ap.add_argument("--oracle-device", default="cpu", help="where the fp64 oracle computes: cpu or cuda")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="worker processes running instances side by side, reported in plan order (default: "
+                         "min(2, CPU cores) for the default plan on cpu, else 1); each uses cores/jobs torch threads")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
+                         "schedule log is not the default policy's: that check is skipped)")
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what --jobs workers are started with
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.tp < 1 or (args.tp > 1 and int(os.environ.get("WORLD_SIZE", "1")) != args.tp):
+        print(f"--tp {args.tp}: needs torchrun --nproc_per_node {args.tp} (WORLD_SIZE="
+              f"{os.environ.get('WORLD_SIZE', 'unset')})", file=sys.stderr)
+        return 2
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if not rank0:   # every rank runs the same instances; only rank 0 reports
+        sys.stdout = open(os.devnull, "w")
+    for m in ([args.model] if args.model else []):
+        if not (m / "config.json").exists():
+            print(f"--model {m}: no config.json there", file=sys.stderr)
+            return 2
+    if args.scenario and not args.model:
+        print("--scenario needs --model (the default plan names its own scenarios)", file=sys.stderr)
+        return 2
+    problem = resolve_jobs(args)
+    problem = problem or prepare_device(args.device)
+    problem = problem or oracle_device_problem(args.oracle_device)
+    try:
+        adapter_cls = configured_adapter(args)
+    except ValueError as e:
+        problem = problem or str(e)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    return run(args, adapter_cls, rank0)
+
+
+def run(args, adapter_cls, rank0: bool) -> int:
+    """Run the plan, reporting as it goes; the exit code."""
+    caps = adapter_cls.capabilities(args.device)
+    tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
+    tau_source = "--tau" if args.tau is not None else \
+        f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"
+    plan = build_plan(args)
+    header = {"engine": args.engine, "device": args.device, "modes": args.mode,
+              "models": [str(m) for m, _, _ in plan], "tau": tau, "tau_source": tau_source,
+              "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls),
+              "jobs": args.jobs}
+    report = Report(args.out if rank0 else None, header)
+    progress = Progress(args.quiet)
+    print(f"hybridqual qualify: engine={args.engine} ({header['versions']['engine']}) device={args.device} "
+          f"modes={','.join(args.mode)} τ={tau:g} [{tau_source}]" + (f" tp={args.tp}" if args.tp > 1 else "")
+          + (" batch-invariant" if args.batch_invariant else ""), flush=True)
+    loud = Progress(False)
+
+    def on_check(c: Check) -> None:
+        report.add(c)
+        if args.quiet and c.status == "FAIL":
+            loud.check(c)
+        if args.fail_fast and c.status == "FAIL":
+            raise FailFast(f"{c.trace}: {c.name}")
+    counters = {"ran": 0, "skipped": 0, "families": set()}
+    try:
+        code = run_plan(args, plan, adapter_cls, tau, report, progress, on_check, counters)
+    except FailFast as stop:
+        report.header["stopped"] = f"--fail-fast: stopped at the first FAIL ({stop}); later checks did not run"
+        print(report.header["stopped"], flush=True)
+        code = None
+    if code is not None:
+        return code
+    counts = report.finish()
+    if not rank0:
+        return 0 if counts["passed"] and not counts["failed"] else 1
+    total = sum(counts.values())
+    print(f"{counts['passed']}/{total} checks passed, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"({total - counts['skipped']} of {total} ran); {counters['ran']} instances ran, {counters['skipped']} "
+          f"skipped; families: {', '.join(sorted(counters['families'])) or 'none'}; {time.time() - report.t0:.0f} s"
+          + (" (stopped early: --fail-fast)" if "stopped" in report.header else "")
+          + f"; report in {args.out}/report.json and junit.xml")
+    bad = counts["failed"] or not counts["passed"] or (args.strict and counts["skipped"])
+    return 1 if bad else 0
+
+
+def plan_steps(args, plan):
+    """The plan as steps in report order, computing only what decides them (the truth's loading, instantiation):
+    ("say", line), ("check", Check), ("oracle", model, how), ("exit", code, message) and ("instance", model_dir,
+    i, n, inst, oracle_model, spec) — spec: what a worker needs to rebuild the instance (tools/qualify/jobs.py)."""
+    from oracle.checkpoint import CheckpointError
+    from oracle.trace import TraceError
+    for model_dir, names, files in plan:
+        if not (model_dir / "config.json").exists():
+            yield "check", Check.of(str(model_dir), "model folder exists", False, "no config.json there")
+            continue
+        try:
+            oracle_model, how = load_truth(model_dir, args.oracle, args.oracle_device)
+        except (CheckpointError, ValueError) as e:
+            yield "check", Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}")
+            continue
+        yield "oracle", str(model_dir), how
+        yield "say", f"[{model_dir.name}] truth: {how}"
+        try:
+            insts = ([instance_from_file(p, oracle_model.config) for p in files] if files is not None
+                     else instances_for(model_dir, oracle_model.config, names, model_dir.name))
+        except (TraceError, OSError, ValueError) as e:
+            yield "exit", 2, f"--trace: {e}"
+            return
+        for i, inst in enumerate(insts, 1):
+            if isinstance(inst, Check):           # a scenario that failed to instantiate
+                yield "check", inst
+                continue
+            spec = {"model": str(model_dir), "i": i, "n": len(insts),
+                    **({"trace_file": str(files[i - 1])} if files is not None else {"scenario": inst.scenario})}
+            yield "instance", model_dir, i, len(insts), inst, oracle_model, spec
+
+
+def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, oracle_model, progress: Progress,
+                 on_instance, on_check) -> tuple[bool, str]:
+    """One instance: its truth, then every check; (it ran — not skipped —, its family)."""
+    progress.say(f"[{model_dir.name} {i}/{n}] {inst.scenario} ({inst.family})")
+    info = {"model": str(model_dir), "scenario": inst.scenario, "family": inst.family,
+            "skip_reason": inst.skip_reason, "concrete": inst.concrete}
+    truth = None
+    if inst.trace is not None:
+        truth = truth_for(model_dir, inst, oracle_model)
+        info["truth"] = truth["source"]
+        progress.say(f"  truth: {truth['source']}")
+    on_instance(info)
+    checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
+                            progress, on_check, truth)
+    return not (inst.trace is None or all(c.skipped for c in checks)), inst.family
+
+
+def count(counters: dict, ran: bool, family: str) -> None:
+    """One finished instance in the summary's counters."""
+    if ran:
+        counters["ran"] += 1
+        counters["families"].add(family)
+    else:
+        counters["skipped"] += 1
+
+
+def apply_step(step, report: Report, progress: Progress, on_check) -> int | None:
+    """A step other than an instance, in order; an exit code for ("exit", ...)."""
+    if step[0] == "say":
+        progress.say(step[1])
+    elif step[0] == "check":
+        on_check(step[1])
+    elif step[0] == "oracle":
+        report.header.setdefault("oracle", {})[step[1]] = step[2]
+    elif step[0] == "exit":
+        print(step[2], file=sys.stderr)
+        return step[1]
+    return None
+
+
+def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, on_check, counters: dict) -> int | None:
+    """Every (model, instance) of the plan through check_instance, in this process or (--jobs > 1) in worker
+    processes (tools/qualify/jobs.py, same order); None when done, an exit code on bad input."""
+    if args.jobs > 1:
+        from hybridqual.qualify.jobs import run_parallel
+        return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters)
+    for step in plan_steps(args, plan):
+        if step[0] != "instance":
+            code = apply_step(step, report, progress, on_check)
+            if code is not None:
+                return code
+            continue
+        _, model_dir, i, n, inst, oracle_model, _spec = step
+        count(counters, *run_instance(args, adapter_cls, tau, model_dir, i, n, inst, oracle_model, progress,
+                                      report.instance, on_check))
+    return None
+
+
+def finish_distributed() -> None:
+    """Under torchrun: wait for every rank, then tear the process group down (a rank exiting while gloo's threads
+    still run aborts the process)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        rc = main()
+    finally:
+        finish_distributed()
+    sys.exit(rc)

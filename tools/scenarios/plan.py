@@ -1,0 +1,203 @@
+"""The trace corpus as scenarios in a model's units (DESIGN §15, issue 16.1 / 20.2-3).
+
+    python -m hybridqual.scenarios list [--model DIR ...]     # every scenario per model: its shape, or why skipped
+    python -m hybridqual.scenarios write NAME ...              # goldens/traces/NAME.json = its shipped-model instance
+
+    from hybridqual.scenarios import plan as scenarios
+    for inst in scenarios.instantiate(model_dir, oracle.from_hf_config(model_dir / "config.json")):
+        inst.trace or print(inst.scenario, "skipped:", inst.skip_reason)
+
+A scenario is a builder over a model's `Units` (chunk_size C, vocab_size V, bos/eos/pad): engine limits and the
+prompt lengths that decide chunking are multiples/offsets of C, token ids are literal ids of a 64-id alphabet,
+kept when they fit V and folded onto the model's ordinary ids when they do not (tools/scenarios/units.py). Every
+scenario instantiates for a model or is a skip with its reason; an instantiated trace always passes
+`oracle.trace.check_against_model`. On the shipped models (C = 8) a scenario with a shipped trace in
+goldens/traces/<name>.json instantiates to exactly that trace (same canonical JSON, so the golden's trace_sha256
+matches). Families: the shipped corpus (one scenario each, tools/scenarios/corpus.py) and request_order,
+prefill_boundaries, special_ids (tools/scenarios/edges.py).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hybridqual.scenarios.corpus import CORPUS
+from hybridqual.scenarios.edges import EDGES
+from hybridqual.paths import MODELS, ROOT, TRACES  # the shipped data, installed or in a checkout
+from hybridqual.scenarios.units import ScenarioError, Skip, Units, build_with_tokens
+
+# name -> (family, builder(units, tokens) -> trace JSON object), in report order.
+SCENARIOS: dict[str, tuple[str, Callable]] = {**CORPUS, **EDGES}
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for f, _ in SCENARIOS.values()))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One scenario instantiated for one model: its concrete trace, or why it was skipped."""
+    scenario: str                   # e.g. "chunked_prefill"
+    family: str                     # the scenario family it covers
+    trace: "object | None"          # oracle.trace.Trace for this model (None when skipped)
+    skip_reason: str | None
+    concrete: dict | None           # the concrete trace's JSON (Trace.to_json()), recorded in reports
+
+
+def _names(names: list[str] | None) -> list[str]:
+    if names is None:
+        return list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ScenarioError(f"scenario {unknown[0]!r} is not one of {sorted(SCENARIOS)}")
+    return list(dict.fromkeys(names))
+
+
+def instantiate_one(name: str, units: Units, where: str = "the model") -> Instance:
+    """Instantiate one scenario for `units`; a ScenarioError if the builder made a trace the model rejects."""
+    from oracle.trace import TraceError, check_against_model, parse_trace
+    family, builder = SCENARIOS[name]
+    try:
+        obj, folded = build_with_tokens(builder, units)
+    except Skip as s:
+        return Instance(name, family, None, str(s), None)
+    try:
+        tr = parse_trace(obj, vocab_size=units.vocab)
+        check_against_model(tr, units.vocab, units.chunk)
+    except TraceError as e:
+        raise ScenarioError(f"scenario {name!r} for {where} (chunk_size {units.chunk}, vocab_size {units.vocab}) "
+                            f"built an invalid trace: {e}") from e
+    return Instance(name, family, tr, None, tr.to_json())
+
+
+def instantiate(model_dir: Path, config, names: list[str] | None = None) -> list[Instance]:
+    """Every scenario (or those named, in that order) for the model at `model_dir` whose oracle config is `config`."""
+    units = Units.from_config(config)
+    return [instantiate_one(n, units, str(model_dir)) for n in _names(names)]
+
+
+def shipped_trace_path(name: str) -> Path | None:
+    """goldens/traces/<name>.json when the scenario has a shipped concrete trace."""
+    p = TRACES / f"{name}.json"
+    return p if p.exists() else None
+
+
+# The qualify main job's default: every family at least once, every shipped architecture at least one scenario,
+# spread by cost: the fast path runs in the Triton interpreter on CPU and a step of zoo-mamba2 (2 Mamba layers)
+# costs about a third of one of tiny-sort or the attention/MoE zoo models, so the cheap scheduling scenarios run
+# there; seeded sampling runs on Granite (its multipliers under sampling), the short task on the trained model.
+# Measured wall time: docs/qualification.md ("The main job's default plan").
+DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("tiny-sort", ("task_staggered_short",)),
+    ("zoo-granitemoehybrid", ("seeded_sampling", "stop_tokens")),
+    ("zoo-bamba", ("piece_budget",)),
+    ("zoo-mamba2", ("request_order", "async_drain", "slot_exhaustion", "seed_compaction", "special_ids",
+                    "piece_chunk", "task_burst_short")),
+    ("zoo-nemotron_h", ("chunked_prefill",)),
+)
+
+
+# The main job also runs the shipped prefix-cache and speculative traces (goldens/traces/<name>.json: concrete
+# traces, not scenarios in units) on an attention-bearing zoo model, so the default run qualifies both features:
+# the checkpoint's Mamba state and K/V, its key, eviction and inert caches; rollback, bonus token, seeded keys.
+DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn")),
+    ("zoo-bamba", "speculative", ("spec_scripted", "spec_ngram", "spec_draft")),
+)
+TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
+
+
+def default_plan() -> list[tuple[Path, list[str] | None]]:
+    """The qualify main job's default run: (model folder, scenario names) covering every family at least once."""
+    return [(MODELS / m, list(names)) for m, names in DEFAULT_PLAN]
+
+
+def default_trace_plan() -> list[tuple[Path, list[Path]]]:
+    """The main job's shipped trace files: (model folder, trace paths) for the features scenarios do not build."""
+    by_model: dict[str, list[Path]] = {}
+    for m, _family, names in DEFAULT_TRACES:
+        by_model.setdefault(m, []).extend(TRACES / f"{n}.json" for n in names)
+    return [(MODELS / m, files) for m, files in by_model.items()]
+
+
+def main_job_plan() -> list[tuple[Path, list[str] | None, list[Path] | None]]:
+    """The main job's default run, in its order: (model, scenario names, trace files). The trained model's short
+    task first, then the prefix-cache and speculative trace files, then the zoo's scenarios: under --fail-fast a
+    broken engine stops at the first few instances (the blind judge's cost per mutant)."""
+    scen = [(m, names, None) for m, names in default_plan()]
+    return scen[:1] + [(m, None, files) for m, files in default_trace_plan()] + scen[1:]
+
+
+def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> dict[str, list[str]]:
+    """family -> the 'model:scenario' entries of a plan that cover it (what the main job says it covered)."""
+    out: dict[str, list[str]] = {f: [] for f in FAMILIES}
+    for model, names in plan if plan is not None else default_plan():
+        for n in _names(names):
+            out[SCENARIOS[n][0]].append(f"{Path(model).name}:{n}")
+    if plan is None:                     # the default run's trace files: prefix_cache, speculative
+        for model, family, names in DEFAULT_TRACES:
+            out.setdefault(family, []).extend(f"{model}:{n}" for n in names)
+    return out
+
+
+def shipped_models() -> list[Path]:
+    """The shipped model folders, in name order."""
+    return sorted(p for p in MODELS.iterdir() if (p / "config.json").exists())
+
+
+def write_shipped(name: str) -> Path:
+    """Write goldens/traces/<name>.json: the scenario's instance on the shipped models, which must all agree."""
+    import oracle
+    from oracle.trace import dump_trace
+    texts = {}
+    for m in shipped_models():
+        inst = instantiate(m, oracle.from_hf_config(m / "config.json"), [name])[0]
+        if inst.trace is None:
+            raise ScenarioError(f"scenario {name!r} skips on shipped model {m.name}: {inst.skip_reason}")
+        texts.setdefault(dump_trace(inst.trace), []).append(m.name)
+    if len(texts) != 1:
+        raise ScenarioError(f"scenario {name!r} differs between shipped models {list(texts.values())}: "
+                            "no single concrete trace to ship")
+    path = TRACES / f"{name}.json"
+    path.write_text(next(iter(texts)) + "\n")
+    return path
+
+
+def describe(inst: Instance) -> str:
+    """One line: the instance's engine and request shapes, or the skip."""
+    if inst.trace is None:
+        return f"{inst.scenario:16s} SKIP  {inst.skip_reason}"
+    e = inst.trace.engine
+    lens = ",".join(str(len(r.prompt)) for r in inst.trace.requests)
+    return (f"{inst.scenario:16s} [{inst.family}] R={e.max_requests} B={e.max_tokens_per_step} P={e.prefill_chunk} "
+            f"{e.mode}; prompts {lens}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hybridqual.scenarios", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("list", help="instantiate every scenario for each model and print it")
+    ls.add_argument("--model", type=Path, action="append", help="HF model folder (default: the shipped models)")
+    wr = sub.add_parser("write", help="write goldens/traces/NAME.json from the shipped models' instance")
+    wr.add_argument("names", nargs="+")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "write":
+            for n in _names(args.names):
+                print(f"wrote {write_shipped(n).relative_to(ROOT)}")
+            return 0
+        import oracle
+        for m in args.model or shipped_models():
+            cfg = oracle.from_hf_config(Path(m) / "config.json")
+            print(f"{m} (chunk_size {cfg.chunk_size}, vocab_size {cfg.vocab_size})")
+            for inst in instantiate(Path(m), cfg):
+                print("  " + describe(inst))
+    except (ScenarioError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
