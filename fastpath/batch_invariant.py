@@ -24,67 +24,11 @@ tests/test_batch_invariance.py shows both the invariance here and a failing defa
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
 
-from fastpath.engine.engine import Engine, piece_length
-from fastpath.kernels.matmul import matmul
-from fastpath.model import FastModel
-from fastpath.options import FastOptions, check_options
-
-
-class _RouteMatmuls(TorchFunctionMode):
-    """Sends `F.linear` and `x @ W` (2-D W) to the fixed-tile matmul; everything else runs unchanged."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, w = args[0], args[1]
-            b = args[2] if len(args) > 2 else kwargs.get("bias")
-            return matmul(x, w, b)
-        if func in (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.mm) and not kwargs:
-            x, w = args
-            if isinstance(w, Tensor) and w.dim() == 2 and x.dim() >= 1 and x.is_floating_point():
-                return matmul(x, w.t())
-        return func(*args, **kwargs)
-
-
-def route_matmuls() -> TorchFunctionMode:
-    """A context in which F.linear / x @ W run on the fixed-tile matmul (FastModel.moe in batch-invariant mode)."""
-    return _RouteMatmuls()
-
-
-class BatchInvariantModel(FastModel):
-    """FastModel with `options.batch_invariant` set (same constructor): every projection, the MoE router and
-    experts on the fixed-tile matmul, never the one-row GEMV (FastModel._dense, _gemv_ok, moe read the option)."""
-
-    def __init__(self, config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
-                 options: FastOptions | None = None):
-        super().__init__(config, tensors, device, dtype, check_options(options).replace(batch_invariant=True))
-
-
-class BatchInvariantEngine(Engine):
-    """Engine whose prefill pieces depend only on the request (whole-budget pieces, deferred if they do not fit)."""
-
-    def piece_for(self, st, left: int) -> int:
-        """The whole-budget piece (a function of the request alone), or none this step if it does not fit `left`."""
-        n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step, self.prefill_cap(st),
-                         self.config.chunk_size)
-        return n if n <= left else 0
-
-
-def make_model(config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
-               options: FastOptions | None = None) -> FastModel:
-    """FastModel, or its batch-invariant variant when `options.batch_invariant`."""
-    options = check_options(options)
-    return (BatchInvariantModel if options.batch_invariant else FastModel)(config, tensors, device, dtype, options)
-
-
-def engine_class(options: FastOptions | None) -> type:
-    """The engine that goes with these options: BatchInvariantEngine (request-only pieces) or Engine."""
-    return BatchInvariantEngine if check_options(options).batch_invariant else Engine
+from fastpath.engine.engine import BatchInvariantEngine, engine_class  # noqa: F401  (the mode's interface)
+from fastpath.kernels.matmul import route_matmuls  # noqa: F401
+from fastpath.model import BatchInvariantModel, make_model  # noqa: F401
 
 
 def run_recording_logits(engine, trace, mode: str | None = None):

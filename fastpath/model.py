@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
-from fastpath.kernels.matmul import matmul
+from fastpath.kernels.matmul import matmul, route_matmuls
 from fastpath.options import FastOptions, OptionsError, check_options
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
@@ -290,7 +290,6 @@ class FastModel:
         """Routed experts (dense over experts, gate weight 0 where not chosen) plus the shared expert;
         batch-invariant: its router and expert matmuls on the fixed-tile kernel."""
         if self.options.batch_invariant:
-            from fastpath.batch_invariant import route_matmuls
             with route_matmuls():
                 return self._moe(x, p)
         return self._moe(x, p)
@@ -392,3 +391,19 @@ class FastModel:
                 self.mlp(res.x, f"layers.{i}.mlp.", res)
         _, h = self._add_norm(stream, None, "final_norm.weight", rows=b.last)
         return self._logits(h)
+
+
+class BatchInvariantModel(FastModel):
+    """FastModel with `options.batch_invariant` set (same constructor): every projection, the MoE router and
+    experts on the fixed-tile matmul, never the one-row GEMV (FastModel._dense, _gemv_ok, moe read the option)."""
+
+    def __init__(self, config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
+                 options: FastOptions | None = None):
+        super().__init__(config, tensors, device, dtype, check_options(options).replace(batch_invariant=True))
+
+
+def make_model(config, tensors: dict[str, Tensor], device="cpu", dtype=torch.float32,
+               options: FastOptions | None = None) -> FastModel:
+    """FastModel, or its batch-invariant variant when `options.batch_invariant`."""
+    options = check_options(options)
+    return (BatchInvariantModel if options.batch_invariant else FastModel)(config, tensors, device, dtype, options)

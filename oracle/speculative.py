@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .sampling import greedy, sample
-from .trace import TraceError
+from .trace_error import TraceError
 
 PROPOSER_KINDS = ("ngram", "draft", "scripted")
 ROOT = Path(__file__).resolve().parent.parent

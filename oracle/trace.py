@@ -12,22 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .trace_error import TraceError  # noqa: F401  (part of this module's interface)
+
 SCHEMA = "hybridqual.trace/1"
 MODES = ("legacy", "async")
 SAMPLING_KINDS = ("greedy", "seeded")
 SEED_LIMIT = 2 ** 63
 MAX_ARRIVAL_STEP = 100_000   # every step up to the last arrival is run and logged: a later one is a typo, not a load
 MAX_REQUESTS = 65_535        # rows = slots; also the most sequences one varlen kernel launch takes (grid z)
-
-
-class TraceError(ValueError):
-    """A trace is malformed; the message names the field and (for request fields) the request id."""
-
-    def __init__(self, field_path: str, message: str, request_id: str | None = None):
-        self.field = field_path
-        self.request_id = request_id
-        where = f"{field_path} (request {request_id!r})" if request_id is not None else field_path
-        super().__init__(f"{where}: {message}")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from oracle.trace import check_prefix_cache_against_model
 from fastpath.options import FastOptions, check_options
 
 from .bank import StateBank
+from .launched import DECODE_KINDS, Launched
 from .memory import check_weights_fit
 from .packing import pack_step
 from .rows import RowTable, apply_moves_, index_pair
@@ -32,7 +33,6 @@ from .sample import sample_rows
 from .validate import _flag, check_engine_args, check_path, resolve_device, resolve_dtype
 
 MODES = ("legacy", "async")
-DECODE_KINDS = ("decode", "extra", "shadow")   # shadow: legacy's unlogged copy of an async extra row (shadow_rows)
 
 
 @dataclass
@@ -47,22 +47,6 @@ class RequestState:
     @property
     def prefilling(self) -> bool:
         return self.done < len(self.req.prompt)
-
-
-@dataclass
-class Launched:
-    """A launched, unresolved step: its batch, which batch entries sample, and its host token copy."""
-    step: int
-    batch: list[BatchRow]
-    record: StepRecord
-    samples: list[bool]
-    host_tokens: torch.Tensor
-    event: object = None
-    finalize: object = None     # device-draft verify steps: fills batch/samples/host_tokens after the wait
-
-    @property
-    def decode_only(self) -> bool:
-        return bool(self.batch) and all(b.kind in DECODE_KINDS for b in self.batch)
 
 
 def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
@@ -123,7 +107,7 @@ class Engine:
         """Load an HF-format folder (config.json + safetensors) into a FastModel run with `options` (kernel backend,
         fusions, batch invariance: fastpath/options.py) and build an engine (batch-invariant: its piece rule)."""
         from oracle.checkpoint import load_checkpoint
-        from fastpath.batch_invariant import engine_class, make_model
+        from fastpath.model import make_model
         options = check_options(options)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
@@ -425,3 +409,18 @@ class Engine:
         """Streaming: tokens appended since the last call, per request id."""
         out, self.emitted = self.emitted, {}
         return out
+
+
+class BatchInvariantEngine(Engine):
+    """Engine whose prefill pieces depend only on the request (whole-budget pieces, deferred if they do not fit)."""
+
+    def piece_for(self, st, left: int) -> int:
+        """The whole-budget piece (a function of the request alone), or none this step if it does not fit `left`."""
+        n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step, self.prefill_cap(st),
+                         self.config.chunk_size)
+        return n if n <= left else 0
+
+
+def engine_class(options: FastOptions | None) -> type:
+    """The engine that goes with these options: BatchInvariantEngine (request-only pieces) or Engine."""
+    return BatchInvariantEngine if check_options(options).batch_invariant else Engine

@@ -84,7 +84,7 @@ class DeviceProposals:
     def launch(self, batch: list[BatchRow], rec):
         """Drafts on the device, the verify forward (graph replay or eager), one non-blocking copy of tokens, drafts
         and counts with the step's event; no host read of device data."""
-        from .engine import Launched
+        from .launched import Launched
         eng, sp, k = self.engine, self.sp, self.k
         sts = [eng.requests[b.request] for b in batch]
         toks = [list(st.req.prompt) + st.output for st in sts]

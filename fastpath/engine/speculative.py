@@ -322,7 +322,7 @@ class Speculator:
         position), prefill pieces as a second forward; acceptance decided on the host. The returned pending step
         lists each verify row as m+1 one-token rows (pos+i), of which the first a+1 sample, so resolve appends them
         in order and stops at a stop token or max_new_tokens like any other token."""
-        from .engine import Launched
+        from .launched import Launched
         if self._on_device:
             return self.device_drafts.launch(batch, rec)
         eng = self.engine

@@ -9,9 +9,11 @@ decode GEMMs (M <= 64, N = 2560) from running on a third of the SMs without maki
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from ._common import FLOAT_DTYPES, INTERPRET, KernelInputError, check, next_pow2
 
@@ -130,3 +132,24 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | 
         split_sum_kernel[(triton.cdiv(M * N, blk),)](part, bias_arg, y, M * N, N, SPLIT=split,
                                                      HAS_BIAS=bias is not None, BLOCK=blk)
     return y.view(*lead, N)
+
+
+class _RouteMatmuls(TorchFunctionMode):
+    """Sends `F.linear` and `x @ W` (2-D W) to the fixed-tile matmul; everything else runs unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, w = args[0], args[1]
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            return matmul(x, w, b)
+        if func in (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.mm) and not kwargs:
+            x, w = args
+            if isinstance(w, Tensor) and w.dim() == 2 and x.dim() >= 1 and x.is_floating_point():
+                return matmul(x, w.t())
+        return func(*args, **kwargs)
+
+
+def route_matmuls() -> TorchFunctionMode:
+    """A context in which F.linear / x @ W run on the fixed-tile matmul (FastModel.moe in batch-invariant mode)."""
+    return _RouteMatmuls()

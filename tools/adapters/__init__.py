@@ -1,6 +1,12 @@
-"""Engine adapter protocol: how `qualify` and `replay` drive an engine, and adapters for ours and HF's.
+"""How `qualify` and `replay` drive an engine: the adapter protocol and the adapters that ship.
 
-To qualify your own engine, subclass `Adapter` and implement four methods (a complete wrapper is ~30 lines):
+Owns the protocol (`base`: Adapter, Capabilities, RunResult), the built-in engines (`oracle`, `fastpath`, `hf`),
+the optional ones imported only when named (`megatron/`) and `resolve` (an --engine name or `module:Class` to a
+class). May import oracle, fastpath and `hybridqual.qualify.prefix_checks` (the cache facts' type) lazily; nothing
+here imports the checks that judge it.
+
+To qualify your own engine, subclass `Adapter` and implement four methods (a complete wrapper is ~30 lines;
+the fields a request carries and what a run must return: docs/api.md, "Adapters"):
 
     class MyEngine(Adapter):
         CAPABILITIES = Capabilities(sampling_kinds=("greedy",), compute_dtype=torch.bfloat16)   # what it can do
@@ -13,7 +19,7 @@ To qualify your own engine, subclass `Adapter` and implement four methods (a com
         def done(self) -> bool:                               # nothing waiting, nothing running
             ...
 
-then `python -m hybridqual.qualify --engine mypackage.mymodule:MyEngine`. `Adapter.run_trace` admits each request at
+then `hybridqual qualify --engine mypackage.mymodule:MyEngine`. `Adapter.run_trace` admits each request at
 its `arrival_step` (the step counter is the number of `step()` calls made so far) and collects tokens. An adapter
 may also override `run_trace` directly and may return a schedule log (DESIGN §4) and logits rows to have them
 checked too. Capabilities say what the adapter can do (DESIGN §14): a check it cannot support is reported as

@@ -25,21 +25,8 @@ from pathlib import Path
 
 
 from hybridqual.paths import MODELS, OUTPUTS, ROOT, TRACES  # noqa: F401  (module globals: tests point them at a copy)
-SCHEMA = "hybridqual.golden/1"
-MARGIN_DECIMALS = 4
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 of a file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def model_sha256(folder: Path) -> str:
-    """sha256 over config.json and every *.safetensors file of a model folder, in name order."""
-    h = hashlib.sha256()
-    for p in sorted([folder / "config.json", *folder.glob("*.safetensors")]):
-        h.update(p.name.encode()); h.update(sha256_file(p).encode())
-    return h.hexdigest()
+from hybridqual.goldens.record import (MARGIN_DECIMALS, SCHEMA, model_sha256, sha256_file,  # noqa: F401
+                                       trace_sha256)
 
 
 def trace_fits(trace, vocab_size: int) -> bool:
@@ -52,12 +39,6 @@ def golden_for(model, model_dir: Path, trace_path: Path) -> dict:
     """Run the oracle on one (model, trace) in both modes and build the golden record."""
     import oracle
     return golden_for_trace(model, model_dir, oracle.load_trace(trace_path), trace_path.stem)
-
-
-def trace_sha256(trace) -> str:
-    """sha256 of the canonical dump of a Trace: what a golden's "trace_sha256" is."""
-    from oracle.trace import dump_trace
-    return hashlib.sha256(dump_trace(trace).encode()).hexdigest()
 
 
 def golden_for_trace(model, model_dir: Path, trace, name: str) -> dict:

@@ -42,7 +42,7 @@ def golden_streamed(truth: StreamedTruth, model_dir: Path, trace, name: str) -> 
     """goldens.golden_for_trace's record for `trace`, computed with the streamed fp64 oracle."""
     import oracle
     from oracle.trace import dump_trace
-    from hybridqual.goldens import regen as goldens
+    from hybridqual.goldens import record as goldens
     from hybridqual.qualify.compare import top2_margin
     tokens = generate(truth, trace)
     results = {mode: oracle.run_trace(ScheduleOnly(truth.config), trace, mode=mode, forced_tokens=tokens)

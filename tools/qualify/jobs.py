@@ -1,7 +1,7 @@
 """qualify --jobs N: the plan's instances run in N worker processes, the report written in plan order.
 
 The parent walks the plan's steps (hybridqual.qualify.runner.plan_steps) in order, as the serial run does; each instance is
-handed to the next free worker (`python -m hybridqual.qualify.jobs THREADS ARGV...`, THREADS torch threads each),
+handed to the next free worker (`python -m hybridqual.qualify.worker THREADS ARGV...`, THREADS torch threads each),
 which rebuilds it (same model folder, same scenario or trace file: instantiation is deterministic), runs it
 (hybridqual.qualify.runner.run_instance) and sends back, a JSON line each, its progress lines, its instance record, its checks
 and "done". The parent applies an instance's messages only when every earlier step has been applied (those of the
@@ -17,41 +17,22 @@ import queue
 import subprocess
 import sys
 import threading
-import traceback
 from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 
-from hybridqual.qualify.report import FAIL, Check, Progress
+from hybridqual.qualify.report import Check, Progress
 
 HOME = Path(__file__).parent.parent    # the package folder as imported (a link is not resolved)
 
 
-class Relay(Progress):
-    """A worker's progress lines, sent to the parent instead of printed (times from the run's start)."""
-
-    def __init__(self, quiet: bool, emit, t0: float) -> None:
-        super().__init__(quiet)
-        self.emit, self.t0 = emit, t0
-
-    def say(self, line: str) -> None:
-        if not self.quiet:
-            self.emit("say", line=line)
-
-
-class _Stop(Exception):
-    """A worker's --fail-fast: its instance stops at its first FAIL (the parent stops the run there)."""
-
-
-def start_workers(args, n: int) -> list[subprocess.Popen]:
-    """n workers, each with cpu_cores() // --jobs torch threads (at least 1)."""
-    from hybridqual.qualify.runner import cpu_cores
-    threads = max(1, cpu_cores() // max(1, args.jobs))
+def start_workers(args, n: int, cores: int) -> list[subprocess.Popen]:
+    """n workers, each with cores // --jobs torch threads (at least 1)."""
+    threads = max(1, cores // max(1, args.jobs))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if HOME.name == "hybridqual":        # imported from a folder on the path: the workers import this very package
         path = os.environ.get("PYTHONPATH")
         env["PYTHONPATH"] = str(HOME.parent) + (os.pathsep + path if path else "")
-    workers = [subprocess.Popen([sys.executable, "-m", "hybridqual.qualify.jobs", str(threads), *args.argv],
+    workers = [subprocess.Popen([sys.executable, "-m", "hybridqual.qualify.worker", str(threads), *args.argv],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 bufsize=1, env=env)
                for _ in range(n)]
@@ -91,9 +72,10 @@ def _reader(i: int, w: subprocess.Popen, inbox: queue.Queue) -> None:
     inbox.put((i, None))
 
 
-def run_parallel(args, steps, report, progress: Progress, on_check, counters: dict) -> int | None:
-    """The plan's steps with instances on args.jobs workers, applied in order; None when done, else an exit code."""
-    from hybridqual.qualify.runner import apply_step, count
+def run_parallel(args, steps, report, progress: Progress, on_check, counters: dict, apply_step, count,
+                 cores: int) -> int | None:
+    """The plan's steps with instances on args.jobs workers, applied in order; None when done, else an exit code.
+    `apply_step` and `count` are the serial run's own (hybridqual.qualify.runner), so both runs apply steps alike."""
     steps = list(steps)          # the truths' loading and instantiation: cheap next to running the instances
     tasks = [k for k, s in enumerate(steps) if s[0] == "instance"]
     if not tasks:
@@ -102,7 +84,7 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
             if code is not None:
                 return code
         return None
-    workers = start_workers(args, min(args.jobs, len(tasks)))
+    workers = start_workers(args, min(args.jobs, len(tasks)), cores)
     inbox: queue.Queue = queue.Queue()
     for i, w in enumerate(workers):
         threading.Thread(target=_reader, args=(i, w, inbox), daemon=True).start()
@@ -170,54 +152,3 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
     finally:
         stop_workers(workers)
     return None
-
-
-def worker_main(argv: list[str]) -> int:
-    """A worker: tasks (JSON lines) on stdin, messages (JSON lines) on the original stdout; stray prints go to
-    stderr so they cannot break the messages."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    threads, qargv = int(argv[0]), argv[1:]
-    import torch
-    torch.set_num_threads(threads)
-    from hybridqual.qualify import runner as qualify
-    from hybridqual.qualify.truth import load_truth
-    args = qualify.parse_args(qargv)
-    args.jobs = 1
-    problem = qualify.prepare_device(args.device)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    adapter_cls = qualify.configured_adapter(args)
-    truths: dict[str, object] = {}
-    for line in sys.stdin:
-        task = json.loads(line)
-
-        def emit(kind: str, **kw) -> None:
-            proto.write(json.dumps({"task": task["task"], "kind": kind, **kw}, default=str) + "\n")
-            proto.flush()
-
-        def on_check(c: Check) -> None:
-            emit("check", check=asdict(c))
-            if args.fail_fast and c.status == FAIL:
-                raise _Stop()
-        try:
-            model_dir = Path(task["model"])
-            if task["model"] not in truths:
-                truths[task["model"]] = load_truth(model_dir, args.oracle, args.oracle_device)[0]
-            om = truths[task["model"]]
-            inst = (qualify.instance_from_file(Path(task["trace_file"]), om.config) if "trace_file" in task else
-                    qualify.instances_for(model_dir, om.config, [task["scenario"]], model_dir.name)[0])
-            ran, family = qualify.run_instance(args, adapter_cls, task["tau"], model_dir, task["i"], task["n"], inst,
-                                               om, Relay(args.quiet, emit, task["t0"]),
-                                               lambda info: emit("instance", info=info), on_check)
-            emit("done", ran=ran, family=family)
-        except _Stop:
-            emit("done", ran=True, family="stopped")
-        except Exception:  # noqa: BLE001  (the parent reports it where the serial run would have crashed)
-            emit("error", text=traceback.format_exc())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1:]))

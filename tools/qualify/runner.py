@@ -343,7 +343,8 @@ def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, o
     processes (tools/qualify/jobs.py, same order); None when done, an exit code on bad input."""
     if args.jobs > 1:
         from hybridqual.qualify.jobs import run_parallel
-        return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters)
+        return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters, apply_step, count,
+                            cpu_cores())
     for step in plan_steps(args, plan):
         if step[0] != "instance":
             code = apply_step(step, report, progress, on_check)

@@ -62,7 +62,8 @@ class MegatronAdapter(Adapter):
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
         super().__init__(model_path, trace, mode, device)
-        from hybridqual.adapters.megatron import available, cpu_shim, runtime
+        from hybridqual.adapters.megatron import cpu_shim, runtime
+        from hybridqual.adapters.megatron.install import available
         why = available()
         if why:
             raise RuntimeError(f"Megatron adapter: {why}")
