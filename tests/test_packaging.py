@@ -132,3 +132,32 @@ def test_hq_case_fits_its_model(hq_case):
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     reqs = json.loads(trace_path.read_text())["requests"]
     assert all(0 <= t < vocab for r in reqs for t in (*r["prompt"], *r.get("stop_token_ids", [])))
+
+
+def test_console_script_help_imports_neither_torch_nor_triton():
+    """`hybridqual --help` stays fast because the package and the CLI import no engine until a tool runs."""
+    code = ("import sys; from hybridqual import cli; rc = cli.main(['--help']); "
+            "assert rc == 0 and 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_shipped_models_and_traces_are_listed_and_taken_by_name(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-sort" in out and "chunked_prefill" in out
+    assert paths.model_arg("tiny-sort") == paths.MODELS / "tiny-sort"
+    assert paths.trace_arg("chunked_prefill") == paths.TRACES / "chunked_prefill.json"
+    assert paths.model_arg("no-such-model") == Path("no-such-model")       # left for qualify's own error
+
+
+@pytest.mark.skipif(shutil.which("hybridqual") is None, reason="the console script is not installed")
+def test_console_script_imports_an_adapter_module_from_the_current_folder(tmp_path):
+    """As with `python -m`, `hybridqual qualify --engine myengine:X` finds myengine.py in the current folder."""
+    (tmp_path / "myengine.py").write_text("class NotAnAdapter:\n    pass\n")
+    p = subprocess.run([shutil.which("hybridqual"), "qualify", "--engine", "myengine:NotAnAdapter", "--model",
+                        "tiny-sort", "--trace", "chunked_prefill"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "is not a subclass of hybridqual.adapters.Adapter" in p.stderr, p.stderr[-2000:]

@@ -1,6 +1,7 @@
 """The `hybridqual` console script: one entry point for the harness, installed or from a checkout.
 
     hybridqual qualify [ARGS]          # = python -m hybridqual.qualify (the main job)
+    hybridqual list                    # the shipped models and traces (qualify takes their names)
     hybridqual replay TRACE [ARGS]     # = python -m hybridqual.replay
     hybridqual goldens regen|zoo ...   # = python -m hybridqual.goldens
     hybridqual scenarios list|write   # = python -m hybridqual.scenarios (the corpus per model; shipped models)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 
 from hybridqual import paths
@@ -57,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hybridqual {_version()}")
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd == "list":
+        print(paths.listing())
+        return 0
+    # as `python -m` does: modules in the current folder import (`--engine myengine:MyAdapter`)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if cmd == "mutants" and paths.checkout_root() is None:
         print("hybridqual mutants: the mutation zoo edits the project's sources and runs its test suite, so it needs a "
               "source checkout (git clone the project, then `python -m hybridqual.mutants` there); this is an installed "

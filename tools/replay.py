@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hybridqual import adapters
+from hybridqual import adapters, paths
 from hybridqual.goldens import regen as goldens
 
 # Relative tolerance ‖engine − oracle‖ / ‖oracle‖ on a state tensor, by engine compute dtype.
@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hybridqual.replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", type=Path)
-    ap.add_argument("--model", type=Path, default=None, help="HF-format folder (default: goldens/models/tiny-sort)")
+    ap.add_argument("--model", type=paths.model_arg, default=None,
+                    help="HF-format folder or a shipped model's name (default: tiny-sort)")
     ap.add_argument("--engine", default="fastpath")
     ap.add_argument("--mode", default="legacy", choices=["legacy", "async"])
     ap.add_argument("--device", default="cpu")

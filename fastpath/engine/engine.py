@@ -30,7 +30,7 @@ from .memory import check_weights_fit
 from .packing import pack_step
 from .rows import RowTable, apply_moves_, index_pair
 from .sample import sample_rows
-from .validate import _flag, check_engine_args, check_path, resolve_device, resolve_dtype
+from .validate import _flag, check_engine_args, check_kernels_run_on, check_path, resolve_device, resolve_dtype
 
 MODES = ("legacy", "async")
 
@@ -110,6 +110,7 @@ class Engine:
         from fastpath.model import make_model
         options = check_options(options)
         device = resolve_device(device)
+        check_kernels_run_on(device, options)
         dtype = resolve_dtype(dtype, device)
         cfg, tensors = load_checkpoint(check_path(path))
         check_weights_fit(tensors, dtype, device)

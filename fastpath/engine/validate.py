@@ -32,6 +32,15 @@ def _flag(name: str, v: Any) -> bool:
     return v
 
 
+def check_kernels_run_on(device: torch.device, options) -> None:
+    """The Triton backend on the CPU needs Triton's interpreter, switched on before the kernels were defined."""
+    from fastpath.kernels._common import INTERPRET
+    if device.type == "cpu" and options.backend == "triton" and not INTERPRET:
+        raise ArgumentError("device", "'cpu': the fast path's Triton kernels run on the CPU only in Triton's "
+                            "interpreter; set TRITON_INTERPRET=1 before importing fastpath (or pass "
+                            "options=FastOptions(backend='torch') for the plain-torch stand-ins)")
+
+
 def resolve_device(device: Any) -> torch.device:
     """None -> CUDA if available, else CPU; a str or torch.device naming cpu or an existing CUDA device."""
     if device is None:

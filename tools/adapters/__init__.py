@@ -62,8 +62,7 @@ def resolve(spec: str) -> type[Adapter]:
     except (ImportError, AttributeError) as e:
         raise ValueError(f"--engine {spec!r}: cannot load it ({e})") from e
     if not (isinstance(cls, type) and issubclass(cls, Adapter)):
-        raise ValueError(f"--engine {spec!r}: {name} is not a subclass of hybridqual.adapters.Adapter "
-                         "(hybridqual.adapters.Adapter in a checkout)")
+        raise ValueError(f"--engine {spec!r}: {name} is not a subclass of hybridqual.adapters.Adapter")
     if not isinstance(cls.capabilities("cpu"), Capabilities):
         raise ValueError(f"--engine {spec!r}: {name}.capabilities() must return a hybridqual.adapters.Capabilities")
     return cls

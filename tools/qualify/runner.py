@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from hybridqual import adapters
+from hybridqual import adapters, paths
 from hybridqual.goldens import regen as goldens
 from hybridqual.scenarios import plan as scenarios
 from hybridqual.qualify.compare import tau_for
@@ -161,11 +161,14 @@ def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m hybridqual.qualify", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, help="HF-format model folder (default: the default plan's models)")
+    ap.add_argument("--model", type=paths.model_arg,
+                    help="HF-format model folder, or a shipped model's name (`hybridqual list`; default: the default "
+                         "plan's models)")
     ap.add_argument("--scenario", nargs="+", help="only these scenarios (with --model)")
     ap.add_argument("--engine", default="fastpath", help="fastpath | oracle | hf | hf-batched | module:Class")
     ap.add_argument("--mode", nargs="+", default=["legacy", "async"], choices=["legacy", "async"])
-    ap.add_argument("--trace", nargs="+", type=Path, help="trace files, one instance each")
+    ap.add_argument("--trace", nargs="+", type=paths.trace_arg,
+                    help="trace files (or shipped trace names), one instance each")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tau", type=float, default=None,
                     help="near-tie threshold on the oracle logit gap (default: compare.TAU of the engine's dtype)")

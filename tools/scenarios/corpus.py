@@ -118,7 +118,8 @@ def task_burst(u: Units, tok: Tokens) -> dict:
 def _short_task(R: int, B: int, P: int, arrivals: list[int], digits: int, description: str, u: Units,
                 tok: Tokens) -> dict:
     """Sorting prompts cut to their first `digits` digits (answers recomputed by task_traces.answer_for): the task
-    families' shapes at a fraction of the decode steps, for the main job's time budget."""
+    families' shapes with fewer requests, for the main job's time budget. `digits` stays within the trained range
+    (task.MIN_DIGITS..MAX_DIGITS), so the trained model solves them and the task-accuracy check is a real check."""
     stop = [u.eos] if u.eos is not None else tok([task.EOS])
     reqs = []
     for i, (a, ex) in enumerate(zip(arrivals, task.heldout(len(arrivals)))):
@@ -128,19 +129,19 @@ def _short_task(R: int, B: int, P: int, arrivals: list[int], digits: int, descri
 
 
 def task_burst_short(u: Units, tok: Tokens) -> dict:
-    """task_burst's shape, short: three 7-digit sorting prompts at once under budget C+4, one late arrival."""
+    """task_burst's shape, short: three 16-digit sorting prompts at once under budget C+4, one late arrival."""
     C = u.chunk
-    return _short_task(3, C + 4, C, [0, 0, 0, 2], 7,
-                       f"Short task burst: three 9-token sorting prompts (7 digits) at once under a {C + 4}-token "
+    return _short_task(3, C + 4, C, [0, 0, 0, 2], task.MIN_DIGITS,
+                       f"Short task burst: three 18-token sorting prompts (16 digits) at once under a {C + 4}-token "
                        f"budget with prefill_chunk {C}, so prefills wait or are split while others decode; a late "
                        "arrival waits for a freed slot (LIFO reuse). EOS stop tokens.", u, tok)
 
 
 def task_staggered_short(u: Units, tok: Tokens) -> dict:
-    """task_staggered's shape, short: 2 slots for 4 staggered 7-digit sorting prompts, prefill_chunk C."""
+    """task_staggered's shape, short: 2 slots for 4 staggered 16-digit sorting prompts, prefill_chunk C."""
     C = u.chunk
-    return _short_task(2, 2 * C, C, [0, 1, 3, 4], 7,
-                       f"Short staggered task: 9-token sorting prompts (7 digits; prefill_chunk {C}), 2 slots for 4 "
+    return _short_task(2, 2 * C, C, [0, 1, 3, 4], task.MIN_DIGITS,
+                       f"Short staggered task: 18-token sorting prompts (16 digits; prefill_chunk {C}), 2 slots for 4 "
                        "staggered requests (bank exhaustion), EOS stop tokens, compactions.", u, tok)
 
 
