@@ -7,8 +7,10 @@ zero state). Chunks are cut at absolute multiples of chunk_size, so a continuati
 first finishes that chunk. dt processing (softplus(dt + dt_bias), clamp to dt_limit) happens inside; the z
 gate is *not* applied here (the gated norm does it). fp32 accumulation, fp32 states.
 
-Pipeline (one stage per file): ssd_chunk_cumsum → [ssd_bmm] → ssd_chunk_state (chunk states + passing,
-fused) → ssd_chunk_scan (by default a sub-chunk recurrence inside each chunk; or row × column blocks).
+Two paths. Unfused (one stage per file): ssd_chunk_cumsum → [ssd_bmm] → ssd_chunk_state (chunk states +
+passing, fused) → ssd_chunk_scan (by default a sub-chunk recurrence inside each chunk; or row × column blocks).
+Fused (ssd_fused.py): one launch doing dt processing, chunk states, their passing and the scan, the carried
+states never stored per chunk. `ssd_varlen(fused=...)` picks one; by default the launch rule's choice.
 """
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
 from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
 from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel,
                               ssd_state_passing_kernel)
+from .ssd_fused import launch_ssd_fused
 
 OP = "ssd_varlen"
+_FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class SSDChunkTable:
     slots_checked: bool = False  # the builder saw the slots: ssd_varlen then skips its host-side slot check
     ckpt_slot: Tensor | None = None  # [n_chunks] int32 bank slot that receives the fp32 state entering the chunk
                                      # (-1: none); the prefix cache's checkpoints inside a piece (DESIGN §12)
+    chunk_seq: Tensor | None = None  # [n_chunks] int64 sequence of each chunk (fused path; else derived on device)
+    pad_index: Tensor | None = None  # [n_seqs] int64 scratch row of each slot -1 piece (-1: banked; fused path)
+    n_pad: int = -1                  # slot -1 pieces among the slots the builder saw (-1: slots not seen)
 
 
 def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int], chunk_size: int,
@@ -57,8 +64,9 @@ def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int
     leaves: the same carried sum), so a prefix cache can store a checkpoint in the middle of a piece."""
     if (slot is None) != (n_slots is None):
         raise KernelInputError(f"{OP}: give both `slot` and `n_slots` to the chunk table, or neither")
-    if slot is not None:
-        check_slots(OP, host_ints(OP, "slot", slot), n_slots)
+    host_slots = host_ints(OP, "slot", slot) if slot is not None else None
+    if host_slots is not None:
+        check_slots(OP, host_slots, n_slots)
     cu = host_ints(OP, "cu_seqlens", cu_seqlens)
     sp = host_ints(OP, "start_pos", start_pos)
     if chunk_size < 1:
@@ -83,14 +91,27 @@ def ssd_chunk_table(cu_seqlens: Tensor | list[int], start_pos: Tensor | list[int
             lo = hi
         ptr.append(len(starts))
     ckpt = _checkpoint_chunks(checkpoints, cu, sp, starts, ptr, n_slots) if checkpoints else []
-    host = torch.tensor(starts + lens + ptr + ckpt, dtype=torch.int64)
+    chunk_seq = [s for s in range(len(sp)) for _ in range(ptr[s + 1] - ptr[s])]
+    pads = _pad_index(host_slots) if host_slots is not None else []
+    host = torch.tensor(starts + lens + ptr + ckpt + chunk_seq + pads, dtype=torch.int64)
     if torch.device(device).type == "cuda":
         host = host.pin_memory()            # one asynchronous host->device copy: the table costs no host sync
     dev, n = host.to(device, non_blocking=True), len(starts)
     m = 3 * n + 1 + len(sp)
+    q = 2 * n + len(sp) + 1 + len(ckpt)     # chunk_seq, then pad_index
     return SSDChunkTable(dev[:n], dev[n:2 * n].to(torch.int32), dev[2 * n:2 * n + len(sp) + 1],
                          n, cu[-1], chunk_size, slot is not None, dev[2 * n + len(sp) + 1:m].to(torch.int32)
-                         if ckpt else None)
+                         if ckpt else None, dev[q:q + n], dev[q + n:q + n + len(sp)] if slot is not None else None,
+                         sum(p >= 0 for p in pads) if slot is not None else -1)
+
+
+def _pad_index(slots: list[int]) -> list[int]:
+    """Per sequence: its row in the fused path's carry scratch if its slot is -1 (rows 0, 1, ...), else -1."""
+    out, k = [], 0
+    for s in slots:
+        out.append(k if s < 0 else -1)
+        k += s < 0
+    return out
 
 
 def _checkpoint_chunks(checkpoints: list[tuple[int, int, int]], cu: list[int], sp: list[int], starts: list[int],
@@ -136,6 +157,15 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
         use_cb=False,
         cb_fp32=True,
+        # the fused path (ssd_fused.py): one program per (chunk, head), P and N whole, BLOCK_S-token sub-chunks.
+        # `default`: taken when ssd_varlen(fused=None) runs on CUDA; the interpreter (CPU tier) keeps the unfused
+        # path unless asked (its tests and mutants pin those kernels; the fused tests ask for this one).
+        # H200, 2026-12-03 (tools/bench/ssd_fused.py): fused 4.103 ms vs staged 3.980 at L65536, 0.556 vs 0.535
+        # at L8192; faster only on 512 pieces of < 64 tokens (3.77 vs 4.09). So default=False: the staged path
+        # stays the default (a dispatch by batch content would make a sequence's bits depend on its batch).
+        # pre_dt (dt from ssd_chunk_cumsum_kernel) beat in-kernel dt processing (4.10 vs 4.92 ms at L65536).
+        fused=dict(default=False, BLOCK_S=min(bq, 64), BLOCK_P=next_pow2(P, 16), BLOCK_N=bn_full, num_warps=4,
+                   num_stages=2, use_cb=False, ticket=True, pre_dt=True),
     )
 
 
@@ -144,13 +174,15 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                slot: Tensor, start_pos: Tensor | list[int], has_initial_state: Tensor, chunk_size: int,
                dt_limit: tuple[float, float] = (0.0, math.inf), out: Tensor | None = None,
                table: SSDChunkTable | None = None, use_cb: bool | None = None, _mark=None,
-               _rule: dict | None = None) -> Tensor:
+               _rule: dict | None = None, fused: bool | None = None) -> Tensor:
     """Chunked SSD over packed sequences: x [T,H,P], dt raw [T,H], A [H], B/C [T,G,N], D [H] -> y [T,H,P].
 
     `table` (from ssd_chunk_table) can be built once per step and shared by all layers; built with the slots,
     it makes this call free of host syncs (the slots must be the ones it checked); `use_cb` overrides the
-    launch rule's choice of a precomputed C·B (True runs the blocked scan); `_mark(stage)` is called after each stage and `_rule` replaces
-    the launch rule (benchmark hooks)."""
+    launch rule's choice of a precomputed C·B (True runs the blocked scan); `fused` picks the one-launch path
+    (ssd_fused.py: True) or the staged one (False); None: the rule's `fused.default` on CUDA, staged in the
+    interpreter. Both read initial states from and write final states (and checkpoints) to the same bank slots.
+    `_mark(stage)` is called after each stage and `_rule` replaces the launch rule (benchmark hooks)."""
     mark = _mark if _mark is not None else (lambda stage: None)
     check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
     T, H, P = x.shape
@@ -168,8 +200,10 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     check(OP, "slot", slot, (None,), INDEX_DTYPES, dev)
     n_seq = slot.shape[0]
     check(OP, "has_initial_state", has_initial_state, (n_seq,), (torch.bool, torch.int32, torch.int8), dev)
+    host_slots = None
     if table is None or not table.slots_checked:
-        check_slots(OP, host_ints(OP, "slot", slot), ssm_bank.shape[0])
+        host_slots = host_ints(OP, "slot", slot)
+        check_slots(OP, host_slots, ssm_bank.shape[0])
     if n_seq > 65535:
         raise KernelInputError(f"{OP}: {n_seq} sequences in one call; at most 65535 (grid z limit)")
     if out is None:
@@ -189,6 +223,40 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     BQ = rule["BLOCK_Q"]
     nc = table.n_chunks
     has_init = has_initial_state.to(torch.int32)
+    fr = rule.get("fused", {})
+    if fused is None:
+        fused = bool(fr.get("default", False)) and dev.type == "cuda"
+    if fused:
+        if host_slots is not None:
+            pads = _pad_index(host_slots)
+            pad_index, n_pad = torch.tensor(pads, dtype=torch.int64).to(dev), sum(p >= 0 for p in pads)
+        elif table.pad_index is not None and table.n_pad >= 0:
+            pad_index, n_pad = table.pad_index, table.n_pad
+        else:                               # slots checked elsewhere, not seen here: a scratch row per piece
+            pad_index, n_pad = torch.arange(n_seq, device=dev), n_seq
+        cb = None
+        if fr.get("use_cb", False) and nc > 0:
+            r = rule["bmm"]
+            cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32, device=dev)
+            nb = BQ // fr["BLOCK_S"]
+            ssd_bmm_kernel[(nc, G, nb * nb)](
+                B, C, cb, table.chunk_start, table.chunk_len, N,
+                *B.stride(), *C.stride(), cb.stride(0), cb.stride(1), cb.stride(2),
+                BLOCK_Q=BQ, BLOCK_M=fr["BLOCK_S"], BLOCK_N=next_pow2(N, 16), DOT_PREC=prec,
+                num_warps=r["num_warps"])
+        dt_pre = None
+        if fr.get("pre_dt", False) and nc > 0:      # dt processing by the staged path's cumsum kernel
+            dt_pre = (torch.empty(H, T, dtype=torch.float32, device=dev),
+                      torch.empty(H, T, dtype=torch.float32, device=dev))
+            r = rule["cumsum"]
+            ssd_chunk_cumsum_kernel[(nc, triton_cdiv(H, r["BLOCK_H"]))](
+                dt, dt_bias if dt_bias is not None else A, A, dt_pre[0], dt_pre[1], table.chunk_start,
+                table.chunk_len, H, lo, hi, dt.stride(0), dt.stride(1), dt_pre[0].stride(0),
+                HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
+        _FUSED_LAUNCH[0] = launch_ssd_fused(x, dt, A, B, C, D, dt_bias, ssm_bank, out, table, slot, has_init,
+                                            pad_index, n_pad, lo, hi, fr, prec, cb=cb, dt_pre=dt_pre)
+        mark("fused")
+        return out
 
     dt_p = torch.empty(H, T, dtype=torch.float32, device=dev)
     dacs = torch.empty(H, T, dtype=torch.float32, device=dev)
