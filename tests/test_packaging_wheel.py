@@ -56,6 +56,12 @@ def venv(built, tmp_path_factory):
     p = sh([sys.executable, "-m", "venv", "--system-site-packages", v], cwd=tmp)
     assert p.returncode == 0, p.stderr
     py = v / "bin" / "python"
+    # torch and triton come from the interpreter running this test: inside a virtualenv --system-site-packages
+    # alone would give the base interpreter's packages, not this one's. A .pth line only appends the folders to
+    # sys.path (their own .pth files, such as an editable install's finder, are not run), after the venv's own.
+    site_dirs = [d for d in sys.path if d.endswith(("site-packages", "dist-packages")) and Path(d).is_dir()]
+    (venv_site,) = (v / "lib").glob("python*/site-packages")
+    (venv_site / "_hq_interpreter_site.pth").write_text("".join(f"{d}\n" for d in site_dirs))
     import pytest as system_pytest
     p = sh([py, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", built[1],
             f"pytest=={system_pytest.__version__}"], cwd=tmp)
@@ -81,7 +87,9 @@ def installed_paths(venv, work) -> dict:
         from hybridqual import paths
         broken, checkout_paths = {}, []
         for m in pkgutil.walk_packages(hybridqual.__path__, "hybridqual."):   # every harness module imports, and
-            try:                                                                 # none points at a checkout's goldens/
+            if m.name.endswith(".__main__"):                                     # none points at a checkout's goldens/
+                continue                                                         # (a __main__ runs its tool)
+            try:
                 mod = importlib.import_module(m.name)
             except Exception as e:
                 broken[m.name] = f"{type(e).__name__}: {e}"
@@ -125,7 +133,7 @@ def test_installed_modules_and_goldens_come_from_the_venv_not_the_checkout(venv,
         assert Path(got[key]).resolve().is_relative_to(venv.resolve()), (key, got[key])
     assert not got["tools_importable"], "no top-level `tools` may be importable from the installed product"
     assert got["broken"] == {} and got["checkout_paths"] == []
-    assert got["adapter"] == "hybridqual.adapters" and got["version"] == "0.1.0"
+    assert got["adapter"] == "hybridqual.adapters.base" and got["version"] == "0.1.0"
     assert got["interpret"] == "1"                     # no CUDA here: the package turned the interpreter on itself
     assert {r.split(";")[0].split(">")[0].split("=")[0].strip() for r in got["requires"]} >= {"torch", "triton", "safetensors"}
 

@@ -49,3 +49,22 @@ def test_hq_scenario_picks_scenarios_and_hq_trace_still_pairs_files(tmp_path):
     assert scenario_names(_Config()) is None                          # the default tier: shipped pairs, unchanged
     with pytest.raises(pytest.UsageError, match="--hq-scenario no_such: not a scenario"):
         scenario_names(_Config(**{"--hq-scenario": ["no_such"]}))
+
+
+def test_skipped_qualify_checks_are_counted_as_skips_not_hidden_in_a_pass(tmp_path):
+    """A user test over hq_qualify passes, but the run's summary says how many checks were skipped and why."""
+    user = tmp_path / "test_user_engine.py"
+    user.write_text("from hybridqual.adapters import OracleAdapter\n\n"
+                    "def test_engine(hq_case, hq_qualify):\n"
+                    "    checks = hq_qualify(OracleAdapter, modes=('legacy',))\n"
+                    "    assert all(c.ok for c in checks)\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                        "--hq-model", str(ROOT / "goldens" / "models" / "zoo-mamba2"), "--hq-trace",
+                        str(ROOT / "goldens" / "traces" / "async_drain.json"), str(user)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "1 passed" in out, out[-3000:]
+    assert "hybridqual checks" in out and "the oracle adapter is the truth itself" in out, out[-3000:]
+    summary = next(line for line in out.splitlines() if "qualify checks in the hq_qualify tests" in line)
+    assert int(summary.split(" skipped")[0].split()[-1]) >= 1, summary

@@ -151,10 +151,14 @@ def _hq_oracles() -> dict:
 
 
 @pytest.fixture
-def hq_qualify(hq_case, _hq_oracles):
+def hq_qualify(hq_case, _hq_oracles, request):
     """hq_qualify(adapter_cls, modes=("legacy", "async"), device="cpu", tau=None) -> list of qualify Checks for the
     current (model, trace) (`tau` None: the engine's compute dtype's); the fp64 oracle loads once per model (in
-    memory when it fits, else streamed: hybridqual.qualify.truth.load_truth)."""
+    memory when it fits, else streamed: hybridqual.qualify.truth.load_truth).
+
+    Skipped checks are not hidden in a passing test: a case whose every check is a SKIP is a skipped test (with the
+    reasons), and the terminal summary counts the checks passed, failed and skipped over the run, with each skip's
+    reason."""
     from hybridqual.qualify.runner import check_trace
     from hybridqual.qualify.truth import load_truth
 
@@ -163,5 +167,36 @@ def hq_qualify(hq_case, _hq_oracles):
     def run(adapter_cls, modes=("legacy", "async"), device: str = "cpu", tau: float | None = None) -> list:
         if model_dir not in _hq_oracles:
             _hq_oracles[model_dir] = load_truth(model_dir, "auto")[0]
-        return check_trace(adapter_cls, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
+        checks = check_trace(adapter_cls, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
+        request.config.stash.setdefault(CHECKS, []).extend(checks)
+        request.node.user_properties.append(("hq_checks", ", ".join(
+            f"{n} {s}" for s, n in _counts(checks).items() if n)))
+        if checks and all(c.skipped for c in checks):
+            pytest.skip("every qualify check was a SKIP: " + "; ".join(sorted({c.detail for c in checks})))
+        return checks
     return run
+
+
+CHECKS = pytest.StashKey[list]()
+
+
+def _counts(checks: list) -> dict[str, int]:
+    return {status: sum(c.status == status for c in checks) for status in ("PASS", "FAIL", "SKIP")}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    """The qualify checks behind the hq_qualify tests: how many passed, failed, were skipped, and why skipped."""
+    checks = config.stash.get(CHECKS, [])
+    if not checks:
+        return
+    n = _counts(checks)
+    terminalreporter.section("hybridqual checks")
+    terminalreporter.write_line(f"{n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped "
+                                f"(of {len(checks)} qualify checks in the hq_qualify tests)")
+    reasons: dict[str, int] = {}
+    for c in checks:
+        if c.skipped:
+            key = f"{c.name}: {c.detail}"
+            reasons[key] = reasons.get(key, 0) + 1
+    for why, k in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"  SKIP x{k}  {why[:200]}")
