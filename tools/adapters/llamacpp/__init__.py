@@ -1,0 +1,20 @@
+"""llama.cpp behind hybridqual's adapter protocol: GGUF conversion (convert.py) and the in-process engine run in a
+worker process of the llama venv (worker.py, adapter.py). scripts/install-llamacpp.sh makes .venv-llamacpp/.
+
+Importing this package needs no llama.cpp (the worker and the converter run in the llama venv's python) and
+imports its modules only when a name is used.
+"""
+from __future__ import annotations
+
+_NAMES = {"ConversionError": "convert", "available": "convert", "convert": "convert", "venv_dir": "convert",
+          "LlamaCppAdapter": "adapter", "WorkerError": "adapter", "Worker": "adapter"}
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    raise AttributeError(name)
+
+
+__all__ = sorted(_NAMES)
