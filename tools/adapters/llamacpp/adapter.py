@@ -1,0 +1,225 @@
+"""`--engine hybridqual.adapters.llamacpp.adapter:LlamaCppAdapter`: llama.cpp through its low-level C API.
+
+The model folder is converted to GGUF once (convert.py; cached under .venv-llamacpp/gguf-cache/, keyed by the
+folder's config, weight files, the output type and the llama.cpp commit), or a ready GGUF is named by
+$HQ_LLAMACPP_GGUF. The engine runs in a worker process of the llama venv (worker.py, JSON lines over pipes): a
+GGML_ASSERT abort or a hang there is a WorkerError naming what happened (exit signal, timeout, the worker's last
+log lines), never the qualifier's own crash. The trace runs as llama.cpp's continuous batching: one seq id per
+running request (the lowest free one, reused after a finish), joins at arrival_step, prompts in pieces of at most
+prefill_chunk inside max_tokens_per_step after the decode rows; greedy from the float32 logits with the lowest
+index on ties (the oracle's rule); the logits row of every generated position comes back.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hybridqual.adapters import Adapter, Capabilities, RunResult
+from hybridqual.adapters.llamacpp import convert as conv
+
+WORKER = Path(__file__).resolve().with_name("worker.py")
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+_NOTES = (
+    ("seeded", "the adapter samples greedily from llama.cpp's logits; llama.cpp's samplers cannot reproduce the "
+               "trace's keyed (request seed, position) sampler"),
+    ("async", "llama.cpp has no async scheduling mode (async == legacy would compare a run with itself)"),
+    ("schedule_log", "llama.cpp splits each batch into its own micro-batches; there is no DESIGN §4 schedule log "
+                     "of ours to compare"),
+    ("prefix_cache_reporting", "not wired yet: prefixes are recomputed (llama.cpp state checkpoints unused)"),
+    ("speculation_reporting", "not wired yet: speculative traces run without speculation (judged on tokens)"),
+)
+
+
+class WorkerError(RuntimeError):
+    """The llama.cpp worker died, hung or refused an op; the message says which, and its last log lines."""
+
+
+class Worker:
+    """A llama.cpp worker process (the llama venv's python running worker.py) and its JSON-lines pipe."""
+
+    def __init__(self, timeout: float = 600.0, env: dict | None = None) -> None:
+        why = conv.available()
+        if why:
+            raise WorkerError(f"llama.cpp: {why}")
+        self.timeout = timeout
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([str(conv.venv_dir() / "bin" / "python"), str(WORKER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})})
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def log_tail(self, n: int = 8) -> str:
+        """The worker's last `n` stderr lines (llama.cpp's log)."""
+        self._log.flush()
+        self._log.seek(0)
+        lines = [ln.rstrip() for ln in self._log.read().splitlines() if ln.strip()]
+        return "\n".join(lines[-n:])
+
+    def _death(self, what: str) -> WorkerError:
+        rc = self.proc.wait()
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        return WorkerError(f"llama.cpp worker died during {what} ({how}); its last log lines:\n{self.log_tail()}")
+
+    def ask(self, msg: dict, timeout: float | None = None) -> dict:
+        """Send one op, return its reply; WorkerError on death, timeout or an error reply."""
+        what = f"'{msg.get('op')}'" + (f" of {msg['gguf']}" if "gguf" in msg else "")
+        if self.proc.poll() is not None:
+            raise self._death(what)
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._death(what) from None
+        limit = self.timeout if timeout is None else timeout
+        try:
+            line = self._lines.get(timeout=limit)
+        except queue.Empty:
+            self.close(kill=True)
+            raise WorkerError(f"llama.cpp worker did not answer {what} within {limit:.0f} s (killed); its last "
+                              f"log lines:\n{self.log_tail()}") from None
+        if line is None:
+            raise self._death(what)
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            raise WorkerError(f"llama.cpp worker answered {what} with a line that is not JSON: {line[:200]!r}") \
+                from None
+        if not reply.get("ok"):
+            raise WorkerError(f"llama.cpp worker refused {what}: {reply.get('error')}; its last log lines:\n"
+                              f"{self.log_tail()}")
+        return reply
+
+    def close(self, kill: bool = False) -> None:
+        """Quit (or kill) the worker and reap it."""
+        if self.proc.poll() is None:
+            if not kill:
+                try:
+                    self.proc.stdin.write('{"op": "quit"}\n')
+                    self.proc.stdin.flush()
+                    self.proc.wait(timeout=10)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def cached_gguf(model_path: Path, outtype: str) -> tuple[Path, dict]:
+    """The GGUF of `model_path` in `outtype`, converted once and kept under the llama venv; with its sidecar."""
+    h = hashlib.sha256()
+    h.update((model_path / "config.json").read_bytes())
+    for f in sorted(model_path.iterdir()):
+        if f.is_file() and f.name != "config.json":
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    h.update(f"{outtype}:{conv.install_info().get('llama_cpp_commit')}".encode())
+    h.update(Path(conv.__file__).read_bytes())               # a changed mapping converts again
+    out = conv.venv_dir() / "gguf-cache" / f"{model_path.name}-{h.hexdigest()[:16]}.{outtype}.gguf"
+    side = Path(f"{out}.json")
+    if out.exists() and side.exists():
+        return out, json.loads(side.read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out, conv.convert(model_path, out, outtype)
+
+
+class LlamaCppAdapter(Adapter):
+    """llama.cpp (the llama-cpp-python 0.3.36 build of scripts/install-llamacpp.sh) on an f32 GGUF of the model."""
+    outtype = "f32"
+    kv_type = "f32"              # the K/V cache in the GGUF's compute dtype (llama.cpp's own default is f16)
+    # llama.cpp's default ("auto") turns flash attention on for the CPU, whose kernel works in f16: max|Δlogit|
+    # ~2e-4-1e-3 against the fp64 oracle on the zoo, ~1e-6 with it off (f32 throughout)
+    flash_attn = "off"
+    n_threads = int(os.environ.get("HQ_LLAMACPP_THREADS", "2"))
+    timeout = float(os.environ.get("HQ_LLAMACPP_TIMEOUT", "600"))
+
+    @classmethod
+    def capabilities(cls, device: str) -> Capabilities:
+        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES)
+
+    @classmethod
+    def version(cls) -> str:
+        try:
+            info = conv.install_info()
+        except conv.ConversionError as e:
+            return f"llama.cpp (not installed: {e})"
+        return (f"llama.cpp {str(info.get('llama_cpp_commit'))[:9]} via llama-cpp-python {info.get('llama_cpp_python')} "
+                f"low-level API, {cls.outtype} GGUF, {cls.kv_type} K/V cache, flash attention {cls.flash_attn}, "
+                f"{cls.n_threads} threads")
+
+    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
+        super().__init__(model_path, trace, mode, device)
+        if device != "cpu":
+            raise ValueError(f"device: {device!r}; the llama.cpp build of scripts/install-llamacpp.sh is CPU only")
+        for r in trace.requests:
+            if r.sampling.kind != "greedy":
+                raise ValueError(f"request {r.id}: the llama.cpp adapter runs greedy sampling only")
+        given = os.environ.get("HQ_LLAMACPP_GGUF")
+        if given:
+            self.gguf, self.sidecar = Path(given), {"gguf": given, "config_mappings": None}
+        else:
+            self.gguf, self.sidecar = cached_gguf(self.model_path, self.outtype)
+        self.meta: dict = {}
+
+    def run_trace(self) -> RunResult:
+        trace = self.trace
+        eng = trace.engine
+        n_ctx = max(len(r.prompt) + r.max_new_tokens + 1 for r in trace.requests)
+        n_ctx = max(64, -(-n_ctx // 64) * 64)
+        n_seq = max(1, min(eng.max_requests, len(trace.requests), 64))
+        worker = Worker(self.timeout)
+        try:
+            loaded = worker.ask({"op": "load", "gguf": str(self.gguf), "n_ctx": n_ctx, "n_seq": n_seq,
+                                 "n_threads": self.n_threads, "kv_type": self.kv_type,
+                                 "flash_attn": self.flash_attn})
+            self.meta = loaded["meta"]
+            n_vocab = int(loaded["n_vocab"])
+            reqs = [{"id": r.id, "arrival_step": r.arrival_step, "prompt": list(r.prompt),
+                     "max_new_tokens": r.max_new_tokens, "stop_token_ids": list(r.stop_token_ids)}
+                    for r in trace.requests]
+            got = worker.ask({"op": "run", "requests": reqs, "max_requests": n_seq,
+                              "max_tokens_per_step": eng.max_tokens_per_step, "prefill_chunk": eng.prefill_chunk})
+        finally:
+            worker.close()
+        logits = {}
+        for rid, toks in got["tokens"].items():
+            if toks:
+                arr = np.frombuffer(base64.b64decode(got["logits"][rid]), dtype="<f4").reshape(len(toks), n_vocab)
+                logits[rid] = torch.from_numpy(arr.copy())
+        self.steps, self.seq_ids = got["steps"], got["seq_ids"]
+        return RunResult(got["tokens"], got["finish"], logits=logits)
+
+
+class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
+    """llama.cpp's defaults on an f32 GGUF: flash attention as llama.cpp picks it (on for the CPU: an f16 kernel)
+    and an f16 K/V cache; judged as float16 compute."""
+    kv_type = "f16"
+    flash_attn = "auto"
+
+    @classmethod
+    def capabilities(cls, device: str) -> Capabilities:
+        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float16, notes=_NOTES)
+
+
+class LlamaCppBF16Adapter(LlamaCppAdapter):
+    """llama.cpp on a bf16 GGUF of the model (judged with bf16's τ)."""
+    outtype = "bf16"
+    kv_type = "bf16"
