@@ -55,9 +55,11 @@ class Worker:
             raise WorkerError(f"llama.cpp: {why}")
         self.timeout = timeout
         self._log = tempfile.TemporaryFile(mode="w+")
+        self._tail_at_close = ""
         self.proc = subprocess.Popen([str(conv.venv_dir() / "bin" / "python"), str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})})
+                                     env={**os.environ, "PYTHONNOUSERSITE": "1", "GGML_NO_BACKTRACE": "1",
+                                          **(env or {})})
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -68,6 +70,8 @@ class Worker:
 
     def log_tail(self, n: int = 8) -> str:
         """The worker's last `n` stderr lines (llama.cpp's log)."""
+        if self._log.closed:
+            return self._tail_at_close
         self._log.flush()
         self._log.seek(0)
         lines = [ln.rstrip() for ln in self._log.read().splitlines() if ln.strip()]
@@ -94,7 +98,7 @@ class Worker:
         except queue.Empty:
             self.close(kill=True)
             raise WorkerError(f"llama.cpp worker did not answer {what} within {limit:.0f} s (killed); its last "
-                              f"log lines:\n{self.log_tail()}") from None
+                              f"log lines:\n{self._tail_at_close}") from None
         if line is None:
             raise self._death(what)
         try:
@@ -120,7 +124,9 @@ class Worker:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._tail_at_close = self.log_tail()
+            self._log.close()
 
 
 def cached_gguf(model_path: Path, outtype: str) -> tuple[Path, dict]:
