@@ -9,8 +9,8 @@ order, so the result does not depend on which program came last. CHUNK is keyed 
 on the batch), so a row's bits do not depend on the other rows. Slot -1: no cache read or write, output zero. No
 host sync (graph-safe).
 
-What it replaces per layer: the RoPE kernel, the K/V write kernel and an attention kernel whose one program per
-query head walked the whole context serially (docs/performance.md, session 4).
+Why one launch: it replaces, per layer, the RoPE kernel, the K/V write kernel and an attention kernel whose one
+program per query head walked the whole context serially (measured in docs/kernels.md, "Launch rules").
 """
 from __future__ import annotations
 

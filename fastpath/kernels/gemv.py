@@ -113,7 +113,7 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
             d = y.to(y_ptr.dtype.element_ty).to(tl.float32)
             if HAS_MULT:
                 d = (d * mult).to(y_ptr.dtype.element_ty).to(tl.float32)
-            # (loaded before the K loop instead: +160 µs per step; before the last tile: +45; bench_ablation)
+            # loaded here, in the epilogue: earlier loads were slower (docs/kernels.md, "Launch rules")
             hs = tl.load(rs_ptr + n, mask=mn, other=0.0).to(tl.float32)
             hs = (hs + d).to(rs_ptr.dtype.element_ty)
             tl.store(rs_ptr + n, hs, mask=mn)
@@ -153,10 +153,9 @@ def _w_tile(wrow, kk, k_hi, mn, EVEN_K: tl.constexpr):
 
 
 def gemv_launch_rule(N: int, K: int) -> dict:
-    """Keyed on (N, K) only; picked on an H200 (2026-11-30): tools/bench/gemm.py (CUDA graphs, cold weights) chose
-    4 rows per program, 1024-wide K tiles and 8 warps for long K rows; whole bs1 decode steps of anchor-3b
-    (docs/performance.md, session 3) then chose 2 rows and 2 warps for K < 4096 (-44 µs/step against 4 rows and
-    4 warps). A K split never won (so SPLIT stays 1; benches may set it)."""
+    """Keyed on (N, K) only, so every call of a projection has the same bits: 4 rows per program, 1024-wide K
+    tiles and 8 warps for K >= 4096; 2 rows, up to 512-wide tiles and 2 warps below. No K split (it never won;
+    benches may set SPLIT). Chosen by timing on an H200: docs/kernels.md, "Launch rules"."""
     if K >= 4096:
         return dict(BLOCK_N=4, BLOCK_K=1024, SPLIT=1, num_warps=8, num_stages=3)
     return dict(BLOCK_N=2, BLOCK_K=min(512, next_pow2(K, 16)), SPLIT=1, num_warps=2, num_stages=1)
