@@ -18,7 +18,7 @@ fi
 if [ $rc -eq 0 ]; then
   python3 -m pytest -p no:xdist -q -m wheel tests/test_packaging_wheel.py || rc=$?
 fi
-# Issue 19: a budgeted subset of the `megatron` tier — Megatron-Core's own dynamic engine on CPU (its venv, Python
+# A budgeted subset of the `megatron` tier — Megatron-Core's own dynamic engine on CPU (its venv, Python
 # 3.12, from scripts/install-megatron.sh): tokens and logits == the oracle with a compaction in both modes, and a
 # mutated Megatron (slot mapping not moved) caught. HQ_CI_MEGATRON=0 skips it. If the install itself cannot run here
 # (no Python 3.12, no package index), that is said loudly and the step is not counted as run; a test failure is red.

@@ -40,7 +40,7 @@ def pytest_report_header(config):
 
 @pytest.fixture(scope="session")
 def zoo_folder(tmp_path_factory):
-    """zoo_folder(variant, seed=0) -> path of an HF folder written by oracle.zoo (cached per session)."""
+    """zoo_folder(variant, seed=0) -> path of an HF folder written by oracle.zoo (cached for the test run)."""
     from oracle.zoo import VARIANTS, write_hf_folder
     cache: dict[tuple[str, int], str] = {}
 

@@ -1,6 +1,6 @@
 """tools/bench/spec.py's CPU smoke mode: every row of the GPU benchmark (baseline, ngram, upper bound, last draft
 wrong under both rollbacks, draft) runs through the same code on a tiny zoo model with the torch stand-ins, so a GPU
-visit cannot die on a typo."""
+run cannot die on a typo."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""FastOptions (issue 15.5): how the fast path runs is a frozen object passed in, not class attributes or a module
+"""FastOptions: how the fast path runs is a frozen object passed in, not class attributes or a module
 global — bad fields are named, the backend reaches every op of the kernel boundary (and only that backend runs),
 two models with different options coexist in one process, and batch invariance holds under TP's model too."""
 from __future__ import annotations

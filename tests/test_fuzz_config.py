@@ -161,7 +161,7 @@ _ZOO_FILES: dict[str, tuple[bytes, bytes]] = {}
 
 
 def _zoo_files(arch: str) -> tuple[bytes, bytes]:
-    """(config.json, model.safetensors) bytes of the arch's zoo folder, written once per session."""
+    """(config.json, model.safetensors) bytes of the arch's zoo folder, written once per test run."""
     if arch not in _ZOO_FILES:
         with tempfile.TemporaryDirectory() as tmp:
             write_hf_folder(tmp, arch, seed=0)

@@ -3,7 +3,7 @@
 Every mutant's patch must still apply exactly once to the current tree (cheap; catches a stale zoo after a
 refactor), the runner must tell assertion kills from crashes, and every QUICK mutant must be KILLED by an
 assertion of the suite when applied to a temporary copy (the full zoo: `python -m hybridqual.mutants --jobs 2`).
-The blind judge (issue 20) must count only a failed check as a kill: a patch that does not import is INVALID,
+The blind judge must count only a failed check as a kill: a patch that does not import is INVALID,
 a harness that dies or hangs without a failed check is a CRASH, and a stage stops at its first FAIL.
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ CONFIG_CASES = [
      lambda d: d["rope_parameters"].update(rope_type="yarn"), r"rope_type: 'yarn' is not supported"),
     ("wrong-mlp-activation", "nemotron_h", lambda d: d.update(mlp_hidden_act="gelu"), r"mlp_hidden_act"),
     ("norm-before-gate", "mamba2", lambda d: d.update(norm_before_gate=True), r"norm_before_gate: true"),
-    # values: finite, in range, integers not truncated (issue 15.3)
+    # values: finite, in range, integers not truncated
     ("nan-eps", "bamba", lambda d: d.update(rms_norm_eps=math.nan), r"rms_norm_eps: must be a finite number"),
     ("zero-eps", "nemotron_h", lambda d: d.update(layer_norm_epsilon=0.0), r"layer_norm_epsilon: must be > 0"),
     ("inf-rope-theta", "granitemoehybrid", lambda d: d["rope_parameters"].update(rope_theta=math.inf),

@@ -1,4 +1,4 @@
-"""`python -m hybridqual.qualify --model <a chunk-256 HF folder>` runs the whole corpus (issue 16, done-when): every
+"""`python -m hybridqual.qualify --model <a chunk-256 HF folder>` runs the whole corpus: every
 scenario is instantiated in the model's units and either runs or is skipped with its reason — no crash, no
 TraceError. The default tier instantiates every scenario (and checks each against the model); one scenario through
 the fast path and the whole corpus through qualify (oracle engine, then the fast path) are slow-marked

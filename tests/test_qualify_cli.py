@@ -138,7 +138,7 @@ def test_qualify_tp2_under_torchrun_matches_goldens(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_default_plan_qualifies_on_cuda_in_bf16_with_graphs(tmp_path):
-    """Issue 16.2: τ follows the bf16 compute dtype, so the zoo and the tiny model qualify on the GPU by default."""
+    """τ follows the bf16 compute dtype, so the zoo and the tiny model qualify on the GPU by default."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     p = subprocess.run([sys.executable, "-m", "hybridqual.qualify", "--device", "cuda", "--graphs", "--out", str(tmp_path)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)

@@ -1,4 +1,4 @@
-"""The replay debugger on speculative traces (DESIGN §13, issue 18 item 3): the table shows each verify row's
+"""The replay debugger on speculative traces (DESIGN §13): the table shows each verify row's
 proposals and each step's accepted counts, and the bisection checks every verify row right after its rollback (the
 copy of its last accepted input's snapshot, or none), so a rollback defect is named by step, stage, layer and
 tensor (conv state vs SSM state vs KV)."""

@@ -188,7 +188,7 @@ def test_default_plan_covers_every_family_on_shipped_models():
 
 
 def test_default_run_qualifies_prefix_caching_and_speculation_through_shipped_traces():
-    """Issue 20.3: the main job's default run also covers the two features that scenarios do not build, with
+    """The main job's default run also covers the two features that scenarios do not build, with
     shipped concrete traces whose file says the family it is listed under, on a model they fit."""
     from hybridqual.qualify.runner import instance_from_file
     cover = scenarios.plan_coverage()

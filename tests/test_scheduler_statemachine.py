@@ -2,7 +2,7 @@
 DESIGN §4 invariants after every step; generated traces give identical tokens in legacy and async, equal to
 each request alone, and logs that differ only where docs/scheduler.md §5 says they may. Request lists are shuffled
 relative to ids and arrivals (ids whose string order is not their numeric order, same-step arrivals), and prompt
-lengths often sit on the piece splitter's edges (the budget left, prefill_chunk, +-1), issue 20.2."""
+lengths often sit on the piece splitter's edges (the budget left, prefill_chunk, +-1)."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
 """Where the harness finds its shipped data: one place, so a checkout and an installed wheel agree.
 
 Installed (`pip install hybridqual`), the goldens are package data at `hybridqual/data/` (models/, traces/,
-outputs/). In a source checkout they are the card's top-level `goldens/` folder next to `tools/`. The installed
+outputs/). In a source checkout they are the repository's top-level `goldens/` folder next to `tools/`. The installed
 copy wins when both exist.
 """
 from __future__ import annotations

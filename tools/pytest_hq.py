@@ -8,7 +8,7 @@ Installed with hybridqual (entry point `pytest11: hybridqual`), so a plain `pyte
 
 Tests that take the `hq_case` fixture are parametrised over (model, trace file) pairs: with `--hq-model` and no
 `--hq-trace`, every scenario of hybridqual.scenarios instantiated for each model (its concrete trace written to a
-session temp folder as <scenario>.json; a scenario that cannot run on the model is a skipped case with the
+temporary folder of the test run as <scenario>.json; a scenario that cannot run on the model is a skipped case with the
 reason); with `--hq-trace`, those files (plus any `--hq-scenario`); with neither, the shipped models and traces
 (pairs whose token ids fit the model's vocab). `hq_qualify(AdapterClass)` runs qualify's checks (tokens vs the
 truth, schedule log, logits, async == legacy, task accuracy) for the current pair and returns them; a model whose
@@ -102,7 +102,7 @@ def scenario_names(config: pytest.Config) -> list[str] | None:
 
 def scenario_cases(config: pytest.Config, names: list[str]) -> list:
     """pytest params (model, trace file) for every scenario instantiated for every model (--hq-model, default the
-    shipped ones); each concrete trace is written once per session as <tmp>/<model>/<scenario>.json (the stem is
+    shipped ones); each concrete trace is written once per test run as <tmp>/<model>/<scenario>.json (the stem is
     the scenario, so shipped goldens are found by name and sha256); a skipped scenario is a skipped case."""
     import oracle
     from oracle.config import ConfigError

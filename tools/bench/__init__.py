@@ -1,7 +1,7 @@
 """Benchmarks on a GPU (`hybridqual bench NAME`): kernels, the engine, GEMMs, the dependent chain, ablations, TP,
 prefix-cache TTFT and speculation, each printing its figures beside a roofline or a peer measured in the same run.
 
-Owns every benchmark, `peak` (wall time and peak memory of a command) and `gpu_run.sh` (one device call: build,
+Owns every benchmark, `peak` (wall time and peak memory of a command) and `gpu_run.sh` (one command on a GPU machine: build,
 check, bench). May import oracle, fastpath and `hybridqual.qualify` / `hybridqual.paths` (for smoke runs); nothing
 else imports it. Figures go to docs/performance.md, never into tests.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One whole GPU visit in one device call: environment record, the `gpu` test tier, the kernel benchmarks,
+# One whole GPU run in one command: environment record, the `gpu` test tier, the kernel benchmarks,
 # logs under $OUT, and a short summary table printed last. Installs nothing from the network: the project
 # runs from the checkout through PYTHONPATH, `hybridqual` being tools/ through a link in .hq-import/ (mamba_ssm's
 # Triton ops come from .peer/ when carried).
@@ -52,14 +52,14 @@ except Exception:
     traceback.print_exc(); raise SystemExit(1)
 "
 }
-# Optional (issue 16.6): anchor-3b as a real HF folder (bf16, chunk 256), the corpus instantiated for it; the
+# Optional: anchor-3b as a real HF folder (bf16, chunk 256), the corpus instantiated for it; the
 # truth (fp64 oracle on the GPU, every scenario) and the qualification (fast path bf16 + graphs) as two processes,
 # each with its wall time, peak host RSS and peak GPU memory (tools/bench/peak.py).
 step_anchor() {
   local dir=${ANCHOR_DIR:-/tmp/anchor-3b} t0=$SECONDS
   [ -e "$dir/config.json" ] || timeout 300 $PY -m hybridqual.anchor write "$dir" || return 1
   echo "anchor write: $((SECONDS - t0)) s"
-  # goldens carried in (goldens/outputs/<name>/ from an earlier visit's anchor_goldens.tgz) are reused when they hold
+  # goldens carried in (goldens/outputs/<name>/ from an earlier run's anchor_goldens.tgz) are reused when they hold
   if [ -z "${ANCHOR_REUSE_GOLDENS:-}" ] || [ ! -d "goldens/outputs/$(basename "$dir")" ]; then
     $PY -m hybridqual.bench.peak oracle -- timeout "${ANCHOR_ORACLE_TIMEOUT:-300}" $PY -m hybridqual.goldens regen --model "$dir" --oracle-device cuda
     tar czf "$OUT/anchor_goldens.tgz" -C goldens/outputs "$(basename "$dir")"

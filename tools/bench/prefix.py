@@ -1,4 +1,4 @@
-"""The prefix-cache section of tools/bench/engine.py (issue 17 / DESIGN §8): TTFT of a short suffix after a long
+"""The prefix-cache section of tools/bench/engine.py (DESIGN §8, §12): TTFT of a short suffix after a long
 shared prefix, cold vs a prefix-cache hit, and where a hit's time goes (stages; torch.profiler's top kernels).
 
     python -m hybridqual.bench.engine --prefix-cache [--out F --summary F]       # anchor-3b, H200
@@ -133,7 +133,7 @@ def hit_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 10) -
 
 def hit_host_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 12) -> dict:
     """cProfile over one more hit: where the host's time goes (the hit's forward is host-bound on an H200:
-    25 ms of host for 6 ms of device, session 8) — the top functions by own time, as 'file:line(function)'."""
+    25 ms of host for 6 ms of device on 2026-12-02 at 577fe1b) — the top functions by own time, as 'file:line(function)'."""
     import cProfile
     import pstats
     pr = cProfile.Profile()
@@ -150,7 +150,7 @@ def hit_host_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 
 
 def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, block: int = 16384,
                 chunk: int = 16384, hits: int = 3, detail: bool = True) -> dict:
-    """Time to first token of a `suffix`-token suffix after a `prefix_len`-token shared prefix (issue 17 / DESIGN
+    """Time to first token of a `suffix`-token suffix after a `prefix_len`-token shared prefix (DESIGN
     §8): cold (cache off; and cache on, which also stores the checkpoints) vs a prefix-cache hit, same run — the
     hit eager, and with prefill graphs (an engine with prefill_graphs=True: its cold run stores, one warm-up hit
     of the same shape captures the step, the timed hits replay it); plus the bytes of one checkpoint beside the
@@ -263,7 +263,7 @@ def tiny_prefix_model(dev: torch.device) -> FastModel:
 
 def tiny_prefix(args, write) -> None:
     """--prefix-cache --tiny: the prefix-cache section end to end on a tiny model (64-token prefix, block and
-    chunk 32, 5-token suffix) — on CPU through the Triton interpreter — so a GPU visit does not die on a typo."""
+    chunk 32, 5-token suffix) — on CPU through the Triton interpreter — so a GPU run does not die on a typo."""
     if not args.prefix_cache:
         raise SystemExit("--tiny: only with --prefix-cache")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

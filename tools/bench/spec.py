@@ -1,4 +1,4 @@
-"""bs1 speculative decoding benchmark (issue 18 item 5), called by `tools/bench/engine.py --spec`, or on its own:
+"""bs1 speculative decoding benchmark (DESIGN §8, §13), called by `tools/bench/engine.py --spec`, or on its own:
 
     python -m hybridqual.bench.spec --smoke          # CPU, tiny zoo model, torch stand-ins, seconds: every row's code path
     TRITON_INTERPRET=1 python -m hybridqual.bench.spec --smoke --triton     # the same through the Triton kernels (minutes)
@@ -208,7 +208,7 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
             return None
         try:
             r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script)
-        except Exception as e:                        # one GPU visit reports every case it can
+        except Exception as e:                        # one GPU run reports every case it can
             emit(f"spec {label}: FAILED {type(e).__name__}: {e}"[:300])
             return None
         r.update(label=label, kind=kind)

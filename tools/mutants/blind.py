@@ -1,4 +1,4 @@
-"""Blind judgement of a mutant (issue 20): no named tests, only what the suite runs anyway.
+"""Blind judgement of a mutant: no named tests, only what the suite runs anyway.
 
 Stage 1 is the qualification main job (`python -m hybridqual.qualify`, its default plan) and then qualify over every
 shipped model's whole scenario corpus (`--model M`); stage 2 is the whole CPU tier (`pytest -x -q -n 2`, default
@@ -199,7 +199,7 @@ def judge(m: Mutant | None, stages: list[Stage], name: str | None = None) -> Bli
 def copy_prefix(label: str) -> str:
     """The temporary copy's name prefix: letters, digits, '_', '-' and '.' only. A ':' (os.pathsep) in the path
     splits every PYTHONPATH entry under the copy, so the control's "(control: no mutation)" once made its qualify
-    --jobs workers miss tests/ (No module named 'broken_engines') and the control CRASHed in sessions 9-10."""
+    --jobs workers miss tests/ (No module named 'broken_engines') and the control CRASHed (2026-12-02, ea33b79 to 25ed4f5; fixed in 69fe09c)."""
     return "hq-blind-" + re.sub(r"[^A-Za-z0-9_.-]", "_", label[:40]) + "-"
 
 

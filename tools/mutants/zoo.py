@@ -344,7 +344,7 @@ MUTANTS: list[Mutant] = [
            ORACLE_SCHED, "            slot, row = self.free_slots.pop(), self.active\n",
            "            slot, row = self.free_slots.pop(0), self.active\n",
            ("tests/test_scheduler_seed_scenario.py",)),
-    # ---------------------------------------------------------------- issue 20: classes the blind run found
+    # ---------------------------------------------------------------- classes the blind run found
     # scheduling order
     Mutant("admission_in_list_order", "scheduling order",
            "waiting requests are admitted in submission order (a stable sort on arrival_step alone) instead of "
@@ -447,7 +447,7 @@ MUTANTS: list[Mutant] = [
            more=((K + "attention_decode.py", "        oh = kvh * q_per_kv + c\n", "        oh = c * Hkv + kvh\n"),)),
 ]
 
-# ---------------------------------------------------------------- prefix cache (issue 17, DESIGN §12)
+# ---------------------------------------------------------------- prefix cache (DESIGN §12)
 PC, BANK, ORACLE_PC = "fastpath/engine/prefix_cache.py", "fastpath/engine/bank.py", "oracle/prefix_cache.py"
 T_PC = "tests/test_prefix_cache_engine.py"
 T_PC_TRACES = T_PC + "::test_prefix_traces_follow_the_oracle_on_the_torch_stand_ins"
@@ -570,7 +570,7 @@ QUICK = {
     "graph_pad_rows_slot_zero", "ssm_step_pad_aliases_slot0", "chunked_drops_initial_state",
 }
 
-# ---------------------------------------------------------------- speculative decoding (issue 18, DESIGN §13)
+# ---------------------------------------------------------------- speculative decoding (DESIGN §13)
 SPEC, ORACLE_SPEC, VERIFY = "fastpath/engine/speculative.py", "oracle/speculative.py", "fastpath/engine/verify.py"
 T_SPEC = "tests/test_speculative_engine.py"
 T_SPEC_STATE = T_SPEC + "::test_state_after_each_step_is_the_state_of_the_accepted_tokens"

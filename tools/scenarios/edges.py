@@ -1,4 +1,4 @@
-"""Scenario families that close blind spots of the shipped corpus (issue 20.2), and the piece-boundary census.
+"""Scenario families that close blind spots of the shipped corpus, and the piece-boundary census.
 
 - request_order: several requests arrive in the same step, listed out of id order and out of arrival order, with
   ids whose string order differs from their numeric order ("r1" < "r10" < "r11" < "r2" < "r9"); fewer slots than
