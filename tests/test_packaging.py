@@ -161,3 +161,16 @@ def test_console_script_imports_an_adapter_module_from_the_current_folder(tmp_pa
                        timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
     assert "is not a subclass of hybridqual.adapters.Adapter" in p.stderr, p.stderr[-2000:]
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """pyproject.toml names its packages one by one (tools/ is installed as hybridqual): a new subpackage missing
+    from the list would be left out of the wheel."""
+    tomllib = pytest.importorskip("tomllib")          # Python >= 3.11
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for top, name in (("oracle", "oracle"), ("fastpath", "fastpath"), ("tools", "hybridqual")):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / top).parts
+            found.add(".".join([name, *rel]))
+    assert found <= listed, f"not in pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"

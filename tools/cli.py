@@ -2,6 +2,7 @@
 
     hybridqual qualify [ARGS]          # = python -m hybridqual.qualify (the main job)
     hybridqual list                    # the shipped models and traces (qualify takes their names)
+    hybridqual convert FOLDER ...      # = python -m hybridqual.adapters.llamacpp.convert (HF folder to GGUF)
     hybridqual replay TRACE [ARGS]     # = python -m hybridqual.replay
     hybridqual goldens regen|zoo ...   # = python -m hybridqual.goldens
     hybridqual scenarios list|write   # = python -m hybridqual.scenarios (the corpus per model; shipped models)
@@ -22,7 +23,7 @@ import sys
 from hybridqual import paths
 
 TOOLS = {"qualify": "qualify.runner", "replay": "replay", "goldens": "goldens.regen", "mutants": "mutants.__main__",
-         "scenarios": "scenarios.plan"}
+         "scenarios": "scenarios.plan", "convert": "adapters.llamacpp.convert"}
 BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "spec", "tp")
 
 

@@ -44,7 +44,9 @@ BUILTIN = {"fastpath": FastpathAdapter, "oracle": OracleAdapter, "hf": HFAdapter
 # Short names of adapters that live in optional subpackages (imported only when named).
 NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:MegatronRoundedAdapter",
          "megatron-prefix": "megatron:MegatronPrefixAdapter", "megatron-mtp": "megatron:MegatronMTPAdapter",
-         "megatron-graphs": "megatron:MegatronGraphsAdapter"}
+         "megatron-graphs": "megatron:MegatronGraphsAdapter",
+         "llamacpp": "llamacpp.adapter:LlamaCppAdapter", "llamacpp-bf16": "llamacpp.adapter:LlamaCppBF16Adapter",
+         "llamacpp-fa": "llamacpp.adapter:LlamaCppFlashAttnAdapter", "openai": "openai:OpenAIServerAdapter"}
 
 
 def resolve(spec: str) -> type[Adapter]:
