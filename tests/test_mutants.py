@@ -206,3 +206,18 @@ def test_blind_report_counts_only_recorded_kills_and_names_each_verdicts_commit(
     out = capsys.readouterr().out
     assert "recorded blind kill rate: 1/2 = 50%" in out and "UNJUDGED" in out and "abc1234" in out, out
     assert cli.main(["--blind", "--report", "--only", a]) == 0
+
+
+def test_blind_stage_columns_say_what_the_main_job_alone_and_the_tier_each_said():
+    """Issue 31.1: the blind table's main / tier columns come from each stage's own result; a stage that did not
+    run is '-', and an older recorded row without per-stage verdicts credits only the stage that killed."""
+    from hybridqual.mutants.blind import BlindOutcome, StageResult, stage_column, stage_verdicts
+    both = BlindOutcome("m", "KILLED", "pytest", "x", 1.0,
+                        [StageResult("qualify", "PASS", "", 1.0), StageResult("pytest", "FAIL", "t", 1.0)])
+    assert (stage_column(both, "main"), stage_column(both, "tier")) == ("SURVIVED", "KILLED")
+    first = BlindOutcome("m", "KILLED", "qualify", "x", 1.0, [StageResult("qualify", "FAIL", "c", 1.0)])
+    assert (stage_column(first, "main"), stage_column(first, "tier")) == ("KILLED", "-")
+    row = {"status": "KILLED", "stage": "qualify", "by_stage": stage_verdicts(both)}
+    assert stage_column(row, "main") == "SURVIVED"
+    assert stage_column({"status": "KILLED", "stage": "qualify"}, "main") == "KILLED"
+    assert stage_column({"status": "KILLED", "stage": "pytest"}, "main") == "-"

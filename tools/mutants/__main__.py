@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--report", action="store_true",
                     help="blind: judge nothing; print the recorded blind verdict of every chosen mutant "
                          "(out/mutants/blind.json: status, stage, time, commit, date) and the kill rate over them")
+    ap.add_argument("--every-stage", action="store_true",
+                    help="blind: run every stage even after one killed the mutant, so the table says separately "
+                         "whether qualify's default plan alone (column main) and the CPU tier (column tier) kill it")
     ap.add_argument("--no-control", action="store_true",
                     help="blind: skip the unmutated control run (which must survive every stage)")
     return ap.parse_args(argv)
@@ -84,8 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_blind(args: argparse.Namespace, chosen: list) -> int:
     """--blind: judge `chosen` (or its rotating window) stage by stage; print verdicts next to the named ones."""
-    from hybridqual.mutants.blind import (DEFAULT_MUTANT_S, KILLED, SKIPPED, BlindOutcome, budget_window, default_stages,
-                        estimated_seconds, judge, junit_of, rotation, stop_all)
+    from hybridqual.mutants.blind import (DEFAULT_MUTANT_S, KILLED, SKIPPED, BlindOutcome, budget_window,
+                                          default_stages, estimated_seconds, judge, junit_of, rotation, stage_column,
+                                          stage_verdicts, stop_all)
 
     def stopped(signum, _frame):                      # SIGTERM (CI timeout, kill PID): take the stages down too
         stop_all()
@@ -106,14 +110,14 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
     day, commit, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _commit(), time.time()
     print(f"blind: {len(chosen)} mutants, stages: {' -> '.join(s.name for s in stages)}; --jobs {args.jobs}; "
           f"commit {commit}, {day}", flush=True)
-    print(f"{'mutant':36s} {'named':9s} {'blind':9s} {'time':>6s}  stage: detail", flush=True)
+    print(f"{'mutant':36s} {'named':9s} {'blind':9s} {'main':9s} {'tier':9s} {'time':>6s}  stage: detail", flush=True)
 
     def one(m):
         if m is None:
-            return judge(None, stages)
+            return judge(None, stages, every_stage=args.every_stage)
         if args.budget_s is not None and time.time() - t0 > args.budget_s:
             return BlindOutcome(m.name, SKIPPED, "", f"not started: --budget-s {args.budget_s:g} spent", 0.0)
-        return judge(m, stages)
+        return judge(m, stages, every_stage=args.every_stage)
     jobs = ([None] if not args.no_control else []) + list(chosen)
     outcomes, control = [], None
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -125,12 +129,12 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
             else:
                 outcomes.append(o)
             nv = named.get(o.name, {}).get("status", "-") if m is not None else "-"
-            print(f"{o.name:36s} {nv:9s} {o.status:9s} {o.seconds:5.0f}s  {o.stage or '-'}: {o.detail[:160]}",
-                  flush=True)
+            print(f"{o.name:36s} {nv:9s} {o.status:9s} {stage_column(o, 'main'):9s} {stage_column(o, 'tier'):9s} "
+                  f"{o.seconds:5.0f}s  {o.stage or '-'}: {o.detail[:160]}", flush=True)
             if m is not None and o.status != SKIPPED:        # kept as it comes: a run cut short keeps its verdicts
                 save_results("blind", {o.name: {"status": o.status, "stage": o.stage, "detail": o.detail[:300],
                                                 "seconds": round(o.seconds), "date": day, "commit": commit,
-                                                "stages": [s.name for s in stages]}})
+                                                "stages": [s.name for s in stages], "by_stage": stage_verdicts(o)}})
     judged = [o for o in outcomes if o.status != SKIPPED]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "blind-junit.xml").write_text(junit_of(judged))
@@ -142,6 +146,10 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
     for o in judged:
         if o.status == KILLED:
             by_stage[o.stage] = by_stage.get(o.stage, 0) + 1
+    for kind, what in (("main", "qualify's default plan alone"), ("tier", "the CPU tier")):
+        ran = [stage_column(o, kind) for o in judged if stage_column(o, kind) != "-"]
+        if ran:
+            print(f"{what}: {ran.count(KILLED)}/{len(ran)} killed (of the mutants that stage judged)")
     print(f"blind kill rate: {killed}/{len(judged)} = {100 * killed / max(1, len(judged)):.0f}% | named kill rate "
           f"(same mutants, recorded): {sum(s == 'KILLED' for s in known)}/{len(known)} | "
           + ", ".join(f"{k} {v}" for k, v in counts.items()) + " | killed by stage: "
@@ -158,13 +166,16 @@ def report_blind(chosen: list) -> int:
     """--blind --report: the recorded blind verdicts of `chosen` in zoo order, each with the commit and date it was
     judged at (runs at several commits add up here; a mutant never judged is UNJUDGED and not a kill)."""
     rec = load_results("blind")
-    print(f"{'mutant':40s} {'blind':9s} {'time':>6s} {'commit':8s} {'date (UTC)':17s} stage: detail")
+    from hybridqual.mutants.blind import stage_column
+    print(f"{'mutant':40s} {'blind':9s} {'main':9s} {'tier':9s} {'time':>6s} {'commit':8s} {'date (UTC)':17s} "
+          "stage: detail")
     counts: dict[str, int] = {}
     for m in chosen:
         r = rec.get(m.name, {})
         st = r.get("status", "UNJUDGED")
         counts[st] = counts.get(st, 0) + 1
-        print(f"{m.name:40s} {st:9s} {r.get('seconds', 0):5.0f}s {r.get('commit', '-'):8s} {r.get('date', '-'):17s} "
+        print(f"{m.name:40s} {st:9s} {stage_column(r, 'main'):9s} {stage_column(r, 'tier'):9s} "
+              f"{r.get('seconds', 0):5.0f}s {r.get('commit', '-'):8s} {r.get('date', '-'):17s} "
               f"{r.get('stage') or '-'}: {str(r.get('detail', ''))[:120]}")
     killed = counts.get("KILLED", 0)
     commits = sorted({rec[m.name].get("commit", "?") for m in chosen if m.name in rec})

@@ -184,16 +184,36 @@ def run_pytest(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> Sta
     return StageResult(stage.name, INVALID if _invalid(by) else CRASH, by, took)
 
 
-def judge(m: Mutant | None, stages: list[Stage], name: str | None = None) -> BlindOutcome:
-    """Judge `m` (None: the unmutated control, which must SURVIVE) by `stages` in order."""
+def judge(m: Mutant | None, stages: list[Stage], name: str | None = None, every_stage: bool = False) -> BlindOutcome:
+    """Judge `m` (None: the unmutated control, which must SURVIVE) by `stages` in order. every_stage: run every
+    stage even after one killed it, so each stage's own verdict is known (`stage_verdicts`): whether qualify's
+    default plan alone kills it — what transfers to an external engine — and, separately, the CPU tier."""
     label = name or (m.name if m is not None else "(control: no mutation)")
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=copy_prefix(label)) as tmp:
         COPIES.add(tmp)
         try:
-            return _judge_copy(m, stages, label, Path(tmp), t0)
+            return _judge_copy(m, stages, label, Path(tmp), t0, every_stage)
         finally:
             COPIES.discard(tmp)
+
+
+def stage_verdicts(o: BlindOutcome) -> dict[str, str]:
+    """stage name -> KILLED (it failed a check) / SURVIVED (it passed) / INVALID / CRASH, for the stages that ran."""
+    word = {"FAIL": KILLED, "PASS": SURVIVED}
+    return {r.stage: word.get(r.status, r.status) for r in o.stages}
+
+
+def stage_column(o: BlindOutcome | dict, kind: str) -> str:
+    """The verdict of the main job (kind "main": the stage named "qualify") or of the CPU tier (kind "tier": the
+    stage named "pytest") of an outcome or a recorded row; "-" where that stage did not run (a kill by an
+    earlier stage without --every-stage, or not among --stages)."""
+    name = {"main": "qualify", "tier": "pytest"}[kind]
+    if isinstance(o, BlindOutcome):
+        return stage_verdicts(o).get(name, "-")
+    if "by_stage" in o:
+        return o["by_stage"].get(name, "-")
+    return KILLED if o.get("status") == KILLED and o.get("stage") == name else "-"   # older rows: the killer only
 
 
 def copy_prefix(label: str) -> str:
@@ -203,7 +223,8 @@ def copy_prefix(label: str) -> str:
     return "hq-blind-" + re.sub(r"[^A-Za-z0-9_.-]", "_", label[:40]) + "-"
 
 
-def _judge_copy(m: Mutant | None, stages: list[Stage], label: str, tmp: Path, t0: float) -> BlindOutcome:
+def _judge_copy(m: Mutant | None, stages: list[Stage], label: str, tmp: Path, t0: float,
+                every_stage: bool = False) -> BlindOutcome:
     """judge() inside its temporary directory."""
     try:
         tree, env = mutated_copy(m, Path(tmp))
@@ -214,9 +235,12 @@ def _judge_copy(m: Mutant | None, stages: list[Stage], label: str, tmp: Path, t0
         st_env = env if st.interpret else {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
         r = (run_qualify if st.kind == "qualify" else run_pytest)(st, tree, st_env, Path(tmp))
         results.append(r)
-        if r.status in ("FAIL", INVALID):
+        if r.status == INVALID or (r.status == "FAIL" and not every_stage):
             status = KILLED if r.status == "FAIL" else INVALID
             return BlindOutcome(label, status, st.name, r.detail, time.time() - t0, results)
+    failed = [r for r in results if r.status == "FAIL"]
+    if failed:                                       # every_stage: the first stage that failed is the kill
+        return BlindOutcome(label, KILLED, failed[0].stage, failed[0].detail, time.time() - t0, results)
     crashed = [r for r in results if r.status == CRASH]
     status = CRASH if crashed else SURVIVED
     return BlindOutcome(label, status, crashed[0].stage if crashed else "",

@@ -32,13 +32,14 @@ def _special(extra: dict, key: str, vocab: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Units:
-    """What a scenario reads from a model: chunk_size C, vocab_size V and the special ids the config names."""
+    """What a scenario reads from a model: chunk_size C, vocab_size V, the special ids the config names, d_conv."""
     chunk: int
     vocab: int
     bos: int | None = None
     eos: int | None = None
     pad: int | None = None
     specials: tuple[int, ...] = ()
+    d_conv: int = 4                 # the Mamba conv width (last pieces 1..d_conv: tools/scenarios/boundaries.py)
 
     @classmethod
     def from_config(cls, config) -> "Units":
@@ -50,8 +51,10 @@ class Units:
         extra = getattr(config, "extra", None) or {}
         ids = {k: _special(extra, f"{k}_token_id", config.vocab_size) for k in ("bos", "eos", "pad")}
         specials = tuple(sorted({i for v in ids.values() for i in v}))
+        d_conv = getattr(config, "mamba_d_conv", 4)
+        d_conv = d_conv if isinstance(d_conv, int) and not isinstance(d_conv, bool) and d_conv >= 1 else 4
         return cls(config.chunk_size, config.vocab_size, *(v[0] if v else None for v in ids.values()),
-                   specials=specials)
+                   specials=specials, d_conv=d_conv)
 
     @property
     def ordinary(self) -> list[int]:

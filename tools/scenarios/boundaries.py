@@ -1,0 +1,194 @@
+"""Engine-aware boundary scenarios (issue 31.2): the conditions an engine's *own* scheduler creates.
+
+An external engine picks its own prefill pieces (Megatron rounds its budget to 64 and shortens a one-token
+remainder; vLLM and SGLang cut at their block size, 16 or 64), so a corpus aimed only at our scheduler's piece
+boundaries (multiples of the model's chunk) never gives it a short last piece. These scenarios sweep every
+granularity in play instead: `GRANULARITIES` (16 and 64, the block sizes and budget roundings of the engines
+we know) plus the model's chunk C and its prefix-cache block, and put a prompt = 1..d_conv past each, so whichever
+of them the engine cuts at, its last piece has every length from 1 to d_conv; and the shapes the public 2026
+reports needed (tools/mutants/zoo.py cites them):
+
+    piece_tails      last pieces 1..d_conv long (prompts 2C+1..2C+d_conv under prefill_chunk 2C), prompts = 1 mod
+                     C, 16 and 64, one-token prompts co-batched and one admitted into a slot freed the step before
+    cobatch_reuse    identical prompts co-batched (greedy twice, seeded with equal seeds), a freed slot reused at once
+                     (LIFO) by a waiting request, a one-token prompt and a late twin of a co-batched prompt in
+                     reused slots
+    prefix_lru       prefix cache with capacity 2: an older entry hit after a newer store, then an eviction (store
+                     order and last-use order disagree: LRU evicts the newer one), prefix hits whose suffix is
+                     1 (prompt = 1 mod the block) and 2 tokens (shorter than d_conv - 1), several hits on different
+                     checkpoints admitted in one step
+    spec_accept      (a shipped trace, not a scenario: its scripted drafts are the target model's own greedy tokens,
+                     see `spec_accept_trace`) full acceptance at every k, rejection at the last draft at every k,
+                     a zero-draft step after an accepting one, with compaction in the same steps
+
+Every request of the scenarios finishes by length, so their schedules do not depend on the model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridqual.scenarios.edges import small
+from hybridqual.scenarios.units import Skip, Tokens, Units, request, seeded, seq, trace
+
+GRANULARITIES = (16, 64)     # block sizes / budget roundings of the engines we know (vLLM, SGLang, Megatron)
+MIN_CHUNK = 4
+
+
+def _small(u: Units, i: int, n: int) -> list[int]:
+    """A literal prompt of n ids, distinct per i (the corpus' pattern)."""
+    return seq((5 * i + 7) % 61, n, step=7)
+
+
+def granularities(u: Units, extra: tuple[int, ...] = ()) -> list[int]:
+    """The piece granularities the sweep covers: the model's chunk, GRANULARITIES and any `extra` (an engine's
+    declared block size or budget rounding), ascending, once each."""
+    return sorted({u.chunk, *GRANULARITIES, *extra})
+
+
+def piece_tails(u: Units, tok: Tokens) -> dict:
+    """Last prefill pieces of every length 1..d_conv, prompts = 1 mod every granularity, one-token prompts."""
+    C, D = u.chunk, u.d_conv
+    if C < MIN_CHUNK:
+        raise Skip(f"chunk_size {C} < {MIN_CHUNK}: a last piece of d_conv tokens is not shorter than the chunk")
+    P = 2 * C
+    reqs = [request("one_a", 0, tok([9]), 2), request("one_b", 0, tok([40]), 2)]          # co-batched
+    reqs += [request(f"tail{j}", j - 1, tok(_small(u, j, P + j)), 2) for j in range(1, D + 1)]
+    for i, g in enumerate(granularities(u)):
+        reqs.append(request(f"mod{g}", D + i, tok(_small(u, 10 + i, g + 1)), 2))
+    reqs.append(request("one_late", D + len(granularities(u)), tok([23]), 2))     # into a freed slot
+    return trace(f"Last prefill pieces of every length 1..d_conv ({D}): prompts of 2C+1..2C+{D} tokens under "
+                 f"prefill_chunk {P} (pieces 2C then the rest); prompts of g+1 tokens for every granularity g in "
+                 f"{granularities(u)} (the chunk, the block sizes and budget roundings engines use: whichever they "
+                 "cut at, a one-token last piece); two one-token prompts co-batched with the first long prompt, and a "
+                 "third admitted later into a freed slot. Length-only finishes: the schedule is model-independent.",
+                 3, 4 * C + 8, P, "legacy", reqs)
+
+
+def cobatch_reuse(u: Units, tok: Tokens) -> dict:
+    """Identical prompts in one batch, a freed slot reused at once, twins in reused slots."""
+    C = u.chunk
+    same = _small(u, 3, C + 3)
+    reqs = [request("same_a", 0, tok(same), 4), request("same_b", 0, tok(same), 4),
+            request("same_s", 0, tok(same), 2, sampling=seeded(0.9, 5)),
+            request("same_t", 1, tok(same), 3, sampling=seeded(0.9, 5)),     # waits; the first freed slot
+            request("reuse_one", 1, tok([31]), 3),                           # a one-token prompt, next freed slot
+            request("same_late", 2, tok(same), 4)]                           # a twin of same_a, in a reused slot
+    return trace("Identical prompts co-batched: same_a and same_b (greedy) and same_s (seeded) share one prefill "
+                 "step and must each give the tokens it gives alone; the waiting reuse_one (a one-token prompt), "
+                 "same_t (same_s's prompt and seed) and same_late (same_a's twin) are admitted at once into the "
+                 "slots the others free (LIFO), same_t and same_late co-batched again: a slot that still held its "
+                 "previous owner's state, or twins that share one computation, differ. Length-only finishes.",
+                 3, 3 * (C + 3), 2 * C, "legacy", reqs)
+
+
+def prefix_lru(u: Units, tok: Tokens) -> dict:
+    """Capacity-2 LRU with store and last-use orders that disagree; short suffixes after hits; hits in one step."""
+    C, D = u.chunk, u.d_conv
+    if C < MIN_CHUNK:
+        raise Skip(f"chunk_size {C} < {MIN_CHUNK}: suffixes of 1..d_conv tokens are not shorter than a block")
+    x1, x2, x3 = small(0, C), small(1, C), small(2, C)           # ids < 16: one concrete trace for every shipped model
+    t = lambda i, n: small(4 + i, n)                                        # noqa: E731 - distinct tails
+    reqs = [request("s1", 0, tok(x1 + t(0, 2)), 2),      # stores X1 (seq 1)
+            request("s2", 2, tok(x2 + t(1, 3)), 2),      # stores X2 (seq 2, newer)
+            request("h1", 4, tok(x1 + t(2, 1)), 2),      # hits X1 after the newer store; suffix 1 (= 1 mod block)
+            request("s3", 6, tok(x3 + t(3, 2)), 2),      # stores X3: full, LRU evicts X2 (last used before X1)
+            request("h1b", 8, tok(x1 + t(4, 2)), 2),    # hits X1 (a cache that never touched it on a hit misses)
+            request("h3b", 8, tok(x3 + t(5, 1)), 2),    # hits X3 in the same step; suffix 1
+            request("h2b", 8, tok(x2 + t(6, D)), 2)]    # misses (X2 was evicted), stores it again
+    return {**trace(f"Prefix cache, block {C} (= chunk), capacity 2: s1 stores X1, s2 stores X2 later, h1 hits X1 "
+                    "after that newer store (last use X1 > X2 while store order is X1 < X2), s3's store evicts the "
+                    "least recently used, X2; then h1b and h3b hit X1 and X3 in one admission step (each must "
+                    "restore its own checkpoint) and h2b misses and stores X2 again. Suffixes after a hit are 1 "
+                    f"(prompt = 1 mod the block) and 2 tokens (shorter than d_conv - 1 = {D - 1}). Length-only "
+                    "finishes: the schedule and the cache's hits, stores and evictions are model-independent.",
+                    3, 3 * C, 2 * C, "legacy", reqs),
+            "engine": {"max_requests": 3, "max_tokens_per_step": 3 * C, "prefill_chunk": 2 * C, "mode": "legacy",
+                       "prefix_cache": {"block_size": C, "capacity": 2}}}
+
+
+BOUNDARIES = {"piece_tails": ("piece_tails", piece_tails), "cobatch_reuse": ("cobatch_reuse", cobatch_reuse),
+              "prefix_lru": ("prefix_cache", prefix_lru)}
+
+
+# ------------------------------------------------------------------------------- spec_accept (a shipped trace)
+
+SPEC_MODEL = "zoo-bamba"      # the model the main job runs the shipped speculative traces on (plan.DEFAULT_TRACES)
+SPEC_K = 3
+
+
+def _plans(g: dict[str, list[int]]) -> dict[str, dict[int, list[int]]]:
+    """The scripted drafts: per request, n generated -> drafts, from its greedy tokens g[rid] (a wrong draft is
+    g + 1 mod 64 ... any id that is not the greedy one). Acceptance pattern (k = 3):
+        fa: n=1 3 drafts all accepted -> n=5: 2 accepted -> n=8: 1 accepted -> n=10 zero drafts (after accepting)
+            -> n=11: 3 drafts, last rejected -> n=14 zero drafts (after a rollback) -> n=15: 1 draft rejected
+        rl: n=1: 2 drafts, last rejected -> n=3: 1 draft rejected -> n=4: 3 accepted -> n=8 zero -> n=9: 2 accepted
+        rk: n=1: 3 drafts, last rejected -> n=4: 2 drafts, last rejected -> n=6: 1 accepted -> n=8 zero"""
+    def wrong(t: int) -> int:
+        return (t + 1) % 64
+    out: dict[str, dict[int, list[int]]] = {}
+    a = g["fa"]
+    out["fa"] = {1: a[1:4], 5: a[5:7], 8: [a[8]], 11: [a[11], a[12], wrong(a[13])], 15: [wrong(a[15])]}
+    b = g["rl"]
+    out["rl"] = {1: [b[1], wrong(b[2])], 3: [wrong(b[3])], 4: b[4:7], 9: b[9:11]}
+    c = g["rk"]
+    out["rk"] = {1: [c[1], c[2], wrong(c[3])], 4: [c[4], wrong(c[5])], 6: [c[6]]}
+    return out
+
+
+def _spec_requests() -> list[dict]:
+    """The requests of spec_accept: three verifying requests and short fillers in the rows below them, so that
+    the fillers' finishes compact the verifying rows in the steps they verify."""
+    return [request("f0", 0, seq(2, 3), 2), request("fa", 0, seq(30, 5), 16), request("rl", 0, seq(41, 4), 12),
+            request("f1", 2, seq(7, 2), 3), request("rk", 3, seq(52, 6), 9), request("f2", 4, seq(13, 3), 2),
+            request("f3", 6, seq(17, 2), 2)]
+
+
+def spec_accept_trace(greedy: dict[str, list[int]]) -> dict:
+    """The spec_accept trace from the target's greedy tokens per verifying request (`spec_accept_greedy`)."""
+    plans = _plans(greedy)
+    props = {rid: {str(n): list(d) for n, d in sorted(p.items())} for rid, p in sorted(plans.items())}
+    reqs = _spec_requests()
+    obj = trace("Speculative decoding, scripted drafts made from the target's own greedy tokens (k=3, model "
+                f"{SPEC_MODEL}; tools/scenarios/boundaries.py): full acceptance of 3, 2 and 1 drafts, rejection at "
+                "the last draft of 3, 2 and 1, zero-draft steps right after accepting steps and after a rollback; "
+                "short fillers in the rows below finish in several of those steps, so rows that verify are compacted "
+                "in the step they verify (one that rejected its last draft among them). Written by `python -m hybridqual.scenarios.boundaries spec_accept`.",
+                4, 24, 8, "legacy", reqs)
+    obj["engine"]["speculative"] = {"k": SPEC_K, "proposer": {"kind": "scripted", "proposals": props}}
+    return obj
+
+
+def spec_accept_greedy(model_dir: Path) -> dict[str, list[int]]:
+    """Each verifying request's greedy tokens alone under the fp64 oracle on `model_dir` (the drafts' source)."""
+    import oracle
+    from oracle.scheduler import run_request_alone
+    from oracle.trace import parse_trace
+    model = oracle.load(model_dir)
+    tr = parse_trace(trace("", 4, 24, 8, "legacy", _spec_requests()))
+    return {r.id: run_request_alone(model, r)[0] for r in tr.requests if r.id in ("fa", "rl", "rk")}
+
+
+def write_spec_accept(path: Path | None = None) -> Path:
+    """goldens/traces/spec_accept.json from the shipped SPEC_MODEL's greedy tokens."""
+    from oracle.trace import dump_trace, parse_trace
+    from hybridqual.paths import MODELS, TRACES
+    tr = parse_trace(spec_accept_trace(spec_accept_greedy(MODELS / SPEC_MODEL)))
+    path = path or TRACES / "spec_accept.json"
+    path.write_text(dump_trace(tr) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["spec_accept"]:
+        print("usage: python -m hybridqual.scenarios.boundaries spec_accept   "
+              "# writes goldens/traces/spec_accept.json", file=sys.stderr)
+        return 2
+    print(f"wrote {write_spec_accept()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
