@@ -146,6 +146,11 @@ def configured_adapter(args) -> type[adapters.Adapter]:
         cls = type("FastpathAdapterConfigured", (cls,),
                    {"tp": args.tp, "batch_invariant": args.batch_invariant, "graphs": args.graphs,
                     "dtype": getattr(torch, args.dtype) if args.dtype else None})
+    if args.base_url or args.served_model:
+        if not hasattr(cls, "base_url"):
+            raise ValueError("--base-url / --served-model apply to a server engine (--engine openai) only")
+        cls = type(cls.__name__, (cls,), {"base_url": args.base_url or cls.base_url,
+                                          "served_model": args.served_model or cls.served_model})
     return cls
 
 
@@ -186,6 +191,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="worker processes running instances side by side, reported in plan order (default: "
                          "min(2, CPU cores) for the default plan on cpu, else 1); each uses cores/jobs torch threads")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
+    ap.add_argument("--base-url", help="--engine openai: the OpenAI-compatible server's address (http://HOST:PORT)")
+    ap.add_argument("--served-model", help="--engine openai: the model name the server serves it under (default: "
+                                           "the only one /v1/models lists)")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
                          "schedule log is not the default policy's: that check is skipped)")
