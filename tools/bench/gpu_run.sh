@@ -4,7 +4,7 @@
 # runs from the checkout through PYTHONPATH, `hybridqual` being tools/ through a link in .hq-import/ (mamba_ssm's
 # Triton ops come from .peer/ when carried).
 #
-#   run(command="bash tools/bench/gpu_run.sh", carry=[".peer"])         # on the device machine
+#   bash tools/bench/gpu_run.sh                                          # on the GPU machine (.peer/ in the root: the peer)
 #   STEPS="gpu_tests" bash tools/bench/gpu_run.sh                        # a subset of the steps
 #
 # Extending it (other parts): add `step_<name>() { ...; }` below and append <name> to DEFAULT_STEPS, or drop

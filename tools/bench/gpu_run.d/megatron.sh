@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qualify Megatron-Core's dynamic inference engine on the GPU (docs/megatron.md). Off unless .whl/ holds the
-# megatron wheels (`bash scripts/install-megatron.sh --fetch-wheels` on the CPU machine, then carry .whl):
-#   run(command="bash tools/bench/gpu_run.sh", carry=[".whl"])          # picked up after the built-in steps
+# megatron wheels (`bash scripts/install-megatron.sh --fetch-wheels` on a machine with network, then copy .whl/ along):
+#   bash tools/bench/gpu_run.sh                                          # picked up after the built-in steps
 #   STEPS= bash tools/bench/gpu_run.sh                                  # this step only
 # Installs the three wheels into /tmp/site (no network), then: qualify --engine megatron-rounded --device cuda over
 # every scenario of each model Megatron can run (zoo-bamba, tiny-sort), megatron-prefix on the three prefix traces,
