@@ -209,7 +209,7 @@ def test_blind_report_counts_only_recorded_kills_and_names_each_verdicts_commit(
 
 
 def test_blind_stage_columns_say_what_the_main_job_alone_and_the_tier_each_said():
-    """Issue 31.1: the blind table's main / tier columns come from each stage's own result; a stage that did not
+    """The blind table's main / tier columns come from each stage's own result; a stage that did not
     run is '-', and an older recorded row without per-stage verdicts credits only the stage that killed."""
     from hybridqual.mutants.blind import BlindOutcome, StageResult, stage_column, stage_verdicts
     both = BlindOutcome("m", "KILLED", "pytest", "x", 1.0,

@@ -282,7 +282,7 @@ MUTANT = ROOT / ".venv-llamacpp-mutant" / "build" / "bin" / "llama-server"
 
 
 def gguf(model: str, cache: Path) -> Path:
-    """The f32 GGUF of a shipped model, converted once per test session (convert.py's mapping and check)."""
+    """The f32 GGUF of a shipped model, converted once per test run (convert.py's mapping and check)."""
     from hybridqual.adapters.llamacpp.convert import convert
     out = cache / f"{model}.f32.gguf"
     if not out.exists():

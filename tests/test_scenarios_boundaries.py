@@ -1,4 +1,4 @@
-"""The engine-aware boundary scenarios (tools/scenarios/boundaries.py, issue 31.2) reach what they claim, for every
+"""The engine-aware boundary scenarios (tools/scenarios/boundaries.py) reach what they claim, for every
 chunk size, and the fast path follows the oracle through them (the fast test that kills the per-report mutants)."""
 from __future__ import annotations
 

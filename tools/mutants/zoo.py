@@ -682,7 +682,7 @@ MUTANTS += [
             )),
 ]
 
-# ------------------------------------------------- the public 2026 reports (issue 31.2): one class each, our fast path
+# ------------------------------------------------- the public 2026 reports: one class each, our fast path
 T_BOUND = "tests/test_scenarios_boundaries.py::test_boundary_scenarios_through_the_engine_equal_the_oracle"
 T_TAILS, T_COBATCH = T_BOUND + "[piece_tails]", T_BOUND + "[cobatch_reuse]"
 T_PC_LRU = T_PC_TRACES + "[prefix_lru]"
@@ -767,19 +767,19 @@ MUTANTS += [
                   "            self.snap.restore(acc, row, b.slot)\n"))),
     Mutant("spec_full_accept_drops_bonus", "speculative verify",
            "a row that accepted every draft emits the drafts but drops the bonus token (the target's choice after the "
-           "last draft); a defect that passed qualify before spec_accept (issue 31)",
+           "last draft); a defect that passed qualify before spec_accept",
            SPEC, "                samples.append(i <= a)\n",
            "                samples.append(i <= a and (i < a or a < len(b.proposals)))\n",
            (T_SPEC_ACCEPT,)),
     Mutant("spec_no_snapshot_last_draft", "speculative rollback",
            "the verify forward keeps no snapshot after the last draft position (only after positions 0..w-3), so a "
            "row of full width rejected at its last draft is restored from a stale snapshot; a defect that passed "
-           "qualify before spec_accept (issue 31)",
+           "qualify before spec_accept",
            VERIFY, "        if snaps is not None and j < vb.w - 1:\n", "        if snaps is not None and j < vb.w - 2:\n",
            (T_SPEC_ACCEPT, T_SPEC_STATE)),
     Mutant("pc_lru_not_touched_on_hit", "prefix cache",
            "a hit does not update the entry's last use, so LRU evicts by store order: an older entry hit after a newer "
-           "store is evicted before the newer one; a defect that passed qualify before prefix_lru (issue 31)",
+           "store is evicted before the newer one; a defect that passed qualify before prefix_lru",
            PC, "                e.last_use = step\n", "",
            (T_PC_LRU,)),
 ]

@@ -1,4 +1,4 @@
-"""Engine-aware boundary scenarios (issue 31.2): the conditions an engine's *own* scheduler creates.
+"""Engine-aware boundary scenarios: the conditions an engine's *own* scheduler creates.
 
 An external engine picks its own prefill pieces (Megatron rounds its budget to 64 and shortens a one-token
 remainder; vLLM and SGLang cut at their block size, 16 or 64), so a corpus aimed only at our scheduler's piece

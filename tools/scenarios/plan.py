@@ -1,4 +1,4 @@
-"""The trace corpus as scenarios in a model's units (DESIGN §15, issue 16.1 / 20.2-3).
+"""The trace corpus as scenarios in a model's units (DESIGN §15, §16).
 
     python -m hybridqual.scenarios list [--model DIR ...]     # every scenario per model: its shape, or why skipped
     python -m hybridqual.scenarios write NAME ...              # goldens/traces/NAME.json = its shipped-model instance
@@ -87,7 +87,7 @@ def shipped_trace_path(name: str) -> Path | None:
 # The qualify main job's default: every family at least once, every shipped architecture at least one scenario,
 # spread by cost: the fast path runs in the Triton interpreter on CPU and a step of zoo-mamba2 (2 Mamba layers)
 # costs about a third of one of tiny-sort or the attention/MoE zoo models, so the cheap scheduling scenarios run
-# there (piece_budget moved there from zoo-bamba in issue 31: 2026-12-03 it took 157 s of wall on Bamba under load,
+# there (piece_budget moved there from zoo-bamba: on 2026-12-03 it took 157 s of wall on Bamba under load,
 # 27 s on zoo-mamba2 less loaded; Bamba keeps the trace files and prefix_lru);
 # seeded sampling runs on Granite (its multipliers under sampling), the short task on the trained model.
 # Measured wall time: docs/qualification.md ("The main job's default plan").
