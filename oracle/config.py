@@ -394,11 +394,11 @@ def _nemotron_h(f: _Fields) -> dict:
         raise ConfigError("attention_bias: nemotron_h attention has no biases (HF ignores the flag); refusing true")
     out = _mamba_fields(f, "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
                         "chunk_size", None, "use_conv_bias", "use_bias")
-    # HF 5.24 NemotronHMamba2Mixer clamps dt with (time_step_min, inf), not config.time_step_limit.
-    _dt_limit(f)
+    # dt is clamped to time_step_limit, as NVIDIA's Nemotron-H code and HF >= 5.25 do; time_step_min/max only
+    # initialise dt_bias (HF <= 5.24 clamped with (time_step_min, inf) instead: docs/models.md, footnote 1).
     out.update(layers=tuple(LayerSpec(*PATTERN_CHARS[c]) for c in types),
                norm_eps=f.float("layer_norm_epsilon", 1e-5, positive=True),
-               dt_limit=(f.float("time_step_min", 0.001, nonneg=True), math.inf), mlp_act="relu2",
+               dt_limit=_dt_limit(f), mlp_act="relu2",
                mlp_intermediate_size=f.int("intermediate_size"), mlp_bias=f.bool("mlp_bias", False),
                tie_word_embeddings=f.bool("tie_word_embeddings", False),
                residual_in_fp32=f.bool("residual_in_fp32", False))
@@ -478,6 +478,8 @@ def from_hf_config(path_or_dict: str | os.PathLike | dict) -> HybridConfig:
         for t in (v if isinstance(v, list) else [v]):
             if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab):
                 raise ConfigError(f"{k}: {v!r} is not a token id (or list of them) in [0, vocab_size={vocab})")
+    if f.has("max_position_embeddings"):      # the positions a request may use (oracle.trace.model_positions)
+        ids["max_position_embeddings"] = d["max_position_embeddings"]
     return HybridConfig(model_type=mt, vocab_size=vocab, hidden_size=f.int("hidden_size"), extra=ids, **fields)
 
 
@@ -519,7 +521,7 @@ def to_hf_config(c: HybridConfig) -> dict:
                  mamba_num_heads=c.mamba_n_heads, mamba_head_dim=c.mamba_head_dim, n_groups=c.mamba_n_groups,
                  ssm_state_size=c.mamba_d_state, conv_kernel=c.mamba_d_conv, chunk_size=c.chunk_size,
                  use_conv_bias=c.mamba_conv_bias, use_bias=c.mamba_proj_bias, expand=max(inner // c.hidden_size, 1),
-                 time_step_min=c.dt_limit[0], time_step_limit=[0.0, {"__float__": "Infinity"}],
+                 time_step_min=0.001, time_step_limit=[c.dt_limit[0], _encode_float(c.dt_limit[1])],
                  layer_norm_epsilon=c.norm_eps, mlp_hidden_act="relu2", mamba_hidden_act="silu",
                  intermediate_size=c.mlp_intermediate_size or 1, mlp_bias=c.mlp_bias,
                  residual_in_fp32=c.residual_in_fp32)

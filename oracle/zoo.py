@@ -31,7 +31,7 @@ _DEFAULTS: dict[str, dict] = {
     "bamba": dict(vocab_size=96, hidden_size=32, pattern="M*M", norm_eps=1e-5, **_MAMBA, **_ATTN, rope_dim=4,
                   mlp_act="silu", mlp_intermediate_size=48),
     "nemotron_h": dict(vocab_size=96, hidden_size=32, pattern="ME*M-", norm_eps=1e-5, **_MAMBA, **_ATTN,
-                       dt_limit=(0.001, math.inf), mlp_act="relu2", mlp_intermediate_size=48,
+                       mlp_act="relu2", mlp_intermediate_size=48,
                        moe_router="sigmoid_grouped", moe_n_experts=4, moe_top_k=2, moe_intermediate_size=16,
                        moe_shared_intermediate_size=24, moe_n_group=2, moe_topk_group=1,
                        moe_routed_scaling_factor=1.5),

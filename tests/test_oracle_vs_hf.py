@@ -59,11 +59,10 @@ def test_oracle_logits_match_hf_transformers(hf_pair, variant):
     if _hf_major_minor() < (5, 24) and VARIANTS[variant][1].get("mamba_n_groups", 2) > 1 \
             and VARIANTS[variant][0] in ("bamba", "mamba2"):
         pytest.skip(f"transformers {HF_VERSION} normalises Bamba/Mamba2 ungrouped; the oracle's truth is grouped")
-    if _hf_major_minor() >= (5, 25) and VARIANTS[variant][0] == "nemotron_h" and "dt_limit" in VARIANTS[variant][1]:
+    if _hf_major_minor() < (5, 25) and VARIANTS[variant][0] == "nemotron_h" and "dt_limit" in VARIANTS[variant][1]:
         pytest.skip(f"transformers {HF_VERSION}: NemotronHMamba2Mixer.__init__ (models/nemotron_h/modeling_nemotron_h.py) "
-                    "clamps dt with config.time_step_limit, as NVIDIA's Nemotron-H code does (5.24: (time_step_min, inf)); "
-                    "oracle.config still reads nemotron_h's dt_limit from time_step_min (5.24's reading), so a binding "
-                    "clamp written as time_step_min differs. See docs/models.md, footnote 1")
+                    "clamps dt with (time_step_min, inf) instead of config.time_step_limit, which NVIDIA's Nemotron-H "
+                    "code and transformers >= 5.25 (and the oracle) use. See docs/models.md, footnote 1")
     hf, model = hf_pair(variant)
     for n in PROMPT_LENGTHS:
         tokens = _prompt(n, model.config.vocab_size, seed=n)
