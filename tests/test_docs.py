@@ -39,6 +39,8 @@ TECHNICAL = [re.compile(p) for p in (
     r"\(\s*session\s*[,)]",                        # a hook's `session` parameter
     r"\bsession\.\w+",                             # its attributes (session.config, session.items)
     r"\b\w+\.Session\b",                           # requests.Session and the like
+    r"\bin a (?:new |process )?session of its own\b",   # a POSIX process session (setsid, start_new_session)
+    r"\bprocess session\b",
 )]
 
 _DET = r"(?:this|that|the|one|a|an|each|every|next|last|later|earlier|previous|first|closing|full|same|engine|gpu|h200|device)"
@@ -153,6 +155,7 @@ def test_a_planted_process_phrase_is_caught(phrase):
     "def pytest_collection_modifyitems(session, config, items) -> None:",
     "    for item in session.items:",
     "proc = subprocess.Popen(cmd, start_new_session=True)",
+    "One worker in a session of its own (a timeout ends its whole process group)",
     "s = requests.Session()",
     "def pytest_sessionstart(session):",
     "a call to a @triton.jit helper inside a kernel",
