@@ -33,5 +33,20 @@ if [ $rc -eq 0 ] && [ "${HQ_CI_MEGATRON:-1}" = 1 ]; then
     tail -5 out/megatron-install.log
   fi
 fi
+# The llama.cpp subset: scripts/install-llamacpp.sh builds llama.cpp and llama-server from llama-cpp-python's sdist
+# into .venv-llamacpp/ (about 15 CPU-minutes the first time, seconds after), then the in-process adapter and the
+# OpenAI-compatible server adapter against the fp64 oracle (a real llama-server on 127.0.0.1, started and stopped by
+# the tests). HQ_CI_LLAMACPP=0 skips it; an install that cannot run here is said loudly and not counted as run.
+if [ $rc -eq 0 ] && [ "${HQ_CI_LLAMACPP:-1}" = 1 ]; then
+  mkdir -p out
+  if ./scripts/install-llamacpp.sh > out/llamacpp-install.log 2>&1; then
+    tail -1 out/llamacpp-install.log
+    python3 -m pytest -p no:xdist -q -m llamacpp tests/test_llamacpp_convert.py tests/test_llamacpp_adapter.py \
+      tests/test_openai_server.py || rc=$?
+  else
+    echo "test.sh: the llama.cpp subset was NOT RUN: scripts/install-llamacpp.sh failed (out/llamacpp-install.log):"
+    tail -5 out/llamacpp-install.log
+  fi
+fi
 # pytest exits 5 when it collected no tests: that is a failure for us (a suite that runs nothing proves nothing).
 exit $rc
