@@ -10,13 +10,38 @@ A step outside the graph is two copies: positions and slots (and, when they are 
 tokens) from a pinned staging buffer, and the sampled tokens back. The input tokens are read from — and the
 greedy tokens written to — the engine's one token buffer `sampled` itself, so an overlapped async step needs no
 device-side copy at all.
+
+Every capture (decode, verify and prefill graphs) goes through `capture()`: Python's cyclic garbage collector is off
+while a stream captures. torch.cuda.graph no longer collects before a capture (torch >= 2.9: gc.collect() only under
+TORCH_CUDAGRAPH_GC), and a speculative Engine is a reference cycle (Engine.spec <-> Speculator.engine), so an earlier,
+unreachable engine keeps its CUDAGraphs until a collection; one that ran during a capture destroyed them there
+(CUDAGraph.reset: "operation not permitted when stream is capturing") and invalidated the capture in progress. With
+the collector off, that garbage is collected after the capture, outside it.
 """
 from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
 from . import ops
+
+
+@contextmanager
+def capture(graph, pool=None):
+    """torch.cuda.graph(graph, pool=pool) with the cyclic garbage collector disabled from before the capture begins
+    until after it ends (and restored to its previous state): no collection can destroy another graph, or free
+    anything else through a CUDA call, while the stream captures (module docstring)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -80,7 +105,7 @@ class DecodeGraphs:
                 self._body(nb)
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
+        with capture(g, self.pool):
             self._body(nb)
         self.pool = g.pool()
         self.graphs[nb] = g

@@ -25,6 +25,8 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
+from .graphs import capture
+
 
 class PrefillGraphs:
     """Kept StepBatches (+ captured graphs on CUDA) of repeated short prefill-only step shapes, LRU-bounded."""
@@ -79,7 +81,7 @@ class PrefillGraphs:
         if self.capture:
             self.model.prepare(sb, self.bank)               # already built by the eager forward: no copy in capture
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with capture(graph, self.pool):                  # the garbage collector off (graphs.capture)
                 logits = self.model.forward(sb, self.bank)
             self.pool = graph.pool()
             self.captures += 1

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import ops
 from .bank import StateBank
-from .graphs import buckets
+from .graphs import buckets, capture
 from .sample import sample_rows
 
 
@@ -256,8 +256,9 @@ class VerifyRunner:
         return logits
 
     def _capture(self, key: tuple) -> None:
-        """Warm up on a side stream with every slot -1 (the bank untouched), then capture; metadata restored.
-        key (nb, w): the host-draft body; (nb, w, "device"): the device-draft body (_device_body)."""
+        """Warm up on a side stream with every slot -1 (the bank untouched), then capture with the garbage collector
+        off (graphs.capture); metadata restored. key (nb, w): the host-draft body; (nb, w, "device"): the device-draft
+        body (_device_body)."""
         meta, _ = self._buffers(key[:2])
         T = key[0] * key[1]
         body = (lambda: self._device_body(key[:2])) if len(key) == 3 else (lambda: self._body(key))
@@ -270,7 +271,7 @@ class VerifyRunner:
                 body()
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
+        with capture(g, self.pool):
             self._logits[key] = body()              # the graph's static output, which every replay refills
         self.pool = g.pool()
         self.graphs[key] = g
