@@ -1,5 +1,6 @@
 """llama.cpp behind hybridqual's adapter protocol: GGUF conversion (convert.py) and the in-process engine run in a
-worker process of the llama venv (worker.py, adapter.py). scripts/install-llamacpp.sh makes .venv-llamacpp/.
+worker process of the llama venv (worker.py, adapter.py). scripts/install-llamacpp.sh makes .venv-llamacpp/;
+mutant.py makes the mutated build .venv-llamacpp-mutant/ that qualify must FAIL.
 
 Importing this package needs no llama.cpp (the worker and the converter run in the llama venv's python) and
 imports its modules only when a name is used.
@@ -7,7 +8,8 @@ imports its modules only when a name is used.
 from __future__ import annotations
 
 _NAMES = {"ConversionError": "convert", "available": "convert", "convert": "convert", "venv_dir": "convert",
-          "LlamaCppAdapter": "adapter", "WorkerError": "adapter", "Worker": "adapter"}
+          "LlamaCppAdapter": "adapter", "WorkerError": "adapter", "Worker": "adapter",
+          "LlamaCppMutantAdapter": "mutant"}
 
 
 def __getattr__(name: str):

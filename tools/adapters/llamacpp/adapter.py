@@ -7,7 +7,8 @@ GGML_ASSERT abort or a hang there is a WorkerError naming what happened (exit si
 log lines), never the qualifier's own crash. The trace runs as llama.cpp's continuous batching: one seq id per
 running request (the lowest free one, reused after a finish), joins at arrival_step, prompts in pieces of at most
 prefill_chunk inside max_tokens_per_step after the decode rows; greedy from the float32 logits with the lowest
-index on ties (the oracle's rule); the logits row of every generated position comes back.
+index on ties (the oracle's rule); the logits row of every generated position comes back. $HQ_LLAMACPP_LIB (or a
+subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load libllama from another build directory.
 """
 from __future__ import annotations
 
@@ -58,8 +59,9 @@ class Worker:
         self._tail_at_close = ""
         self.proc = subprocess.Popen([str(conv.venv_dir() / "bin" / "python"), str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env={**os.environ, "PYTHONNOUSERSITE": "1", "GGML_NO_BACKTRACE": "1",
-                                          **(env or {})})
+                                     env={k: v for k, v in {**os.environ, "PYTHONNOUSERSITE": "1",
+                                                            "GGML_NO_BACKTRACE": "1", **(env or {})}.items()
+                                          if v is not None})
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -158,6 +160,18 @@ class LlamaCppAdapter(Adapter):
     timeout = float(os.environ.get("HQ_LLAMACPP_TIMEOUT", "600"))
 
     @classmethod
+    def lib_path(cls) -> str | None:
+        """The directory the worker's llama_cpp loads libllama.so from: $HQ_LLAMACPP_LIB (another build of the same
+        commit, e.g. the mutant of mutant.py), else None (the libraries installed into the llama venv)."""
+        return os.environ.get("HQ_LLAMACPP_LIB") or None
+
+    def _worker_env(self) -> dict:
+        lib = self.lib_path()
+        if lib and not (Path(lib) / "libllama.so").exists():
+            raise WorkerError(f"llama.cpp: {lib}/libllama.so is missing (HQ_LLAMACPP_LIB or the mutant build)")
+        return {"LLAMA_CPP_LIB_PATH": lib}            # None: an inherited LLAMA_CPP_LIB_PATH is dropped
+
+    @classmethod
     def capabilities(cls, device: str) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES)
 
@@ -167,9 +181,10 @@ class LlamaCppAdapter(Adapter):
             info = conv.install_info()
         except conv.ConversionError as e:
             return f"llama.cpp (not installed: {e})"
+        lib = cls.lib_path()
         return (f"llama.cpp {str(info.get('llama_cpp_commit'))[:9]} via llama-cpp-python {info.get('llama_cpp_python')} "
                 f"low-level API, {cls.outtype} GGUF, {cls.kv_type} K/V cache, flash attention {cls.flash_attn}, "
-                f"{cls.n_threads} threads")
+                f"{cls.n_threads} threads" + (f", libllama from {lib}" if lib else ""))
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
         super().__init__(model_path, trace, mode, device)
@@ -191,7 +206,7 @@ class LlamaCppAdapter(Adapter):
         n_ctx = max(len(r.prompt) + r.max_new_tokens + 1 for r in trace.requests)
         n_ctx = max(64, -(-n_ctx // 64) * 64)
         n_seq = max(1, min(eng.max_requests, len(trace.requests), 64))
-        worker = Worker(self.timeout)
+        worker = Worker(self.timeout, env=self._worker_env())
         try:
             loaded = worker.ask({"op": "load", "gguf": str(self.gguf), "n_ctx": n_ctx, "n_seq": n_seq,
                                  "n_threads": self.n_threads, "kv_type": self.kv_type,
