@@ -76,9 +76,7 @@ class OracleModel:
     def forward(self, tokens: list[int], state: OracleState | None, scan: str) -> tuple[Tensor, OracleState, list]:
         """The whole model over `tokens` continuing from `state`; returns (logits, new state, layer outputs)."""
         c, w = self.config, self.weights
-        ids = torch.as_tensor(list(tokens), dtype=torch.long)
-        if ids.dim() != 1:
-            raise ValueError("tokens: expected a flat list of token ids")
+        ids = token_ids(tokens)
         bad = [int(t) for t in ids if not 0 <= int(t) < c.vocab_size]
         if bad:
             raise ValueError(f"tokens: ids {bad[:5]} out of range for vocab_size={c.vocab_size}")
@@ -110,6 +108,29 @@ class OracleModel:
             logits, state = self.decode(out[-1], state)
             out.append(int(torch.argmax(logits)))
         return out
+
+
+def token_ids(tokens) -> Tensor:
+    """A flat sequence of token ids as a long tensor: Python / NumPy ints or an integer tensor only (a float or a
+    bool is refused, never truncated to an id); a ValueError naming `tokens` otherwise."""
+    import numbers
+    if isinstance(tokens, Tensor):
+        if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+            raise ValueError(f"tokens: token ids must be integers, got a {tokens.dtype} tensor")
+        if tokens.dim() != 1:
+            raise ValueError("tokens: expected a flat list of token ids")
+        return tokens.to(torch.long).cpu()
+    try:
+        seq = list(tokens)
+    except TypeError:
+        raise ValueError(f"tokens: expected a list of token ids, got {type(tokens).__name__}") from None
+    for j, t in enumerate(seq):
+        if isinstance(t, Tensor) and t.dim() == 0 and not (t.dtype == torch.bool or t.is_floating_point()
+                                                            or t.is_complex()):
+            continue
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool) or type(t).__name__ == "bool_":
+            raise ValueError(f"tokens[{j}]: token ids must be integers, got {type(t).__name__} {t!r:.40}")
+    return torch.as_tensor([int(t) for t in seq], dtype=torch.long)
 
 
 # ------------------------------------------------------------------------- the layer math, one function each

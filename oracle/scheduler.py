@@ -14,7 +14,7 @@ from typing import Any
 
 from .sampling import sample
 from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
-from .trace import Request, Trace, TraceError, check_against_model, validate_request
+from .trace import Request, Trace, TraceError, check_against_model, model_positions, validate_request
 
 __all__ = ["Scheduler", "TraceResult", "run_trace", "run_request_alone", "piece_length"]
 
@@ -64,7 +64,7 @@ class Scheduler:
         if mode not in ("legacy", "async"):
             raise TraceError("mode", f"unknown mode {mode!r}; expected 'legacy' or 'async'")
         cfg = model.config
-        trace = check_against_model(trace, cfg.vocab_size, cfg.chunk_size)       # normalised: ints, tuples
+        trace = check_against_model(trace, cfg.vocab_size, cfg.chunk_size, model_positions(cfg))       # normalised: ints, tuples
         self.model, self.trace, self.mode = model, trace, mode
         # Replay hook (hybridqual.qualify): request id -> its output tokens, taken instead of sampling while they last,
         # so the log is this policy's schedule for another engine's (tie-accepted) outputs.
@@ -96,7 +96,8 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         """Streaming use: submit a request arriving at `req.arrival_step` (>= the current step)."""
         where = f"requests[{len(self.requests)}]"
-        req = validate_request(req, where, self.model.config.vocab_size)        # the checks parse_trace makes
+        req = validate_request(req, where, self.model.config.vocab_size,    # the checks parse_trace makes
+                               model_positions(self.model.config))
         if req.id in self.requests:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:

@@ -20,6 +20,9 @@ SAMPLING_KINDS = ("greedy", "seeded")
 SEED_LIMIT = 2 ** 63
 MAX_ARRIVAL_STEP = 100_000   # every step up to the last arrival is run and logged: a later one is a typo, not a load
 MAX_REQUESTS = 65_535        # rows = slots; also the most sequences one varlen kernel launch takes (grid z)
+MAX_POSITIONS = 1 << 20      # prompt + max_new_tokens of one request, on any model: beyond it a run is a hang, not a test
+MAX_ID_LENGTH = 256          # characters of a request id (ids are printed in every report line)
+MIN_TEMPERATURE = 1e-6       # below it exp(logit / T) is 0 or inf for every row: the draw is not a sampler's
 
 
 @dataclass(frozen=True)
@@ -181,16 +184,51 @@ def _check_sampling(s: Any, path: str, rid: str | None) -> Sampling:
     t = s.temperature
     if not isinstance(t, numbers.Real) or isinstance(t, bool) or not (0 < float(t) < math.inf):
         raise TraceError(f"{path}.temperature", f"must be a finite number > 0, got {t!r}", rid)
+    if float(t) < MIN_TEMPERATURE:
+        raise TraceError(f"{path}.temperature", f"must be >= {MIN_TEMPERATURE:g} (below it every logit / T "
+                         f"overflows: use greedy sampling), got {t!r}", rid)
     return Sampling("seeded", float(t), seed)
+
+
+def check_request_id(rid: Any, path: str) -> str:
+    """A request id: a non-empty printable string (no NUL, control, bidi or other format characters, no lone
+    surrogates) of at most MAX_ID_LENGTH characters; ids are keys of every result and printed in every report."""
+    if not isinstance(rid, str) or not rid:
+        raise TraceError(path, f"must be a non-empty string, got {ascii(rid):.80}")
+    if len(rid) > MAX_ID_LENGTH:
+        raise TraceError(path, f"must be at most {MAX_ID_LENGTH} characters, got {len(rid)}")
+    if not rid.isprintable():
+        j, ch = next((j, c) for j, c in enumerate(rid) if not c.isprintable())
+        raise TraceError(path, f"must be printable text: character {j} is {ascii(ch)} (a control, format, bidi or "
+                         f"surrogate code point), in {ascii(rid):.80}")
+    return rid
+
+
+def model_positions(config: Any) -> int | None:
+    """The model's max_position_embeddings when its config.json declares one (HybridConfig.extra), else None."""
+    v = (getattr(config, "extra", None) or {}).get("max_position_embeddings")
+    return v if _is_int(v) and v > 0 else None
+
+
+def check_positions(prompt_len: int, max_new: int, where: str, rid: str | None,
+                    max_positions: int | None = None) -> None:
+    """prompt + max_new_tokens within the model's positions (max_position_embeddings when it declares one) and
+    within MAX_POSITIONS on any model; the message names max_new_tokens (or the prompt when it alone is too long)."""
+    limit = min(MAX_POSITIONS, max_positions) if max_positions else MAX_POSITIONS
+    what = (f"the model's max_position_embeddings {max_positions}" if max_positions and max_positions <= MAX_POSITIONS
+            else f"oracle.trace.MAX_POSITIONS {MAX_POSITIONS}")
+    if prompt_len >= limit:
+        raise TraceError(f"{where}.prompt", f"{prompt_len} tokens leave no position to generate in ({what})", rid)
+    if prompt_len + max_new > limit:
+        raise TraceError(f"{where}.max_new_tokens", f"{max_new} with a {prompt_len}-token prompt exceeds {what} "
+                         f"(at most {limit - prompt_len})", rid)
 
 
 def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
     path = f"requests[{i}]"
     if not isinstance(obj, dict):
         raise TraceError(path, f"must be an object, got {type(obj).__name__}")
-    rid = obj.get("id")
-    if not isinstance(rid, str) or not rid:
-        raise TraceError(f"{path}.id", f"must be a non-empty string, got {rid!r}")
+    rid = check_request_id(obj.get("id"), f"{path}.id")
     _keys(obj, path, rid, {"id", "arrival_step", "prompt", "max_new_tokens"}, {"stop_token_ids", "sampling"})
     samp = obj.get("sampling", {"kind": "greedy"})
     raw = samp if not isinstance(samp, dict) else Sampling(samp.get("kind"), samp.get("temperature"), samp.get("seed"))
@@ -218,17 +256,18 @@ def _parse_engine(obj: Any) -> EngineConfig:
 
 # ------------------------------------------------------------------------------------- the one shared validator
 
-def validate_request(req: Any, where: str = "request", vocab_size: int | None = None) -> Request:
+def validate_request(req: Any, where: str = "request", vocab_size: int | None = None,
+                     max_positions: int | None = None) -> Request:
     """Check every field of a request (parsed from JSON or built by hand) and return it normalised (Python ints,
-    tuples, float temperature); the one check shared by parse_trace, run_trace and both streaming add_requests."""
+    tuples, float temperature); the one check shared by parse_trace, run_trace and both streaming add_requests.
+    `max_positions`: the model's max_position_embeddings, if it declares one (check_positions)."""
     if not isinstance(req, Request):
         raise TraceError(where, f"must be an oracle.trace.Request, got {type(req).__name__}")
-    rid = req.id
-    if not isinstance(rid, str) or not rid:
-        raise TraceError(f"{where}.id", f"must be a non-empty string, got {rid!r}")
+    rid = check_request_id(req.id, f"{where}.id")
     arrival = _int_value(req.arrival_step, f"{where}.arrival_step", rid, 0, MAX_ARRIVAL_STEP + 1)
     prompt = _token_list(req.prompt, f"{where}.prompt", rid, False, vocab_size)
     max_new = _int_value(req.max_new_tokens, f"{where}.max_new_tokens", rid, 1)
+    check_positions(len(prompt), max_new, where, rid, max_positions)
     stops = _token_list(req.stop_token_ids, f"{where}.stop_token_ids", rid, True, vocab_size)
     sampling = _check_sampling(req.sampling, f"{where}.sampling", rid)
     return Request(rid, arrival, prompt, max_new, stops, sampling)
@@ -343,9 +382,10 @@ def dump_trace(trace: Trace) -> str:
     return json.dumps(trace.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def check_against_model(trace: Trace, vocab_size: int, chunk_size: int) -> Trace:
+def check_against_model(trace: Trace, vocab_size: int, chunk_size: int, max_positions: int | None = None) -> Trace:
     """Run-time checks of a trace (parsed or built by hand) against a model (docs/scheduler.md §1): every field
-    as parse_trace checks it, token ids < vocab, progress guarantees; returns the trace normalised."""
+    as parse_trace checks it, token ids < vocab, progress guarantees, prompt + max_new_tokens within the model's
+    positions (`max_positions`: its max_position_embeddings, None when undeclared); returns the trace normalised."""
     if not isinstance(trace, Trace):
         raise TraceError("trace", f"must be an oracle.trace.Trace, got {type(trace).__name__}")
     if not isinstance(trace.description, str):
@@ -355,7 +395,7 @@ def check_against_model(trace: Trace, vocab_size: int, chunk_size: int) -> Trace
         raise TraceError("requests", f"must be a tuple of requests, got {type(trace.requests).__name__}")
     requests, seen = [], set()
     for i, r in enumerate(trace.requests):
-        r = validate_request(r, f"requests[{i}]", vocab_size)
+        r = validate_request(r, f"requests[{i}]", vocab_size, max_positions)
         if r.id in seen:
             raise TraceError(f"requests[{i}].id", "duplicate request id", r.id)
         seen.add(r.id)

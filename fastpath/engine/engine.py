@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from oracle.schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
-from oracle.trace import EngineConfig, Request, Trace, TraceError, check_against_model, validate_request
+from oracle.trace import (EngineConfig, Request, Trace, TraceError, check_against_model, model_positions,
+                          validate_request)
 from oracle.trace import check_prefix_cache_against_model
 from fastpath.options import FastOptions, check_options
 
@@ -143,7 +144,8 @@ class Engine:
     def add_request(self, req: Request) -> None:
         """Submit a request that arrives at `req.arrival_step` (>= the current step)."""
         where = f"requests[{len(self.requests)}]"
-        req = validate_request(req, where, self.config.vocab_size)      # the checks parse_trace/run_trace make
+        req = validate_request(req, where, self.config.vocab_size,   # the checks parse_trace/run_trace make
+                               model_positions(self.config))
         if req.id in self.requests:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:
@@ -392,7 +394,8 @@ class Engine:
 
     def run_trace(self, trace: Trace, mode: str | None = None) -> TraceResult:
         """Run a whole trace (engine limits must match this engine's); returns tokens, reasons, log, digest."""
-        trace = check_against_model(trace, self.config.vocab_size, self.config.chunk_size)    # normalised
+        trace = check_against_model(trace, self.config.vocab_size, self.config.chunk_size,
+                                    model_positions(self.config))    # normalised
         e = trace.engine
         from .speculative import engine_key                 # scripted proposals are the trace's, not the engine's
         if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache, engine_key(e.speculative)) != \
