@@ -25,8 +25,8 @@ from pathlib import Path
 
 
 from hybridqual.paths import MODELS, OUTPUTS, ROOT, TRACES  # noqa: F401  (module globals: tests point them at a copy)
-from hybridqual.goldens.record import (MARGIN_DECIMALS, SCHEMA, model_sha256, sha256_file,  # noqa: F401
-                                       trace_sha256)
+from hybridqual.goldens.record import (MARGIN_DECIMALS, SCHEMA, check_golden, model_sha256, seal,  # noqa: F401
+                                       sha256_file, trace_sha256)
 
 
 def trace_fits(trace, vocab_size: int) -> bool:
@@ -61,7 +61,7 @@ def golden_for_trace(model, model_dir: Path, trace, name: str) -> dict:
             "finish_reason": legacy.finish_reasons[req.id],
             "margins": [round(top2_margin(row), MARGIN_DECIMALS) for row in logits],
         }
-    return {
+    return seal({
         "schema": SCHEMA,
         "model": model_dir.name,
         "model_sha256": model_sha256(model_dir),
@@ -70,7 +70,7 @@ def golden_for_trace(model, model_dir: Path, trace, name: str) -> dict:
         "oracle_dtype": str(model.dtype).replace("torch.", "") if hasattr(model, "dtype") else "float64",
         "requests": requests,
         "schedule_digest": {mode: r.digest for mode, r in results.items()},
-    }
+    })
 
 
 def canonical(obj: dict) -> str:

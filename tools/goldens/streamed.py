@@ -57,7 +57,7 @@ def golden_streamed(truth: StreamedTruth, model_dir: Path, trace, name: str) -> 
         requests[req.id] = {"tokens": tokens[req.id], "finish_reason": results["legacy"].finish_reasons[req.id],
                             "margins": [round(top2_margin(row), goldens.MARGIN_DECIMALS) for row in rows]}
     truth.clear()
-    return {"schema": goldens.SCHEMA, "model": model_dir.name, "model_sha256": goldens.model_sha256(model_dir),
+    return goldens.seal({"schema": goldens.SCHEMA, "model": model_dir.name, "model_sha256": goldens.model_sha256(model_dir),
             "trace": name, "trace_sha256": hashlib.sha256(dump_trace(trace).encode()).hexdigest(),
             "oracle_dtype": "float64", "requests": requests,
-            "schedule_digest": {mode: r.digest for mode, r in results.items()}}
+            "schedule_digest": {mode: r.digest for mode, r in results.items()}})
