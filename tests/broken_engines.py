@@ -90,3 +90,61 @@ class DyingWorker(OracleAdapter):
         import sys
         print("DyingWorker: ending this process on purpose", file=sys.stderr, flush=True)
         os._exit(3)
+
+
+class HostileOracle(OracleAdapter):
+    """The oracle adapter whose RunResult is rewritten by `corrupt(result, trace)` (a staticmethod of a subclass): an
+    adapter that tries to fool the judge with a malformed result (hybridqual.qualify.validate must FAIL it)."""
+    CAPABILITIES = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
+                                compute_dtype=torch.float32)
+
+    @staticmethod
+    def corrupt(result: RunResult, trace) -> RunResult:
+        return result
+
+    def run_trace(self) -> RunResult:
+        r = super().run_trace()
+        logits = {}
+        for req in self.trace.requests:                  # the oracle's own rows: a well-formed result to corrupt
+            from hybridqual.qualify.compare import teacher_forced_logits
+            logits[req.id] = teacher_forced_logits(self.model, req.prompt, r.tokens[req.id]).float()
+        good = RunResult({k: list(v) for k, v in r.tokens.items()}, dict(r.finish_reasons), r.schedule_log, r.digest,
+                         logits=logits, prefix_cache=r.prefix_cache)
+        return type(self).corrupt(good, self.trace)
+
+
+class ExitingOracle(OracleAdapter):
+    """Calls sys.exit(code) in run_trace (code 0 by default: a 'success' exit in the middle of the judge's run)."""
+    code = 0
+
+    def run_trace(self) -> RunResult:
+        import sys
+        sys.exit(self.code)
+
+
+class ExitingOracle3(ExitingOracle):
+    code = 3
+
+
+class RaisingOracle(OracleAdapter):
+    def run_trace(self) -> RunResult:
+        raise RuntimeError("RaisingOracle: the engine broke")
+
+
+class HangingOracle(OracleAdapter):
+    """Never returns from run_trace (a Python-level hang: sleeps in short naps, as a spinning engine would)."""
+
+    def run_trace(self) -> RunResult:
+        while True:
+            time.sleep(0.05)
+
+
+class SelfKillingOracle(OracleAdapter):
+    """Kills its own process with SIGKILL in run_trace (an engine's native crash, an OOM kill)."""
+
+    def run_trace(self) -> RunResult:
+        import os
+        import signal
+        import sys
+        print("SelfKillingOracle: SIGKILL to my own process", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -35,8 +35,10 @@ def test_qualify_passes_and_writes_json_and_junit(tmp_path):
 
 
 def test_a_trace_that_does_not_fit_is_a_reported_skip_and_a_stale_report_is_removed(tmp_path):
+    """With --skip-invalid-traces (without it such a trace is a FAIL: tests/test_judge_cli.py)."""
     (tmp_path / "report.json").write_text('{"stale": true, "failed": 0, "passed": 99}')
-    p = qualify("--engine", "oracle", "--trace", "goldens/traces/stop_tokens.json", "--out", str(tmp_path))
+    p = qualify("--engine", "oracle", "--trace", "goldens/traces/stop_tokens.json", "--out", str(tmp_path),
+                "--skip-invalid-traces")
     assert p.returncode == 1, p.stdout + p.stderr                  # nothing ran: not a pass
     report = json.loads((tmp_path / "report.json").read_text())
     assert "stale" not in report and report["status"] == "finished"
@@ -112,18 +114,21 @@ def test_jobs_report_in_plan_order_and_fail_fast_stops_at_the_first_fail_in_that
     assert "--jobs 0: must be at least 1" in capsys.readouterr().err
 
 
-def test_a_worker_that_dies_is_an_error_carrying_its_exit_code_and_stderr(tmp_path, monkeypatch):
-    """--jobs 2: a worker process that ends mid-instance makes qualify raise, naming the instance, the worker's exit
-    code and the end of its stderr (what the blind judge's CRASH lines then show)."""
+def test_a_worker_that_dies_is_a_fail_line_carrying_its_exit_code_and_stderr(tmp_path, monkeypatch):
+    """--jobs 2: a worker process that ends mid-instance makes that instance a FAIL line naming the worker's exit
+    code and the end of its stderr; a fresh worker runs the next instance, and the report is finished."""
     from hybridqual.qualify import runner as q
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     a, b = one_request_trace(tmp_path / "a.json", "a"), one_request_trace(tmp_path / "b.json", "b")
-    with pytest.raises(RuntimeError) as e:
-        q.main(["--engine", "broken_engines:DyingWorker", "--trace", a, b, "--mode", "legacy", "--jobs", "2",
-                "--out", str(tmp_path / "out")])
-    msg = str(e.value)
-    assert "exited (code 3) before finishing it" in msg and "DyingWorker: ending this process on purpose" in msg, msg
+    assert q.main(["--engine", "broken_engines:DyingWorker", "--trace", a, b, "--mode", "legacy", "--jobs", "2",
+                   "--out", str(tmp_path / "out")]) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "finished" and report["failed"] == 2, report
+    for c, name in zip(report["checks"], ("a", "b")):
+        msg = c["detail"]
+        assert c["trace"] == f"tiny-sort/{name}" and c["status"] == "FAIL", c
+        assert "exited (code 3) before finishing it" in msg and "DyingWorker: ending this process on purpose" in msg
 
 
 @pytest.mark.tp          # the tp tier (`pytest -m tp`); the default tier's TP check is test_tp.py's gloo TP=2 == TP=1

@@ -22,6 +22,7 @@ from hybridqual.qualify.compare import (LOGITS_C, compare_bitwise, compare_logit
                       tie_bound, top_k_for)
 from hybridqual.qualify.truth import is_streamed, schedule_model
 from hybridqual.qualify.report import Check, Progress
+from hybridqual.qualify.validate import describe, validate_result
 
 
 @lru_cache(maxsize=None)
@@ -30,15 +31,24 @@ def _model_sha(model_dir: str) -> str:
 
 
 def truth_for(model_dir: Path, inst, oracle_model) -> dict:
-    """The shipped golden for (model sha256, trace sha256) when both match, else the oracle's record computed now;
-    "source" says which, and why a shipped golden was not used."""
+    """The shipped golden for (model sha256, trace sha256) when both match and it passes its schema and content
+    hash (hybridqual.goldens.record.check_golden), else the oracle's record computed now; "source" says which, and
+    why a shipped golden was not used ("golden_rejected": a golden that failed its checks, shown on the console)."""
     path = goldens.OUTPUTS / model_dir.name / f"{inst.scenario}.json"
-    why = "no shipped golden for this model and scenario"
+    why, rejected = "no shipped golden for this model and scenario", None
     if path.exists() and getattr(oracle_model, "use_goldens", True):
         try:
             g = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             g, why = None, f"shipped golden {path.name} unreadable ({e})"
+        problems = goldens.check_golden(g) if g is not None else []
+        if not problems and g is not None and g["model_sha256"] == _model_sha(str(model_dir)) and \
+                g["trace_sha256"] == goldens.trace_sha256(inst.trace):     # its requests, against this very trace
+            problems = goldens.check_golden(g, inst.trace, oracle_model.config.vocab_size)
+        if problems:        # a golden that breaks its schema or its own hash is never the truth: said, recomputed
+            g, why = None, (f"shipped golden {path.name} rejected ({'; '.join(problems[:3])}"
+                            f"{'; ...' if len(problems) > 3 else ''})")
+            rejected = why
         if g is not None:
             if g.get("model_sha256") != _model_sha(str(model_dir)):
                 why = f"shipped golden {path.name} is for other model weights (model sha256 differs)"
@@ -49,15 +59,20 @@ def truth_for(model_dir: Path, inst, oracle_model) -> dict:
                 return g
     if is_streamed(oracle_model):       # no generation: the engine's own tokens are scored (qualify_truth)
         return {"streamed": True, "requests": {}, "source": f"streamed fp64 oracle ({oracle_model.why}): the "
-                "engine's tokens scored teacher-forced, the schedule replayed with them"}
+                "engine's tokens scored teacher-forced, the schedule replayed with them"
+                + (f" ({rejected})" if rejected else ""), **({"golden_rejected": rejected} if rejected else {})}
     g = goldens.golden_for_trace(oracle_model, model_dir, inst.trace, inst.scenario)
     g["source"] = f"oracle fp64, computed now: {why}"
+    if rejected:
+        g["golden_rejected"] = rejected
     return g
 
 
-def continuation(adapter_cls, model_dir: Path, trace, req, device: str) -> Callable[[list[int]], list[int]]:
+def continuation(adapter_cls, model_dir: Path, trace, req, device: str,
+                 vocab_size: int | None = None) -> Callable[[list[int]], list[int]]:
     """Teacher forcing for the tie-aware check: the engine's own continuation after prompt + the oracle's prefix,
-    from a one-request trace through the same engine (its prefix becomes part of the prompt)."""
+    from a one-request trace through the same engine (its prefix becomes part of the prompt); its result is
+    validated as the main run's (hybridqual.qualify.validate), a malformed one raises (the check's FAIL line)."""
     from oracle.trace import parse_trace
 
     def run(prefix: list[int]) -> list[int]:
@@ -68,7 +83,16 @@ def continuation(adapter_cls, model_dir: Path, trace, req, device: str) -> Calla
                            "requests": [{"id": req.id, "arrival_step": 0, "prompt": list(req.prompt) + list(prefix),
                                          "max_new_tokens": left, "stop_token_ids": list(req.stop_token_ids),
                                          "sampling": req.sampling.to_json()}]})
-        return adapter_cls(model_dir, one, "legacy", device).run_trace().tokens[req.id]
+        try:
+            res = adapter_cls(model_dir, one, "legacy", device).run_trace()
+        except SystemExit as e:
+            raise RuntimeError(f"the adapter called sys.exit({e.code!r}) on a continuation trace") from None
+        if vocab_size is not None:
+            res, problems = validate_result(one, res, vocab_size)
+            if problems:
+                raise ValueError(f"the engine's result on a continuation trace (prompt + {len(prefix)} tokens) is "
+                                 f"malformed: {describe(problems)}")
+        return res.tokens[req.id]
     return run
 
 
@@ -249,6 +273,8 @@ def guarded(label: str, name: str, fn, *args) -> Check:
         return fn(*args)
     except Exception as e:  # noqa: BLE001  (a check that cannot finish is a failed check, not a lost report)
         return Check.of(label, name, False, f"the check raised {type(e).__name__}: {e}")
+    except SystemExit as e:     # an adapter's sys.exit inside a check (a continuation run): a FAIL, not the end
+        return Check.of(label, name, False, f"the adapter called sys.exit({e.code!r})")
 
 
 def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_model, device: str,
@@ -288,14 +314,24 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                            f"{', '.join(caps.sampling_kinds)}; {', '.join(kinds)} used by {', '.join(users)})"))
         else:
             t0 = time.time()
+            run, problems = None, []
             try:
                 run = adapter_cls(model_dir, trace, mode, device).run_trace()
             except Exception as e:  # an engine crash is a failed check with its message, not a traceback
                 add(Check.of(label, f"{mode}: engine runs the trace", False, f"{type(e).__name__}: {e}",
                              time.time() - t0))
+            except SystemExit as e:     # sys.exit(any code) inside the adapter ends its run, not qualify's
+                add(Check.of(label, f"{mode}: engine runs the trace", False,
+                             f"SystemExit: the adapter called sys.exit({e.code!r})", time.time() - t0))
             else:
+                run, problems = validate_result(trace, run, oracle_model.config.vocab_size)
+                if problems:        # the boundary: nothing malformed reaches a check (hybridqual.qualify.validate)
+                    add(Check.of(label, f"{mode}: engine result is well-formed", False, describe(problems),
+                                 time.time() - t0, problems=problems[:50]))
+            if run is not None and not problems:
+                vocab = oracle_model.config.vocab_size
                 runs[mode] = run
-                cont = lambda req: continuation(adapter_cls, model_dir, trace, req, device)  # noqa: E731
+                cont = lambda req: continuation(adapter_cls, model_dir, trace, req, device, vocab)  # noqa: E731
                 tok = guarded(label, f"{mode}: tokens match the truth", check_tokens, label, mode, trace, truth, run,
                               rows, cont, tau, caps.compute_dtype)
                 add(tok)

@@ -8,15 +8,22 @@ and "done". The parent applies an instance's messages only when every earlier st
 instance at the head live, as they arrive; later ones buffered), so report.json, junit.xml and the printed lines
 are in the serial run's order whatever finished first, and --fail-fast stops at the first FAIL in that order
 (later instances' results are dropped, the workers stopped). Only JSON strings cross between the processes.
+
+A worker is where a hostile adapter cannot take the run with it: a worker that dies (sys.exit outside a check,
+os._exit, a signal, an OOM kill) or whose instance runs past --timeout (the parent kills its process group) makes
+that instance a FAIL line naming the exit code, signal or timeout and the end of the worker's stderr; a fresh
+worker takes the instances left.
 """
 from __future__ import annotations
 
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -25,22 +32,38 @@ from hybridqual.qualify.report import Check, Progress
 HOME = Path(__file__).parent.parent    # the package folder as imported (a link is not resolved)
 
 
+def worker_env(threads: int) -> dict[str, str]:
+    """The workers' environment: THREADS OpenMP threads, and an import path that finds what this process imports
+    (this very package first, then this process's own path entries outside the interpreter's install, so an
+    engine given as module:Class resolves in a worker as it does here)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    first = [str(HOME.parent)] if HOME.name == "hybridqual" else []   # imported from a folder on the path
+    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    own = [p for p in sys.path if p and os.path.isdir(p) and not os.path.abspath(p).startswith(prefixes)]
+    old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = list(dict.fromkeys(first + old + own))
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def start_worker(args, threads: int) -> subprocess.Popen:
+    """One worker (`python -m hybridqual.qualify.worker THREADS ARGV...`) in a session of its own (a timeout ends
+    its whole process group; a ^C of the terminal reaches only the parent, which stops it)."""
+    w = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify.worker", str(threads), *args.argv],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                         env=worker_env(threads), start_new_session=True)
+    w.stderr_tail = deque(maxlen=8)     # stderr passed through, its tail kept for the FAIL line a dead worker gives
+    w.stderr_reader = threading.Thread(target=_relay_stderr, args=(w,), daemon=True)
+    w.stderr_reader.start()
+    w.timed_out = None
+    return w
+
+
 def start_workers(args, n: int, cores: int) -> list[subprocess.Popen]:
     """n workers, each with cores // --jobs torch threads (at least 1)."""
     threads = max(1, cores // max(1, args.jobs))
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    if HOME.name == "hybridqual":        # imported from a folder on the path: the workers import this very package
-        path = os.environ.get("PYTHONPATH")
-        env["PYTHONPATH"] = str(HOME.parent) + (os.pathsep + path if path else "")
-    workers = [subprocess.Popen([sys.executable, "-m", "hybridqual.qualify.worker", str(threads), *args.argv],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                bufsize=1, env=env)
-               for _ in range(n)]
-    for w in workers:                   # stderr passed through, its tail kept for the error a dead worker gives
-        w.stderr_tail = deque(maxlen=8)
-        w.stderr_reader = threading.Thread(target=_relay_stderr, args=(w,), daemon=True)
-        w.stderr_reader.start()
-    return workers
+    return [start_worker(args, threads) for _ in range(n)]
 
 
 def _relay_stderr(w: subprocess.Popen) -> None:
@@ -49,7 +72,15 @@ def _relay_stderr(w: subprocess.Popen) -> None:
         sys.stderr.write(line)
 
 
-def stop_workers(workers: list[subprocess.Popen]) -> None:
+def _kill(w: subprocess.Popen) -> None:
+    """End worker w and whatever it started (its own process group, made for it by start_worker)."""
+    try:
+        os.killpg(w.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError):
+        w.kill()
+
+
+def stop_workers(workers) -> None:
     """End the workers we started (each by its own pid) and reap them."""
     for w in workers:
         try:
@@ -62,7 +93,7 @@ def stop_workers(workers: list[subprocess.Popen]) -> None:
         try:
             w.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            w.kill()
+            _kill(w)
             w.wait()
 
 
@@ -72,10 +103,27 @@ def _reader(i: int, w: subprocess.Popen, inbox: queue.Queue) -> None:
     inbox.put((i, None))
 
 
+def death_text(w: subprocess.Popen, code: int) -> str:
+    """Why a worker ended before finishing its instance: the timeout that killed it, its exit code or signal, and
+    the end of its stderr."""
+    tail = " | ".join(w.stderr_tail) or "no stderr"
+    if w.timed_out is not None:
+        how = (f"the instance ran past --timeout {w.timed_out:g} s: its worker {w.pid} (and its process group) was "
+               "killed")
+    elif code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        how = f"worker {w.pid} was killed by {name} before finishing it"
+    else:
+        how = f"worker {w.pid} exited (code {code}) before finishing it"
+    return f"{how}; its stderr ended: {tail}"
+
+
 def run_parallel(args, steps, report, progress: Progress, on_check, counters: dict, apply_step, count,
                  cores: int) -> int | None:
     """The plan's steps with instances on args.jobs workers, applied in order; None when done, else an exit code.
-    `apply_step` and `count` are the serial run's own (hybridqual.qualify.runner), so both runs apply steps alike."""
+    `apply_step` and `count` are the serial run's own (hybridqual.qualify.runner), so both runs apply steps alike.
+    A worker that dies, or whose instance runs past args.timeout (it is then killed), makes that instance a FAIL
+    line; a fresh worker takes the remaining instances."""
     steps = list(steps)          # the truths' loading and instantiation: cheap next to running the instances
     tasks = [k for k, s in enumerate(steps) if s[0] == "instance"]
     if not tasks:
@@ -84,22 +132,29 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
             if code is not None:
                 return code
         return None
-    workers = start_workers(args, min(args.jobs, len(tasks)), cores)
+    threads = max(1, cores // max(1, args.jobs))
     inbox: queue.Queue = queue.Queue()
-    for i, w in enumerate(workers):
-        threading.Thread(target=_reader, args=(i, w, inbox), daemon=True).start()
-    todo, busy, buffers = deque(tasks), {}, {k: deque() for k in tasks}
+    workers: dict[int, subprocess.Popen] = {}     # worker number -> process (a dead one is replaced by a new number)
+    serial = iter(range(1 << 30))
+
+    def spawn() -> int:
+        i = next(serial)
+        workers[i] = start_worker(args, threads)
+        threading.Thread(target=_reader, args=(i, workers[i], inbox), daemon=True).start()
+        return i
+    todo, busy, started, buffers = deque(tasks), {}, {}, {k: deque() for k in tasks}
     tau = report.header["tau"]
+    timeout = getattr(args, "timeout", None)
 
     def assign(i: int) -> None:
         w = workers[i]
         if todo:
             k = todo.popleft()
-            busy[i] = k
+            busy[i], started[i] = k, time.monotonic()
             try:
                 w.stdin.write(json.dumps({"task": k, "t0": progress.t0, "tau": tau, **steps[k][6]}) + "\n")
                 w.stdin.flush()
-            except OSError:                  # it died: its end-of-output marks task k an error
+            except OSError:                  # it died: its end-of-output marks task k a FAIL
                 pass
         else:
             try:
@@ -107,32 +162,52 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
             except OSError:
                 pass
 
+    def overdue() -> None:
+        now = time.monotonic()
+        for i, k in list(busy.items()):
+            w = workers[i]
+            if w.timed_out is None and now - started[i] > timeout:
+                w.timed_out = timeout
+                _kill(w)                     # its reader then sees the end of its output
+
     def receive() -> None:
-        i, line = inbox.get()
-        if line is None:                     # a worker ended: its unfinished task is an error
-            k = busy.pop(i, None)
-            if k is not None:
-                code = workers[i].wait()
-                workers[i].stderr_reader.join(timeout=5)
-                tail = " | ".join(workers[i].stderr_tail) or "no stderr"
-                buffers[k].append({"kind": "error", "text": f"worker {workers[i].pid} exited (code {code}) before "
-                                                            f"finishing it; its stderr ended: {tail}"})
+        try:
+            i, line = inbox.get(timeout=1.0 if timeout else None)
+        except queue.Empty:
+            overdue()
             return
-        msg = json.loads(line)
+        if line is None:                     # a worker ended: its unfinished task is a FAIL, a new worker goes on
+            k = busy.pop(i, None)
+            w = workers.pop(i)
+            if k is not None:
+                code = w.wait()
+                w.stderr_reader.join(timeout=5)
+                buffers[k].append({"kind": "died", "text": death_text(w, code)})
+                if todo:
+                    assign(spawn())
+            return
+        try:
+            msg = json.loads(line)
+        except ValueError:                   # a stray line on the protocol: shown, never trusted
+            sys.stderr.write(f"qualify worker {workers[i].pid}: not a message: {line[:200]!r}\n")
+            return
         buffers[msg["task"]].append(msg)
         if msg["kind"] in ("done", "error"):
             busy.pop(i, None)
             assign(i)
+        if timeout:
+            overdue()
 
     try:
-        for i in range(len(workers)):
-            assign(i)
+        for _ in range(min(args.jobs, len(tasks))):
+            assign(spawn())
         for k, step in enumerate(steps):
             if step[0] != "instance":
                 code = apply_step(step, report, progress, on_check)
                 if code is not None:
                     return code
                 continue
+            label = f"{step[1].name}/{step[4].scenario}"
             while True:
                 while not buffers[k]:
                     receive()
@@ -143,12 +218,18 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
                     report.instance(msg["info"])
                 elif msg["kind"] == "check":
                     on_check(Check(**msg["check"]))
-                elif msg["kind"] == "error":
-                    raise RuntimeError(f"qualify worker, {step[1].name} instance {step[2]} ({step[4].scenario}): "
-                                       f"{msg['text']}")
+                elif msg["kind"] in ("error", "died"):   # the instance could not finish: a FAIL line, the run goes on
+                    timed_out = msg["kind"] == "died" and "--timeout" in msg["text"]
+                    name = "instance finishes within --timeout" if timed_out else "instance runs to its end"
+                    c = Check.of(label, name, False, ("the qualify worker raised: " if msg["kind"] == "error" else "")
+                                 + msg["text"])
+                    progress.check(c)
+                    on_check(c)
+                    count(counters, True, step[4].family)
+                    break
                 elif msg["kind"] == "done":
                     count(counters, msg["ran"], msg["family"])
                     break
     finally:
-        stop_workers(workers)
+        stop_workers(list(workers.values()))
     return None

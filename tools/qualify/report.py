@@ -1,8 +1,9 @@
 """qualify's report: check lines (PASS / FAIL / SKIP), written to report.json and junit.xml after every check.
 
-The report is rewritten atomically after each finished check, so a crash or a kill leaves every result found so
-far (with "status": "running"); a stale report from an earlier run is removed before anything runs. Skipped checks
-are counted apart from passed ones: a skip is a check that did not run, with its reason.
+The report is rewritten atomically after each finished check, so a hard kill leaves every result found so far
+(with "status": "running"), and a run that ends any other way before its end (an exception, SIGTERM, SIGINT, an
+exit) says "status": "aborted: <why>"; a stale report from an earlier run is removed before anything runs.
+Skipped checks are counted apart from passed ones: a skip is a check that did not run, with its reason.
 """
 from __future__ import annotations
 
@@ -122,6 +123,14 @@ class Report:
         self.status = "finished"
         self.write()
         return self.counts()
+
+    def abort(self, why: str) -> None:
+        """Finalise the report of a run that did not finish: "status": "aborted: <why>" (every check so far kept)."""
+        self.status = f"aborted: {why}"
+        try:
+            self.write()
+        except OSError as e:              # the report cannot be written: say so, never mask the reason
+            print(f"qualify: cannot write the report ({e})", file=sys.stderr)
 
     def write(self) -> None:
         if self.out is None:

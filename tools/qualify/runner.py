@@ -5,7 +5,8 @@
     python -m hybridqual.qualify [--model M] --trace T.json ...    # these trace files (one instance each)
         [--engine fastpath|oracle|hf|hf-batched|module:Class] [--mode legacy async] [--device cpu|cuda]
         [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
-        [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast] [--jobs N]
+        [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast] [--jobs N] [--timeout S]
+        [--isolate | --in-process] [--skip-invalid-traces]
     torchrun --nproc_per_node 2 -m hybridqual.qualify --tp 2 ...   # tensor parallel fast path
 
 Checks, a line each (PASS / FAIL / SKIP with its reason; tools/qualify/checks.py): tokens vs the truth
@@ -18,12 +19,23 @@ at start and rewritten after every check. Exit 0 when nothing failed and at leas
 and nothing was skipped); --fail-fast stops at the first FAIL (exit 1, the report says where it stopped).
 --jobs N runs instances in N worker processes (tools/qualify/jobs.py; default min(2, cores) for the default plan
 on cpu, else 1); the report, its lines and --fail-fast's stop keep the plan's order.
+
+An adapter cannot fool or stop the judge: its RunResult is validated before any check reads it
+(tools/qualify/validate.py); an adapter that raises or calls sys.exit is a FAIL line; one that runs past --timeout
+(per instance, default 1800 s) or kills its own process is a FAIL line of that instance when it runs in a worker
+(--jobs > 1, --isolate, and by default for an engine given as module:Class), and in this process a timeout that
+Python can interrupt. Whatever ends the run (an exception, SIGTERM, SIGINT, exit), report.json is finalised with
+"status": "aborted: <why>". A trace file that is malformed or does not fit the model is a FAIL line (exit 1)
+unless --skip-invalid-traces makes it a SKIP. Every argument is checked before any work (exit 2, one line).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -39,6 +51,7 @@ from hybridqual.qualify.truth import ORACLES, load_truth
 from hybridqual.qualify.report import Check, Progress, Report, versions
 
 DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
+DEFAULT_TIMEOUT = 1800.0        # seconds per instance (every mode and continuation of one trace)
 
 
 def instance_from_file(path: Path, config) -> scenarios.Instance:
@@ -53,6 +66,25 @@ def instance_from_file(path: Path, config) -> scenarios.Instance:
     except TraceError as e:
         return scenarios.Instance(path.stem, family, None, f"does not fit the model: {e}", trace.to_json())
     return scenarios.Instance(path.stem, family, trace, None, trace.to_json())
+
+
+def trace_file_instance(path: Path, config, model_dir: Path, skip_invalid: bool):
+    """instance_from_file for the plan: a malformed trace file, or one that does not fit the model, is a FAIL
+    Check (a SKIP with --skip-invalid-traces) instead of an instance."""
+    from oracle.trace import TraceError
+    label = f"{Path(model_dir).name}/{Path(path).stem}"
+    try:
+        inst = instance_from_file(Path(path), config)
+    except (TraceError, OSError, ValueError) as e:
+        why = f"{path}: {e}"
+        name = "trace file is valid"
+    else:
+        if inst.trace is not None or skip_invalid:
+            return inst
+        why, name = f"{path}: {inst.skip_reason}", "trace fits the model"
+    if skip_invalid:
+        return Check.skip(label, name, f"--skip-invalid-traces: {why}")
+    return Check.of(label, name, False, why + " (pass --skip-invalid-traces to skip such files)")
 
 
 def trace_family(trace) -> str:
@@ -191,6 +223,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="worker processes running instances side by side, reported in plan order (default: "
                          "min(2, CPU cores) for the default plan on cpu, else 1); each uses cores/jobs torch threads")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                    help=f"seconds one instance may run before it is a FAIL (default {DEFAULT_TIMEOUT:g}); enforced "
+                         "by killing its worker process when it runs in one, else by an alarm in this process")
+    iso = ap.add_mutually_exclusive_group()
+    iso.add_argument("--isolate", action="store_true", default=None,
+                     help="run every instance in a worker process even with --jobs 1 (the default for an engine "
+                          "given as module:Class): an adapter that hangs or kills its process is a FAIL line")
+    iso.add_argument("--in-process", dest="isolate", action="store_false",
+                     help="run instances in this process (e.g. under a debugger) when --jobs is 1")
+    ap.add_argument("--skip-invalid-traces", action="store_true",
+                    help="a --trace file that is malformed or does not fit the model is a SKIP line (default: a FAIL)")
     ap.add_argument("--base-url", help="--engine openai: the OpenAI-compatible server's address (http://HOST:PORT)")
     ap.add_argument("--served-model", help="--engine openai: the model name the server serves it under (default: "
                                            "the only one /v1/models lists)")
@@ -202,8 +245,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def argument_problem(args, check_out: bool = True) -> str | None:
+    """The first bad value among the numeric, output and scenario arguments (one line), or None; no work done."""
+    if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):
+        return f"--tau {args.tau}: must be a finite number >= 0"
+    if args.tp < 1:
+        return f"--tp {args.tp}: must be at least 1"
+    if args.jobs is not None and args.jobs < 1:
+        return f"--jobs {args.jobs}: must be at least 1"
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        return f"--timeout {args.timeout}: must be a finite number of seconds > 0"
+    if args.scenario:
+        unknown = [n for n in args.scenario if n not in scenarios.SCENARIOS]
+        if unknown:
+            return (f"--scenario {unknown[0]}: no such scenario; known: {', '.join(scenarios.SCENARIOS)}")
+    return out_problem(args.out) if check_out else None
+
+
+def out_problem(out: Path) -> str | None:
+    """Why --out cannot hold the report (not a folder we can create and write in), or None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return f"--out {out}: not a writable folder ({type(e).__name__}: {e.strerror or e})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = argument_problem(args, check_out=int(os.environ.get("RANK", "0")) == 0)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     if args.tp < 1 or (args.tp > 1 and int(os.environ.get("WORLD_SIZE", "1")) != args.tp):
         print(f"--tp {args.tp}: needs torchrun --nproc_per_node {args.tp} (WORLD_SIZE="
               f"{os.environ.get('WORLD_SIZE', 'unset')})", file=sys.stderr)
@@ -228,7 +304,35 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    if args.isolate is None:        # an engine from outside the project runs where its death cannot end the run
+        args.isolate = ":" in args.engine and args.tp == 1
     return run(args, adapter_cls, rank0)
+
+
+class Aborted(BaseException):
+    """SIGTERM (or another stop signal) while the run was under way: the report is finalised as aborted."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"{signal.Signals(signum).name} received")
+
+
+class InstanceTimeout(BaseException):
+    """An in-process instance ran past --timeout (raised by the alarm; not an Exception, so no check catches it)."""
+
+
+def _raise_aborted(signum, frame):
+    raise Aborted(signum)
+
+
+def _stop_signals(handler):
+    """Install `handler` for SIGTERM (main thread only); returns what to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for sig in (signal.SIGTERM,):
+        old[sig] = signal.signal(sig, handler)
+    return old
 
 
 def run(args, adapter_cls, rank0: bool) -> int:
@@ -256,13 +360,28 @@ def run(args, adapter_cls, rank0: bool) -> int:
         if args.fail_fast and c.status == "FAIL":
             raise FailFast(f"{c.trace}: {c.name}")
     counters = {"ran": 0, "skipped": 0, "families": set()}
+    restore = _stop_signals(_raise_aborted)
     try:
         code = run_plan(args, plan, adapter_cls, tau, report, progress, on_check, counters)
     except FailFast as stop:
         report.header["stopped"] = f"--fail-fast: stopped at the first FAIL ({stop}); later checks did not run"
         print(report.header["stopped"], flush=True)
         code = None
-    if code is not None:
+    except KeyboardInterrupt:
+        return aborted(report, "SIGINT (interrupted)", 130)
+    except Aborted as e:
+        return aborted(report, str(e), 128 + e.signum)
+    except SystemExit as e:
+        aborted(report, f"exit with code {e.code!r} inside qualify", None)
+        raise
+    except BaseException as e:
+        aborted(report, f"{type(e).__name__}: {e}", None)
+        raise
+    finally:
+        for sig, h in restore.items():
+            signal.signal(sig, h)
+    if code is not None:           # bad input found on the way (a step's exit): the report says so
+        report.abort(f"bad input (exit {code})")
         return code
     counts = report.finish()
     if not rank0:
@@ -275,6 +394,14 @@ def run(args, adapter_cls, rank0: bool) -> int:
           + f"; report in {args.out}/report.json and junit.xml")
     bad = counts["failed"] or not counts["passed"] or (args.strict and counts["skipped"])
     return 1 if bad else 0
+
+
+def aborted(report: Report, why: str, code: int | None) -> int | None:
+    """Finalise the report as aborted (status "aborted: <why>") and say so; the exit code to return."""
+    report.abort(why)
+    print(f"qualify aborted: {why}; report in {report.out}/report.json (status aborted, {len(report.checks)} checks "
+          "recorded)", file=sys.stderr, flush=True)
+    return code
 
 
 def plan_steps(args, plan):
@@ -294,14 +421,16 @@ def plan_steps(args, plan):
             continue
         yield "oracle", str(model_dir), how
         yield "say", f"[{model_dir.name}] truth: {how}"
-        try:
-            insts = ([instance_from_file(p, oracle_model.config) for p in files] if files is not None
-                     else instances_for(model_dir, oracle_model.config, names, model_dir.name))
-        except (TraceError, OSError, ValueError) as e:
-            yield "exit", 2, f"--trace: {e}"
-            return
+        if files is not None:       # a bad trace file is a FAIL line (a SKIP with --skip-invalid-traces), the rest run
+            insts = [trace_file_instance(p, oracle_model.config, model_dir, args.skip_invalid_traces) for p in files]
+        else:
+            try:
+                insts = instances_for(model_dir, oracle_model.config, names, model_dir.name)
+            except (TraceError, OSError, ValueError) as e:
+                yield "exit", 2, f"--scenario: {e}"
+                return
         for i, inst in enumerate(insts, 1):
-            if isinstance(inst, Check):           # a scenario that failed to instantiate
+            if isinstance(inst, Check):           # a scenario that failed to instantiate, a bad trace file
                 yield "check", inst
                 continue
             spec = {"model": str(model_dir), "i": i, "n": len(insts),
@@ -320,6 +449,9 @@ def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, 
         truth = truth_for(model_dir, inst, oracle_model)
         info["truth"] = truth["source"]
         progress.say(f"  truth: {truth['source']}")
+        if truth.get("golden_rejected") and progress.quiet:      # said even under --quiet: the goldens are broken
+            print(f"  [{model_dir.name}/{inst.scenario}] {truth['golden_rejected']}; truth recomputed from the "
+                  "oracle", file=sys.stderr, flush=True)
     on_instance(info)
     checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
                             progress, on_check, truth)
@@ -339,7 +471,8 @@ def apply_step(step, report: Report, progress: Progress, on_check) -> int | None
     """A step other than an instance, in order; an exit code for ("exit", ...)."""
     if step[0] == "say":
         progress.say(step[1])
-    elif step[0] == "check":
+    elif step[0] == "check":            # a line of the plan itself (the oracle loads, a bad trace): printed too
+        progress.check(step[1])
         on_check(step[1])
     elif step[0] == "oracle":
         report.header.setdefault("oracle", {})[step[1]] = step[2]
@@ -352,7 +485,7 @@ def apply_step(step, report: Report, progress: Progress, on_check) -> int | None
 def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, on_check, counters: dict) -> int | None:
     """Every (model, instance) of the plan through check_instance, in this process or (--jobs > 1) in worker
     processes (tools/qualify/jobs.py, same order); None when done, an exit code on bad input."""
-    if args.jobs > 1:
+    if args.jobs > 1 or args.isolate:
         from hybridqual.qualify.jobs import run_parallel
         return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters, apply_step, count,
                             cpu_cores())
@@ -363,9 +496,48 @@ def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, o
                 return code
             continue
         _, model_dir, i, n, inst, oracle_model, _spec = step
-        count(counters, *run_instance(args, adapter_cls, tau, model_dir, i, n, inst, oracle_model, progress,
-                                      report.instance, on_check))
+        try:
+            with deadline(args.timeout):
+                count(counters, *run_instance(args, adapter_cls, tau, model_dir, i, n, inst, oracle_model, progress,
+                                              report.instance, on_check))
+        except InstanceTimeout:
+            c = timeout_check(f"{model_dir.name}/{inst.scenario}", args.timeout, "stopped by an alarm in this process")
+            progress.check(c)
+            on_check(c)
+            count(counters, True, inst.family)
     return None
+
+
+def timeout_check(label: str, seconds: float, how: str) -> Check:
+    """The FAIL line of an instance that ran past --timeout."""
+    return Check.of(label, "instance finishes within --timeout", False,
+                    f"the engine did not finish the instance within {seconds:g} s (--timeout); {how}")
+
+
+class deadline:
+    """`with deadline(s):` raises InstanceTimeout in this (main) thread after s seconds (SIGALRM; a no-op off the
+    main thread or without setitimer). Python-level hangs are interrupted; a hang inside C code is not (run the
+    instance in a worker process, --isolate, for those)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.armed = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+                      and math.isfinite(seconds) and seconds > 0)
+
+    def _fire(self, signum, frame):
+        raise InstanceTimeout()
+
+    def __enter__(self):
+        if self.armed:
+            self.old = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc):
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.old)
+        return False
 
 
 def finish_distributed() -> None:
