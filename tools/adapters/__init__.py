@@ -46,7 +46,8 @@ NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:M
          "megatron-prefix": "megatron:MegatronPrefixAdapter", "megatron-mtp": "megatron:MegatronMTPAdapter",
          "megatron-graphs": "megatron:MegatronGraphsAdapter",
          "llamacpp": "llamacpp.adapter:LlamaCppAdapter", "llamacpp-bf16": "llamacpp.adapter:LlamaCppBF16Adapter",
-         "llamacpp-fa": "llamacpp.adapter:LlamaCppFlashAttnAdapter", "openai": "openai:OpenAIServerAdapter"}
+         "llamacpp-fa": "llamacpp.adapter:LlamaCppFlashAttnAdapter",
+         "llamacpp-mutant": "llamacpp.mutant:LlamaCppMutantAdapter", "openai": "openai:OpenAIServerAdapter"}
 
 
 def resolve(spec: str) -> type[Adapter]:
