@@ -396,6 +396,7 @@ def _nemotron_h(f: _Fields) -> dict:
                         "chunk_size", None, "use_conv_bias", "use_bias")
     # dt is clamped to time_step_limit, as NVIDIA's Nemotron-H code and HF >= 5.25 do; time_step_min/max only
     # initialise dt_bias (HF <= 5.24 clamped with (time_step_min, inf) instead: docs/models.md, footnote 1).
+    f.float("time_step_min", 0.001, nonneg=True)    # still a config value: a malformed one is refused
     out.update(layers=tuple(LayerSpec(*PATTERN_CHARS[c]) for c in types),
                norm_eps=f.float("layer_norm_epsilon", 1e-5, positive=True),
                dt_limit=_dt_limit(f), mlp_act="relu2",
