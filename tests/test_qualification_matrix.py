@@ -53,6 +53,22 @@ class AsyncKeepsExtraToken(adapters.FastpathAdapter):
         return r
 
 
+class AsyncFirstTokenOff(adapters.FastpathAdapter):
+    """Defect (async only) within the result contract: the first request's first token is another ordinary id
+    (same length, same finish reason, same logits rows): only the checks that compare tokens can see it."""
+
+    def run_trace(self):
+        r = super().run_trace()
+        if self.mode == "async":
+            rid = sorted(r.tokens)[0]
+            req = next(q for q in self.trace.requests if q.id == rid)
+            vocab = 16                      # tiny-sort's, the model these tests run
+            t = next(x for x in ((r.tokens[rid][0] + k) % vocab for k in range(1, vocab))
+                     if x not in req.stop_token_ids)
+            r.tokens[rid] = [t] + r.tokens[rid][1:]
+        return r
+
+
 class WrongDigitAnswer(adapters.FastpathAdapter):
     """Defect: one answer token off by one digit (what a broken kernel does to a sorted answer)."""
 
@@ -77,10 +93,20 @@ def test_token_and_schedule_checks_fail_when_slot_mapping_is_not_moved(monkeypat
 
 
 def test_async_equals_legacy_check_fails_on_an_async_only_defect(oracle_models):
-    checks = check_trace(AsyncKeepsExtraToken, TINY, SEED, ["legacy", "async"], oracle_for(oracle_models, TINY),
+    checks = check_trace(AsyncFirstTokenOff, TINY, SEED, ["legacy", "async"], oracle_for(oracle_models, TINY),
                          "cpu", TAU[torch.float32])
     bad = failing(checks)
     assert "async == legacy, bitwise" in bad and "async: tokens match the truth (tie-aware, τ=0.001)" in bad
+    assert "legacy: tokens match the truth (tie-aware, τ=0.001)" not in bad
+
+
+def test_an_extra_token_past_max_new_tokens_is_refused_at_the_boundary(oracle_models):
+    """The async defect that keeps the discarded extra token breaks the result contract itself: one FAIL line
+    naming the request and max_new_tokens, and no later check judges that result."""
+    checks = check_trace(AsyncKeepsExtraToken, TINY, SEED, ["legacy", "async"], oracle_for(oracle_models, TINY),
+                         "cpu", TAU[torch.float32])
+    bad = failing(checks)
+    assert "more than max_new_tokens" in bad.get("async: engine result is well-formed", ""), bad
     assert "legacy: tokens match the truth (tie-aware, τ=0.001)" not in bad
 
 
