@@ -1,7 +1,8 @@
 """hybridqual's fast path: Triton kernels and the batched engine with one state bank (DESIGN §4).
 
 On a machine without a GPU, Triton kernels run only in Triton's interpreter: importing fastpath turns it on (before
-any kernel is defined) unless TRITON_INTERPRET was set explicitly. The test is the GPU's device files, not torch.
+any kernel is defined) unless TRITON_INTERPRET was set explicitly. The test is the GPU's device files, not torch
+(`import fastpath` stays cheap: the harness's package imports it for this switch alone).
 """
 from __future__ import annotations
 
@@ -21,8 +22,18 @@ def _has_gpu_device() -> bool:
 if "TRITON_INTERPRET" not in os.environ and not _has_gpu_device():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from fastpath.engine.engine import Engine
-from fastpath.model import FastModel
-from fastpath.options import FastOptions
-
 __all__ = ["Engine", "FastModel", "FastOptions"]
+
+
+def __getattr__(name: str):
+    """Engine, FastModel and FastOptions load on first use, so `import fastpath` alone imports no torch or triton."""
+    if name == "Engine":
+        from fastpath.engine.engine import Engine
+        return Engine
+    if name == "FastModel":
+        from fastpath.model import FastModel
+        return FastModel
+    if name == "FastOptions":
+        from fastpath.options import FastOptions
+        return FastOptions
+    raise AttributeError(f"module 'fastpath' has no attribute {name!r}")

@@ -8,11 +8,9 @@ its checks), `scenarios` (the corpus in a model's units, the default plan), `ada
 `hybridqual` only.
 
 On a machine without a GPU the fast path's Triton kernels can only run in the interpreter, so importing the
-harness turns it on (before anything imports triton) unless the caller set TRITON_INTERPRET explicitly. The test
-is the GPU's device files, so that importing the package (and `hybridqual --help`) does not import torch.
+harness turns it on, through `import fastpath` (before anything imports triton), unless the caller set
+TRITON_INTERPRET explicitly; that import loads no torch, so `hybridqual --help` stays fast.
 """
-import os
-
 try:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -20,16 +18,4 @@ try:
 except PackageNotFoundError:   # a checkout used through PYTHONPATH, never pip-installed
     __version__ = "unknown (not installed)"
 
-
-def _has_gpu_device() -> bool:
-    """Whether this machine exposes an NVIDIA or AMD GPU device (what torch.cuda would find), without torch."""
-    if os.path.exists("/dev/kfd"):
-        return True
-    try:
-        return any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev"))
-    except OSError:
-        return False
-
-
-if "TRITON_INTERPRET" not in os.environ and not _has_gpu_device():
-    os.environ["TRITON_INTERPRET"] = "1"
+import fastpath  # noqa: E402,F401  (turns Triton's interpreter on where there is no GPU)
