@@ -47,7 +47,9 @@ vendor_wheels() {               # the two Triton-only wheels, built once from th
     [ -f "$SD/mamba_ssm-$MAMBA_VERSION.tar.gz" ] && [ -f "$SD/causal_conv1d-$CONV_VERSION.tar.gz" ] || \
       MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE "$1" -m pip download -q --no-deps \
         --no-binary :all: --no-build-isolation -d "$SD" "mamba-ssm==$MAMBA_VERSION" "causal-conv1d==$CONV_VERSION"
-    (cd "$SD" && PYTHONPATH="$ROOT" "$1" -m hybridqual.adapters.megatron.vendor "$SD" "$SD" >/dev/null)
+    # before hybridqual is installed in the venv: tools/ imported as hybridqual through the link folder
+    mkdir -p "$ROOT/.hq-import"; [ -e "$ROOT/.hq-import/hybridqual" ] || ln -s ../tools "$ROOT/.hq-import/hybridqual"
+    (cd "$SD" && PYTHONPATH="$ROOT/.hq-import:$ROOT" "$1" -m hybridqual.adapters.megatron.vendor "$SD" "$SD" >/dev/null)
   fi
 }
 
