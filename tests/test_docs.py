@@ -2,10 +2,9 @@
 
 A figure is identified by its date, commit and command; a feature by what it does. So no tracked text file (.py .md
 .sh .toml .json under docs/, tools/, oracle/, fastpath/, tests/, scripts/, plus README.md and pyproject.toml) may
-carry a word of how the work on it was organised: who worked in which sitting ("session 9", "this session",
-"sessions 9-10"), helpers and their working trees ("other helpers' uncommitted edits", "the lead's GPU visit"),
-machine visits ("this visit", "the visit's time", "visits 8-11"), or issue numbers as history markers ("issue 17",
-"Issue 20.3").
+carry a word of how the work on it was organised: the sittings it was done in, the people or assistants who did it
+and their working trees, machine visits, or issue numbers used as history markers (PROCESS below is the exact rule;
+the planted phrases at the end of this file are what it must catch).
 
 What stays legal, because it is a technical term and not a work-history word:
 - pytest's session: `scope="session"`, `pytest_sessionstart`, a hook's `session` parameter (`(session, config,
