@@ -44,6 +44,8 @@ def report(out: Path) -> dict:
     (["--timeout", "0"], "--timeout 0.0: must be a finite number of seconds > 0"),
     (["--timeout", "nan"], "--timeout nan"),
     (["--model", "zoo-bamba", "--scenario", "nosuch"], "--scenario nosuch: no such scenario; known: "),
+    (["--piece-granularity", "0"], "--piece-granularity 0: must be an integer in [1, 65536]"),
+    (["--piece-granularity", "16", "100000"], "--piece-granularity 100000: must be an integer in [1, 65536]"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2_before_any_work(args, words, tmp_path, capsys):
     out = tmp_path / "out"

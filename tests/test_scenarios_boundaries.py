@@ -47,6 +47,28 @@ def test_piece_tails_hit_every_last_piece_length_and_every_granularity(chunk, d_
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
+def test_an_engines_declared_granularity_gets_a_prompt_one_past_it(chunk):
+    """An adapter's piece rule (Capabilities.piece_granularities) or --piece-granularity joins the sweep."""
+    plain = {len(r.prompt) for r in _inst("piece_tails", chunk).trace.requests}
+    inst = scenarios.instantiate_one("piece_tails", Units(chunk, 96, granularities=(48, 100)))
+    lens = {len(r.prompt) for r in inst.trace.requests}
+    assert {49, 101} <= lens and not {49, 101} & plain
+    assert boundaries.granularities(Units(chunk, 96, granularities=(48,))) == sorted({chunk, 16, 48, 64})
+
+
+def test_engine_granularities_merge_the_adapters_rule_and_the_cli():
+    from hybridqual.adapters.megatron.adapter import MegatronAdapter
+    from hybridqual.adapters.fastpath import FastpathAdapter
+    from hybridqual.qualify import runner
+    args = runner.parse_args(["--piece-granularity", "48", "16"])
+    assert runner.engine_granularities(args, FastpathAdapter) == (16, 48)
+    assert runner.engine_granularities(args, MegatronAdapter) == (16, 48, 64)
+    with pytest.raises(scenarios.ScenarioError, match="granularity 0"):
+        scenarios.instantiate(scenarios.MODELS / "zoo-mamba2", oracle.from_hf_config(
+            scenarios.MODELS / "zoo-mamba2" / "config.json"), ["piece_tails"], (0,))
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
 def test_cobatch_reuse_co_batches_twins_and_reuses_freed_slots_at_once(chunk):
     inst = _inst("cobatch_reuse", chunk)
     log = _log(inst.trace, chunk)

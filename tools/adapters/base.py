@@ -30,6 +30,9 @@ class Capabilities:
     prefix_cache_reporting: bool = False          # DESIGN §12: run_trace returns RunResult.prefix_cache (and a log,
                                                   # if any, records hits/stores/evictions)
     speculation_reporting: bool = False           # for later (DESIGN §13): the log records proposals/acceptance
+    piece_granularities: tuple[int, ...] = ()     # the engine's own piece rule: the block sizes / budget roundings its
+                                                  # scheduler cuts prefill at; the engine-aware scenarios put prompts
+                                                  # = 1 mod each (tools/scenarios/boundaries.py) beside the defaults
     notes: tuple[tuple[str, str], ...] = ()       # (capability, why it is missing), quoted in skip reasons
 
     def why_not(self, what: str, default: str) -> str:

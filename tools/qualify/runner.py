@@ -94,13 +94,20 @@ def trace_family(trace) -> str:
     return "speculative" if trace.engine.speculative is not None else "trace file"
 
 
-def instances_for(model_dir: Path, config, names: list[str] | None, label: str) -> list:
-    """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash."""
+def engine_granularities(args, adapter_cls) -> tuple[int, ...]:
+    """The engine's piece rule the corpus covers: the adapter's declared granularities and --piece-granularity."""
+    return tuple(sorted({*adapter_cls.capabilities(args.device).piece_granularities, *args.piece_granularity}))
+
+
+def instances_for(model_dir: Path, config, names: list[str] | None, label: str,
+                  granularities: tuple[int, ...] = ()) -> list:
+    """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash;
+    `granularities`: the engine's piece rule (`engine_granularities`)."""
     error = getattr(scenarios, "ScenarioError", ValueError)
     out = []
     for name in names if names is not None else list(scenarios.SCENARIOS):
         try:
-            out += scenarios.instantiate(model_dir, config, [name])
+            out += scenarios.instantiate(model_dir, config, [name], granularities)
         except error as e:
             out.append(Check.of(label, f"scenario {name} instantiates", False, str(e)))
     return out
@@ -237,6 +244,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--base-url", help="--engine openai: the OpenAI-compatible server's address (http://HOST:PORT)")
     ap.add_argument("--served-model", help="--engine openai: the model name the server serves it under (default: "
                                            "the only one /v1/models lists)")
+    ap.add_argument("--piece-granularity", type=int, nargs="+", default=[], metavar="N",
+                    help="the engine's own piece rule: block sizes / budget roundings its scheduler cuts prefill at "
+                         "(vLLM's block size, SGLang's page size, a budget rounding); the engine-aware scenarios add "
+                         "prompts = 1 mod each, beside the adapter's declared ones and the defaults (16, 64, chunk)")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
                          "schedule log is not the default policy's: that check is skipped)")
@@ -255,6 +266,9 @@ def argument_problem(args, check_out: bool = True) -> str | None:
         return f"--jobs {args.jobs}: must be at least 1"
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         return f"--timeout {args.timeout}: must be a finite number of seconds > 0"
+    bad = [g for g in args.piece_granularity if not 1 <= g <= 1 << 16]
+    if bad:
+        return f"--piece-granularity {bad[0]}: must be an integer in [1, 65536]"
     if args.scenario:
         unknown = [n for n in args.scenario if n not in scenarios.SCENARIOS]
         if unknown:
@@ -338,6 +352,7 @@ def _stop_signals(handler):
 def run(args, adapter_cls, rank0: bool) -> int:
     """Run the plan, reporting as it goes; the exit code."""
     caps = adapter_cls.capabilities(args.device)
+    args.granularities = engine_granularities(args, adapter_cls)
     tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
     tau_source = "--tau" if args.tau is not None else \
         f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"
@@ -345,7 +360,7 @@ def run(args, adapter_cls, rank0: bool) -> int:
     header = {"engine": args.engine, "device": args.device, "modes": args.mode,
               "models": [str(m) for m, _, _ in plan], "tau": tau, "tau_source": tau_source,
               "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls),
-              "jobs": args.jobs}
+              "jobs": args.jobs, "piece_granularities": list(args.granularities)}
     report = Report(args.out if rank0 else None, header)
     progress = Progress(args.quiet)
     print(f"hybridqual qualify: engine={args.engine} ({header['versions']['engine']}) device={args.device} "
@@ -425,7 +440,8 @@ def plan_steps(args, plan):
             insts = [trace_file_instance(p, oracle_model.config, model_dir, args.skip_invalid_traces) for p in files]
         else:
             try:
-                insts = instances_for(model_dir, oracle_model.config, names, model_dir.name)
+                insts = instances_for(model_dir, oracle_model.config, names, model_dir.name,
+                                      getattr(args, "granularities", ()))
             except (TraceError, OSError, ValueError) as e:
                 yield "exit", 2, f"--scenario: {e}"
                 return

@@ -64,7 +64,8 @@ def worker_main(argv: list[str]) -> int:
                 truths[task["model"]] = load_truth(model_dir, args.oracle, args.oracle_device)[0]
             om = truths[task["model"]]
             inst = (qualify.instance_from_file(Path(task["trace_file"]), om.config) if "trace_file" in task else
-                    qualify.instances_for(model_dir, om.config, [task["scenario"]], model_dir.name)[0])
+                    qualify.instances_for(model_dir, om.config, [task["scenario"]], model_dir.name,
+                                          qualify.engine_granularities(args, adapter_cls))[0])
             ran, family = qualify.run_instance(args, adapter_cls, task["tau"], model_dir, task["i"], task["n"], inst,
                                                om, Relay(args.quiet, emit, task["t0"]),
                                                lambda info: emit("instance", info=info), on_check)

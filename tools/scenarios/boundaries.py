@@ -39,10 +39,10 @@ def _small(u: Units, i: int, n: int) -> list[int]:
     return seq((5 * i + 7) % 61, n, step=7)
 
 
-def granularities(u: Units, extra: tuple[int, ...] = ()) -> list[int]:
-    """The piece granularities the sweep covers: the model's chunk, GRANULARITIES and any `extra` (an engine's
-    declared block size or budget rounding), ascending, once each."""
-    return sorted({u.chunk, *GRANULARITIES, *extra})
+def granularities(u: Units) -> list[int]:
+    """The piece granularities the sweep covers: the model's chunk, GRANULARITIES and the engine's declared ones
+    (`u.granularities`: its block size or budget rounding, Capabilities.piece_granularities), ascending, once each."""
+    return sorted({u.chunk, *GRANULARITIES, *u.granularities})
 
 
 def piece_tails(u: Units, tok: Tokens) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -72,9 +72,15 @@ def instantiate_one(name: str, units: Units, where: str = "the model") -> Instan
     return Instance(name, family, tr, None, tr.to_json())
 
 
-def instantiate(model_dir: Path, config, names: list[str] | None = None) -> list[Instance]:
-    """Every scenario (or those named, in that order) for the model at `model_dir` whose oracle config is `config`."""
-    units = Units.from_config(config)
+def instantiate(model_dir: Path, config, names: list[str] | None = None,
+                granularities: tuple[int, ...] = ()) -> list[Instance]:
+    """Every scenario (or those named, in that order) for the model at `model_dir` whose oracle config is `config`;
+    `granularities`: the engine's own piece rule (block sizes, budget roundings) the engine-aware scenarios cover
+    beside the defaults (tools/scenarios/boundaries.py)."""
+    bad = [g for g in granularities if not isinstance(g, int) or isinstance(g, bool) or not 1 <= g <= 1 << 16]
+    if bad:
+        raise ScenarioError(f"piece granularity {bad[0]!r}: must be an integer in [1, 65536]")
+    units = replace(Units.from_config(config), granularities=tuple(sorted(set(granularities))))
     return [instantiate_one(n, units, str(model_dir)) for n in _names(names)]
 
 

@@ -40,6 +40,7 @@ class Units:
     pad: int | None = None
     specials: tuple[int, ...] = ()
     d_conv: int = 4                 # the Mamba conv width (last pieces 1..d_conv: tools/scenarios/boundaries.py)
+    granularities: tuple[int, ...] = ()   # the engine's declared piece rule (Capabilities.piece_granularities)
 
     @classmethod
     def from_config(cls, config) -> "Units":

@@ -18,6 +18,9 @@ import torch
 
 from hybridqual.adapters import Adapter, Capabilities, RunResult, installed_version
 
+# Megatron's piece rule: its token budget is rounded to multiples of 64 (TOKEN_ROUNDER in 0.19.2's dynamic context)
+# and a one-token remainder is shortened, so the engine-aware corpus puts prompts = 1 mod 64 (docs/megatron.md)
+PIECE_ROUNDING = 64
 _NOTES = (
     ("seeded", "Megatron samples temperature/top-k/top-p with torch's generator per step, not the trace's keyed "
                "(request seed, position) sampler, so seeded outputs have no common truth"),
@@ -50,7 +53,8 @@ class MegatronAdapter(Adapter):
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
         dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
-        return Capabilities(("greedy",), ("legacy", "async"), logits=True, compute_dtype=dtype, notes=_NOTES)
+        return Capabilities(("greedy",), ("legacy", "async"), logits=True, compute_dtype=dtype, notes=_NOTES,
+                            piece_granularities=(PIECE_ROUNDING,))
 
     @classmethod
     def version(cls) -> str:
@@ -298,7 +302,7 @@ class MegatronMTPAdapter(MegatronRoundedAdapter):
     def capabilities(cls, device: str) -> Capabilities:
         caps = super().capabilities(device)
         return Capabilities(caps.sampling_kinds, caps.modes, logits=False, compute_dtype=caps.compute_dtype,
-                            notes=caps.notes + (("logits", "under MTP Megatron samples k+1 rows per verify row; the "
+                            piece_granularities=caps.piece_granularities, notes=caps.notes + (("logits", "under MTP Megatron samples k+1 rows per verify row; the "
                                                  "adapter keeps no logits there (tokens and acceptance are judged)"),))
 
     @classmethod
@@ -324,7 +328,7 @@ class MegatronGraphsAdapter(MegatronRoundedAdapter):
         if torch.device(device).type == "cuda":
             return caps
         return Capabilities(caps.sampling_kinds, (), logits=True, compute_dtype=caps.compute_dtype,
-                            notes=caps.notes + (("legacy", GRAPHS_ON_CPU), ("async", GRAPHS_ON_CPU)))
+                            piece_granularities=caps.piece_granularities, notes=caps.notes + (("legacy", GRAPHS_ON_CPU), ("async", GRAPHS_ON_CPU)))
 
     @classmethod
     def version(cls) -> str:
