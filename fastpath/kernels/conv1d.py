@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, host_ints, next_pow2,
-                      pdl_enter, pdl_meta, token_sequence_index)
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, INTERPRET, KernelInputError, check, check_slots, host_ints,
+                      next_pow2, pdl_enter, pdl_meta, token_sequence_index)
 
 OP_PREFILL = "causal_conv1d_varlen"
 OP_STEP = "conv1d_step"
@@ -143,8 +143,9 @@ def conv1d_step_kernel(
 
 
 def conv1d_launch_rule(Dc: int) -> dict:
-    """Channel tile 128 (or less), 16 tokens per prefill program, 4 warps."""
-    return dict(BLOCK_D=min(next_pow2(Dc), 128), BLOCK_T=16, num_warps=4)
+    """Channel tile 128 (or less), 16 tokens per prefill program, 4 warps; in the Triton interpreter (CPU), where a
+    program costs its op count whatever its tile, every channel in one tile."""
+    return dict(BLOCK_D=min(next_pow2(Dc), 8192 if INTERPRET else 128), BLOCK_T=16, num_warps=4)
 
 
 def _check_common(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor) -> tuple[int, int]:

@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, next_pow2, pdl_enter,
-                      pdl_meta, sigmoid, softplus)
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, INTERPRET, KernelInputError, check, dt_limits, next_pow2,
+                      pdl_enter, pdl_meta, sigmoid, softplus)
 
 OP = "ssm_step"
 
@@ -22,67 +22,77 @@ OP = "ssm_step"
 @triton.jit
 def ssm_step_kernel(
     bank_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, y_ptr, slot_ptr,
-    P, N, heads_per_group, dt_lo, dt_hi,
+    H, P, N, heads_per_group, dt_lo, dt_hi,
     stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
     stride_x_r, stride_x_h, stride_x_p, stride_dt_r, stride_dt_h,
     stride_b_r, stride_b_g, stride_b_n, stride_c_r, stride_c_g, stride_c_n,
     stride_z_r, stride_z_h, stride_z_p, stride_y_r, stride_y_h, stride_y_p,
     HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (R, H, cdiv(P, BLOCK_P)). The state tile, slot and per-head constants are loaded before the PDL wait:
-    a decode row's state is written only by this kernel in earlier steps (each step begins with non-PDL torch
-    kernels, full barriers; prefill kernels of the same step write other slots), so under PDL they stream in
-    while the kernel that produces x, dt, B, C drains."""
+    """Grid (R, cdiv(H, BLOCK_H), cdiv(P, BLOCK_P)); a program updates the [BLOCK_H, BLOCK_P, BLOCK_N] state tile
+    of BLOCK_H heads. The state tile, slot and per-head constants are loaded before the PDL wait: a decode row's
+    state is written only by this kernel in earlier steps (each step begins with non-PDL torch kernels, full
+    barriers; prefill kernels of the same step write other slots), so under PDL they stream in while the kernel
+    that produces x, dt, B, C drains."""
     r = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+    offs_h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     pb = tl.program_id(2)
-    g = h // heads_per_group
+    g = offs_h // heads_per_group
     slot = tl.load(slot_ptr + r).to(tl.int64)
     live = slot >= 0
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
+    mh = tl.where(live, offs_h < H, False)
     mp = offs_p < P
     mn = offs_n < N
-    mp_live = tl.where(live, mp, False)
-    mn_live = tl.where(live, mn, False)
-    m2 = mp_live[:, None] & mn_live[None, :]
-    tile = (bank_ptr + slot * stride_bank_s + h * stride_bank_h
-            + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
-    state = tl.load(tile, mask=m2, other=0.0)
-    A = tl.load(A_ptr + h).to(tl.float32)
+    mhp = mh[:, None] & mp[None, :]                                          # [BLOCK_H, BLOCK_P]
+    mhn = mh[:, None] & mn[None, :]                                          # [BLOCK_H, BLOCK_N]
+    m3 = mhp[:, :, None] & mn[None, None, :]
+    tile = (bank_ptr + slot * stride_bank_s + offs_h[:, None, None] * stride_bank_h
+            + offs_p[None, :, None] * stride_bank_p + offs_n[None, None, :] * stride_bank_n)
+    state = tl.load(tile, mask=m3, other=0.0)
+    A = tl.load(A_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+        bias = tl.load(dt_bias_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
     if HAS_D:
-        Dh = tl.load(D_ptr + h).to(tl.float32)
+        Dh = tl.load(D_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
     pdl_enter(PDL)
-    x = tl.load(x_ptr + r * stride_x_r + h * stride_x_h + offs_p * stride_x_p, mask=mp_live, other=0.0).to(tl.float32)
+    xhp = offs_h[:, None] * stride_x_h + offs_p[None, :] * stride_x_p
+    x = tl.load(x_ptr + r * stride_x_r + xhp, mask=mhp, other=0.0).to(tl.float32)
     if HAS_Z:                       # loaded with x, not after the state update
-        z = tl.load(z_ptr + r * stride_z_r + h * stride_z_h + offs_p * stride_z_p, mask=mp_live, other=0.0)
-    dt = tl.load(dt_ptr + r * stride_dt_r + h * stride_dt_h).to(tl.float32)
+        z = tl.load(z_ptr + r * stride_z_r + offs_h[:, None] * stride_z_h + offs_p[None, :] * stride_z_p,
+                    mask=mhp, other=0.0)
+    dt = tl.load(dt_ptr + r * stride_dt_r + offs_h * stride_dt_h, mask=mh, other=0.0).to(tl.float32)
     if HAS_BIAS:
         dt += bias
     dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
     decay = tl.exp(dt * A)
-    Bv = tl.load(B_ptr + r * stride_b_r + g * stride_b_g + offs_n * stride_b_n, mask=mn_live, other=0.0).to(tl.float32)
-    Cv = tl.load(C_ptr + r * stride_c_r + g * stride_c_g + offs_n * stride_c_n, mask=mn_live, other=0.0).to(tl.float32)
-    state = decay * state + (dt * x)[:, None] * Bv[None, :]
-    tl.store(tile, state, mask=m2)
-    y = tl.sum(state * Cv[None, :], axis=1)
+    Bv = tl.load(B_ptr + r * stride_b_r + g[:, None] * stride_b_g + offs_n[None, :] * stride_b_n, mask=mhn,
+                 other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + r * stride_c_r + g[:, None] * stride_c_g + offs_n[None, :] * stride_c_n, mask=mhn,
+                 other=0.0).to(tl.float32)
+    state = decay[:, None, None] * state + (dt[:, None] * x)[:, :, None] * Bv[:, None, :]
+    tl.store(tile, state, mask=m3)
+    y = tl.sum(state * Cv[:, None, :], axis=2)
     if HAS_D:
-        y += Dh * x
+        y += Dh[:, None] * x
     if HAS_Z:
         z = z.to(tl.float32)
         y = y * (z * sigmoid(z))
-    y = tl.where(mp_live, y, 0.0)
-    tl.store(y_ptr + r * stride_y_r + h * stride_y_h + offs_p * stride_y_p, y.to(y_ptr.dtype.element_ty), mask=mp)
+    y = tl.where(mhp, y, 0.0)
+    tl.store(y_ptr + r * stride_y_r + offs_h[:, None] * stride_y_h + offs_p[None, :] * stride_y_p,
+             y.to(y_ptr.dtype.element_ty), mask=(offs_h < H)[:, None] & mp[None, :])
 
 
 def ssm_step_launch_rule(H: int, P: int, N: int) -> dict:
-    """~4K fp32 state elements per program (16 KB), 8 warps; keyed on the model shape only, so a row's bits never
-    depend on the batch. Chosen by timing on an H200: docs/kernels.md, "Launch rules"."""
+    """~4K fp32 state elements per program (16 KB), 8 warps, one head per program; keyed on the model shape only,
+    so a row's bits never depend on the batch. Chosen by timing on an H200: docs/kernels.md, "Launch rules". In the
+    Triton interpreter (CPU) a program costs its op count whatever its tile, so one program takes every head."""
     bn = next_pow2(N)
-    return dict(BLOCK_N=bn, BLOCK_P=min(next_pow2(P), max(1, 4096 // bn)), num_warps=8)
+    if INTERPRET:
+        return dict(BLOCK_N=bn, BLOCK_P=next_pow2(P), BLOCK_H=next_pow2(H), num_warps=8)
+    return dict(BLOCK_N=bn, BLOCK_P=min(next_pow2(P), max(1, 4096 // bn)), BLOCK_H=1, num_warps=8)
 
 
 def ssm_step(ssm_bank: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
@@ -114,10 +124,12 @@ def ssm_step(ssm_bank: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     lo, hi = dt_limits(dt_limit)
     rule = _rule if _rule is not None else ssm_step_launch_rule(H, P, N)   # _rule: benchmark hook
     zz = z if z is not None else x
-    ssm_step_kernel[(R, H, triton.cdiv(P, rule["BLOCK_P"]))](
+    bh = rule.get("BLOCK_H", 1)
+    ssm_step_kernel[(R, triton.cdiv(H, bh), triton.cdiv(P, rule["BLOCK_P"]))](
         ssm_bank, x, dt, A, B, C, D if D is not None else A, dt_bias if dt_bias is not None else A, zz, out, slot,
-        P, N, H // G, lo, hi, *ssm_bank.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+        H, P, N, H // G, lo, hi, *ssm_bank.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
         *zz.stride(), *out.stride(),
         HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_Z=z is not None,
-        BLOCK_P=rule["BLOCK_P"], BLOCK_N=rule["BLOCK_N"], num_warps=rule["num_warps"], **pdl_meta(out.device))
+        BLOCK_H=bh, BLOCK_P=rule["BLOCK_P"], BLOCK_N=rule["BLOCK_N"], num_warps=rule["num_warps"],
+        **pdl_meta(out.device))
     return out

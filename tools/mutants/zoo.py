@@ -155,7 +155,7 @@ MUTANTS: list[Mutant] = [
            (T_SSD_MIXED,)),
     Mutant("d_skip_dropped_decode", "D skip",
            "decode forgets the D * x skip connection",
-           K + "ssm_step.py", "        y += Dh * x", "        y += 0.0 * x",
+           K + "ssm_step.py", "        y += Dh[:, None] * x", "        y += 0.0 * x",
            (T_SSM_STEP,)),
     Mutant("d_skip_dropped_prefill", "D skip",
            "the sub-chunk scan forgets the D * x skip connection",
@@ -167,7 +167,7 @@ MUTANTS: list[Mutant] = [
            (T_ARCH,)),
     Mutant("ssm_state_bf16_between_steps", "state precision",
            "the decode state is rounded to bf16 when written back to the bank",
-           K + "ssm_step.py", "    tl.store(tile, state, mask=m2)", "    tl.store(tile, state.to(tl.bfloat16).to(tl.float32), mask=m2)",
+           K + "ssm_step.py", "    tl.store(tile, state, mask=m3)", "    tl.store(tile, state.to(tl.bfloat16).to(tl.float32), mask=m3)",
            (T_SSM_STEP,)),
     # ---------------------------------------------------------------- pad rows / null slot
     Mutant("ssm_step_pad_aliases_slot0", "pad rows",
