@@ -85,6 +85,30 @@ step_bench_kernels() {   # per-kernel time, TB/s, TFLOP/s, floors, mamba_ssm pee
     --summary "$OUT/bench_kernels.summary"
 }
 
+# Optional: the gpu tier twice in a row (an order dependence or state left by one run shows in the second).
+step_gpu_tests_twice() {
+  local rc=0 i
+  for i in 1 2; do
+    timeout "${GPU_TESTS_TIMEOUT:-330}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-4}" -q -rfE -p no:cacheprovider \
+      ${GPU_TESTS_PATHS:-tests/} > "$OUT/gpu_tests_$i.txt" 2>&1 || rc=1
+    echo "run $i: $(grep -E "passed|failed|error|no tests ran" "$OUT/gpu_tests_$i.txt" | tail -1)"
+  done | tee "$OUT/gpu_tests_twice.summary"
+  grep -h "^FAILED\|^ERROR" "$OUT"/gpu_tests_[12].txt | head -20
+  return $rc
+}
+# Optional: blind verdicts of qualify's main job alone over the CPU zoo, in the Triton interpreter on this machine's
+# cores (BLIND_ARGS: e.g. --only NAME ...; verdicts copied to $OUT/blind.json as they come).
+step_blind_qualify() {
+  ( while sleep 15; do cp -f out/mutants/blind.json "$OUT/blind.json" 2>/dev/null; done ) & local copier=$!
+  TRITON_INTERPRET=1 $PY -m hybridqual.mutants --blind --stages qualify-main --no-control \
+    --jobs "${BLIND_JOBS:-7}" --stage-timeout "${BLIND_STAGE_TIMEOUT:-400}" --start-by "${BLIND_START_BY:-300}" \
+    ${BLIND_ARGS:-}
+  local rc=$?
+  kill $copier 2>/dev/null; cp -f out/mutants/blind.json "$OUT/blind.json" 2>/dev/null
+  tail -n 4 "$OUT/blind_qualify.log" > "$OUT/blind_qualify.summary"
+  return $rc
+}
+
 run_step() {
   local name=$1; shift
   local t0=$SECONDS

@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, help="blind: judge the rotating window of mutants whose estimated cost "
                                                    "fits S seconds (without --rotate), and start none after S "
                                                    "seconds (the rest SKIPPED)")
+    ap.add_argument("--start-by", type=float, metavar="S",
+                    help="blind: start no mutant after S seconds (the rest SKIPPED, not counted); unlike --budget-s "
+                         "it chooses no window (a machine's time limit with --only or the whole zoo)")
     ap.add_argument("--stage-timeout", type=int, default=3600, help="blind: seconds per stage before it is a CRASH")
     ap.add_argument("--report", action="store_true",
                     help="blind: judge nothing; print the recorded blind verdict of every chosen mutant "
@@ -117,6 +120,8 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
             return judge(None, stages, every_stage=args.every_stage)
         if args.budget_s is not None and time.time() - t0 > args.budget_s:
             return BlindOutcome(m.name, SKIPPED, "", f"not started: --budget-s {args.budget_s:g} spent", 0.0)
+        if args.start_by is not None and time.time() - t0 > args.start_by:
+            return BlindOutcome(m.name, SKIPPED, "", f"not started: --start-by {args.start_by:g} passed", 0.0)
         return judge(m, stages, every_stage=args.every_stage)
     jobs = ([None] if not args.no_control else []) + list(chosen)
     outcomes, control = [], None
