@@ -1,6 +1,7 @@
 """The llama.cpp path can FAIL: a llama.cpp whose seq_rm leaves a freed recurrent cell's state to the next sequence
 (hybridqual.adapters.llamacpp.mutant, built by `python -m hybridqual.adapters.llamacpp.mutant build`) fails qualify
-on the shipped slot_exhaustion trace, where the unmutated build passes."""
+on the shipped slot_exhaustion trace, where the unmutated build passes, and on the prefix traces with a miss in a
+freed cell."""
 from __future__ import annotations
 
 import json
@@ -65,3 +66,18 @@ def test_the_mutant_adapter_loads_the_mutant_library():
     src = mutant.mutant_dir() / "src"
     patched = next(src.glob("*/vendor/llama.cpp")) / mutant.DEFECT["file"]
     assert mutant.DEFECT["new"] in patched.read_text()
+
+
+def test_the_mutant_is_caught_through_the_prefix_cache(tmp_path):
+    """With the prefix cache on, a request that hits gets its state from llama_state_seq_set_data (the freed
+    cell's leftover is overwritten) and one that misses in a freed cell still inherits it: the prefix traces with
+    such a miss FAIL, and so does a hit on a checkpoint stored by a corrupted request (prefix_eviction's a3); on
+    prefix_multi_turn every reused cell receives a checkpoint, so the defect cannot show there."""
+    from test_llamacpp_prefix_cache import TRACES, _qualify
+    rc, checks = _qualify("hybridqual.adapters.llamacpp.mutant:LlamaCppMutantAdapter", "zoo-mamba2", tmp_path, TRACES)
+    assert rc == 1
+    for trace in ("prefix_shared_system", "prefix_eviction", "prefix_lru"):
+        assert checks[f"zoo-mamba2/{trace}"]["legacy: logits match the oracle's"]["status"] == "FAIL", trace
+    assert checks["zoo-mamba2/prefix_multi_turn"]["legacy: logits match the oracle's"]["status"] == "PASS"
+    for lines in checks.values():               # the schedule is the policy's: only the arithmetic is wrong
+        assert lines["legacy: prefix cache events as the policy predicts"]["status"] == "PASS"

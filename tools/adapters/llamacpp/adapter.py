@@ -4,10 +4,14 @@ The model folder is converted to GGUF once (convert.py; cached under .venv-llama
 folder's config, weight files, the output type and the llama.cpp commit), or a ready GGUF is named by
 $HQ_LLAMACPP_GGUF. The engine runs in a worker process of the llama venv (worker.py, JSON lines over pipes): a
 GGML_ASSERT abort or a hang there is a WorkerError naming what happened (exit signal, timeout, the worker's last
-log lines), never the qualifier's own crash. The trace runs as llama.cpp's continuous batching: one seq id per
-running request (the lowest free one, reused after a finish), joins at arrival_step, prompts in pieces of at most
-prefill_chunk inside max_tokens_per_step after the decode rows; greedy from the float32 logits with the lowest
-index on ties (the oracle's rule); the logits row of every generated position comes back. $HQ_LLAMACPP_LIB (or a
+log lines), never the qualifier's own crash. The trace runs as llama.cpp's continuous batching under the legacy
+steps of docs/scheduler.md: one seq id per running request (the lowest free one, reused after a finish), joins at
+arrival_step, rows compacted after finishes, prompts in pieces (the oracle's piece_length, whole model chunks) inside
+max_tokens_per_step after the decode rows; greedy from the float32 logits with the lowest index on ties (the
+oracle's rule); the logits row of every generated position comes back. A trace's `prefix_cache` (DESIGN §12) runs
+on llama.cpp's own sequence-state snapshots (llama_state_seq_get_data / set_data, worker.Checkpoints): a snapshot
+at every block boundary a prompt piece passes, restored into the admitted request's seq id on a hit so only the
+suffix is prefilled; the hits, stores and evictions come back as RunResult.prefix_cache. $HQ_LLAMACPP_LIB (or a
 subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load libllama from another build directory.
 """
 from __future__ import annotations
@@ -28,6 +32,8 @@ import torch
 
 from hybridqual.adapters import Adapter, Capabilities, RunResult
 from hybridqual.adapters.llamacpp import convert as conv
+from oracle.config import from_hf_config
+from oracle.trace import check_prefix_cache_against_model
 
 WORKER = Path(__file__).resolve().with_name("worker.py")
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -38,7 +44,6 @@ _NOTES = (
     ("async", "llama.cpp has no async scheduling mode (async == legacy would compare a run with itself)"),
     ("schedule_log", "llama.cpp splits each batch into its own micro-batches; there is no DESIGN §4 schedule log "
                      "of ours to compare"),
-    ("prefix_cache_reporting", "not wired yet: prefixes are recomputed (llama.cpp state checkpoints unused)"),
     ("speculation_reporting", "not wired yet: speculative traces run without speculation (judged on tokens)"),
 )
 
@@ -173,7 +178,8 @@ class LlamaCppAdapter(Adapter):
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
-        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES)
+        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES,
+                            prefix_cache_reporting=True)
 
     @classmethod
     def version(cls) -> str:
@@ -198,6 +204,9 @@ class LlamaCppAdapter(Adapter):
             self.gguf, self.sidecar = Path(given), {"gguf": given, "config_mappings": None}
         else:
             self.gguf, self.sidecar = cached_gguf(self.model_path, self.outtype)
+        cfg = from_hf_config(json.loads((self.model_path / "config.json").read_text()))
+        check_prefix_cache_against_model(trace.engine, cfg.chunk_size, len(cfg.mamba_layer_ids))
+        self.chunk_size = cfg.chunk_size
         self.meta: dict = {}
 
     def run_trace(self) -> RunResult:
@@ -217,7 +226,9 @@ class LlamaCppAdapter(Adapter):
                      "max_new_tokens": r.max_new_tokens, "stop_token_ids": list(r.stop_token_ids)}
                     for r in trace.requests]
             got = worker.ask({"op": "run", "requests": reqs, "max_requests": n_seq,
-                              "max_tokens_per_step": eng.max_tokens_per_step, "prefill_chunk": eng.prefill_chunk})
+                              "max_tokens_per_step": eng.max_tokens_per_step, "prefill_chunk": eng.prefill_chunk,
+                              "chunk_size": self.chunk_size,
+                              "prefix_cache": None if eng.prefix_cache is None else eng.prefix_cache.to_json()})
         finally:
             worker.close()
         logits = {}
@@ -226,7 +237,7 @@ class LlamaCppAdapter(Adapter):
                 arr = np.frombuffer(base64.b64decode(got["logits"][rid]), dtype="<f4").reshape(len(toks), n_vocab)
                 logits[rid] = torch.from_numpy(arr.copy())
         self.steps, self.seq_ids = got["steps"], got["seq_ids"]
-        return RunResult(got["tokens"], got["finish"], logits=logits)
+        return RunResult(got["tokens"], got["finish"], logits=logits, prefix_cache=got.get("prefix_cache"))
 
 
 class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
@@ -237,7 +248,8 @@ class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
-        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float16, notes=_NOTES)
+        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float16, notes=_NOTES,
+                            prefix_cache_reporting=True)
 
 
 class LlamaCppBF16Adapter(LlamaCppAdapter):

@@ -4,9 +4,10 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
   {"op": "load", "gguf": PATH, "n_ctx": N, "n_seq": S, "n_threads": T, "kv_type": "f32"|"f16"|"bf16",
    "flash_attn": "off"|"on"|"auto"}
       -> {"ok": true, "n_vocab": V, "meta": {...}}
-  {"op": "run", "requests": [...], "max_requests": S, "max_tokens_per_step": B, "prefill_chunk": C}
+  {"op": "run", "requests": [...], "max_requests": S, "max_tokens_per_step": B, "prefill_chunk": C,
+   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M} | null}
       -> {"ok": true, "tokens": {id: [...]}, "finish": {id: "stop"|"length"}, "logits": {id: base64 float32},
-          "steps": k, "seq_ids": {id: seq}}
+          "steps": k, "seq_ids": {id: seq}, "prefix_cache": {"admit": [...], "steps": [...]} (with a cache)}
   {"op": "quit"}
 A failure inside an op is a reply {"ok": false, "error": "..."}; a GGML_ASSERT abort kills the process, and the
 parent (adapter.py) reports the death. Imports only the standard library, numpy and llama_cpp (no hybridqual).
@@ -95,21 +96,45 @@ class Engine:
         finally:
             lc.llama_batch_free(batch)
 
-    def run(self, requests: list[dict], max_requests: int, max_tokens_per_step: int, prefill_chunk: int) -> dict:
-        """Continuous batching: requests join at arrival_step (counted in steps), each holds one seq id while it runs
-        (the lowest free one; freed ids are reused), prompts go in pieces of <= prefill_chunk within the step's token
-        budget after the running requests' decode rows; greedy from the float32 logits, lowest index on ties."""
+    def snapshot(self, seq: int) -> bytes:
+        """The sequence's whole state (recurrent conv/SSM state and attention K/V), llama_state_seq_get_data."""
+        lc = self.lc
+        n = lc.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * n)()
+        got = lc.llama_state_seq_get_data(self.ctx, buf, n, seq)
+        if got != n:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {n} bytes for seq {seq}")
+        return bytes(buf)
+
+    def restore(self, data: bytes, seq: int) -> None:
+        """Put a snapshot into `seq` (llama_state_seq_set_data clears the sequence first)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        got = self.lc.llama_state_seq_set_data(self.ctx, buf, len(data), seq)
+        if got != len(data):
+            raise RuntimeError(f"llama_state_seq_set_data read {got} of {len(data)} bytes into seq {seq}")
+
+    def run(self, requests: list[dict], max_requests: int, max_tokens_per_step: int, prefill_chunk: int,
+            chunk_size: int = 1, prefix_cache: dict | None = None) -> dict:
+        """Continuous batching as docs/scheduler.md's legacy steps: requests join at arrival_step in (arrival, id)
+        order while a seq id is free (the lowest; reused after a finish), rows compact after finishes, decode rows
+        first then prompt pieces (piece_length) in row order within the step's budget; greedy from the float32
+        logits, lowest index on ties. With `prefix_cache` ({"block_size", "capacity"}, DESIGN §12) the state is
+        checkpointed at block boundaries and restored on a hit (Checkpoints)."""
         lc = self.lc
         n_slots = min(max_requests, self.n_seq)
         lc.llama_memory_clear(self.mem, True)
+        cache = Checkpoints(int(prefix_cache["block_size"]), int(prefix_cache["capacity"])) if prefix_cache else None
         pending = sorted(requests, key=lambda r: (r["arrival_step"], r["id"]))
         waiting: list[dict] = []
         free = list(range(n_slots))
+        rows: list[str | None] = [None] * n_slots        # row order: admission appends, finishes compact
         live: dict[str, dict] = {}          # id -> {"req", "seq", "pos", "next"}
         tokens = {r["id"]: [] for r in requests}
         logits: dict[str, list[np.ndarray]] = {r["id"]: [] for r in requests}
         finish: dict[str, str] = {}
         seq_ids: dict[str, int] = {}
+        admits: list[dict] = []
+        cache_steps: list[dict] = []
         step = 0
         while pending or waiting or live:
             while pending and pending[0]["arrival_step"] <= step:
@@ -118,50 +143,157 @@ class Engine:
                 req = waiting.pop(0)
                 seq = free.pop(0)
                 lc.llama_memory_seq_rm(self.mem, seq, -1, -1)
-                live[req["id"]] = {"req": req, "seq": seq, "pos": 0, "next": None}
+                s = {"req": req, "seq": seq, "pos": 0, "next": None}
+                if cache is not None:
+                    p, data = cache.lookup(req["prompt"], step)
+                    if data is not None:
+                        self.restore(data, seq)
+                        s["pos"] = p
+                    admits.append({"request": req["id"], "cached_tokens": p})
+                live[req["id"]] = s
+                rows[sum(r is not None for r in rows)] = req["id"]
                 seq_ids[req["id"]] = seq
-            rows, owners = [], []
-            for rid, s in live.items():               # decode rows first: one token per generating request
-                if s["next"] is not None:
-                    rows.append((s["next"], s["pos"], s["seq"], True))
-                    owners.append(rid)
-            budget = max_tokens_per_step - len(rows)
-            for rid, s in live.items():               # then prompt pieces, in admission order
+            order = [rid for rid in rows if rid is not None]
+            decode = [(live[rid]["next"], live[rid]["pos"], live[rid]["seq"], True, rid)
+                      for rid in order if live[rid]["next"] is not None]
+            budget = max_tokens_per_step - len(decode)
+            pieces = []                                 # (rid, start, count), in row order
+            for rid in order:
+                s = live[rid]
                 plen = len(s["req"]["prompt"])
-                if s["next"] is not None or s["pos"] >= plen or budget <= 0:
+                if s["next"] is not None or s["pos"] >= plen:
                     continue
-                n = min(plen - s["pos"], prefill_chunk, budget)
-                for j in range(n):
-                    p = s["pos"] + j
-                    rows.append((s["req"]["prompt"][p], p, s["seq"], p == plen - 1))
-                    owners.append(rid)
-                budget -= n
-            if rows:
-                out = self._decode(rows)
-                for (tok, pos, seq, want), rid, lg in zip(rows, owners, out):
-                    s = live[rid]
-                    s["pos"] = pos + 1
-                    if lg is None:
-                        continue
-                    t = int(np.argmax(lg))             # first maximum: the lowest index on ties
-                    tokens[rid].append(t)
-                    logits[rid].append(lg)
-                    s["next"] = t
-            for rid in list(live):
-                s, req = live[rid], live[rid]["req"]
-                got = tokens[rid]
-                if got and (got[-1] in req.get("stop_token_ids", []) or len(got) >= req["max_new_tokens"]):
-                    finish[rid] = "stop" if got[-1] in req.get("stop_token_ids", []) else "length"
-                    lc.llama_memory_seq_rm(self.mem, s["seq"], -1, -1)
-                    free.append(s["seq"])
-                    free.sort()
-                    del live[rid]
+                n = piece_length(s["pos"], plen, budget, prefill_chunk, chunk_size)
+                if n > 0:
+                    pieces.append((rid, s["pos"], n))
+                    budget -= n
+            snaps = self._forward(decode, pieces, live, tokens, logits, cache)
+            if cache is not None:
+                cache_steps.append(cache.store_step(pieces, live, snaps, step))
+            finished = [r for r, rid in enumerate(rows) if rid is not None and self._finished(live[rid], tokens[rid])]
+            for r in finished:
+                rid = rows[r]
+                s, got = live.pop(rid), tokens[rid]
+                finish[rid] = "stop" if got[-1] in s["req"].get("stop_token_ids", []) else "length"
+                lc.llama_memory_seq_rm(self.mem, s["seq"], -1, -1)
+                free.append(s["seq"])
+                free.sort()
+                rows[r] = None
+            compact(rows)
             step += 1
             if step > 100_000:
                 raise RuntimeError("the trace did not finish within 100000 steps")
         enc = {rid: base64.b64encode(np.stack(v).astype("<f4").tobytes()).decode() if v else ""
                for rid, v in logits.items()}
-        return {"tokens": tokens, "finish": finish, "logits": enc, "steps": step, "seq_ids": seq_ids}
+        out = {"tokens": tokens, "finish": finish, "logits": enc, "steps": step, "seq_ids": seq_ids}
+        if cache is not None:
+            out["prefix_cache"] = {"admit": admits, "steps": cache_steps}
+        return out
+
+    @staticmethod
+    def _finished(s: dict, got: list[int]) -> bool:
+        return bool(got) and (got[-1] in s["req"].get("stop_token_ids", []) or len(got) >= s["req"]["max_new_tokens"])
+
+    def _forward(self, decode: list, pieces: list, live: dict, tokens: dict, logits: dict,
+                 cache: "Checkpoints | None") -> dict[tuple[str, int], bytes]:
+        """One step's rows through llama_decode: one call, or (with a cache) one per block boundary a piece passes,
+        snapshotting each sequence at each boundary; samples the rows that end a prompt or decode. The snapshots."""
+        segs: dict[str, list[tuple[int, int]]] = {}
+        for rid, start, n in pieces:
+            cuts = [p for p in cache.boundaries(start, n) if p < start + n] if cache is not None else []
+            edges = [start, *cuts, start + n]
+            segs[rid] = list(zip(edges[:-1], edges[1:]))
+        snaps: dict[tuple[str, int], bytes] = {}
+        depth = max((len(v) for v in segs.values()), default=0)
+        for i in range(max(depth, 1 if decode else 0)):
+            rows = [(tok, pos, seq, True, rid) for tok, pos, seq, _, rid in decode] if i == 0 else []
+            ends = []
+            for rid, _, _ in pieces:
+                if i < len(segs[rid]):
+                    a, b = segs[rid][i]
+                    s = live[rid]
+                    prompt = s["req"]["prompt"]
+                    rows += [(prompt[p], p, s["seq"], p == len(prompt) - 1, rid) for p in range(a, b)]
+                    ends.append((rid, b))
+            out = self._decode([r[:4] for r in rows])
+            for (tok, pos, seq, want, rid), lg in zip(rows, out):
+                s = live[rid]
+                s["pos"] = pos + 1
+                if lg is None:
+                    continue
+                t = int(np.argmax(lg))             # first maximum: the lowest index on ties
+                tokens[rid].append(t)
+                logits[rid].append(lg)
+                s["next"] = t
+            if cache is not None:
+                for rid, b in ends:
+                    if b % cache.block_size == 0:
+                        snaps[(rid, b)] = self.snapshot(live[rid]["seq"])
+        return snaps
+
+
+def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
+    """Tokens of the next prefill piece (docs/scheduler.md §3.3, oracle.scheduler.piece_length): the rest if it
+    fits, else whole chunks, or 0."""
+    cap = min(left, prefill_chunk)
+    if prompt_len - start <= cap:
+        return prompt_len - start
+    return (cap // chunk_size) * chunk_size
+
+
+def compact(rows: list) -> None:
+    """The right-most live row fills the left-most hole until the live rows are 0..active-1 (docs/scheduler.md)."""
+    while True:
+        holes = [r for r, rid in enumerate(rows) if rid is None]
+        used = [r for r, rid in enumerate(rows) if rid is not None]
+        if not holes or not used or holes[0] > used[-1]:
+            return
+        rows[holes[0]], rows[used[-1]] = rows[used[-1]], None
+
+
+class Checkpoints:
+    """DESIGN §12's prefix cache over llama.cpp sequence-state snapshots: entries keyed by the exact token prefix
+    (a block multiple), longest hit leaving one prompt token to compute, LRU eviction (ties: earliest stored) —
+    the policy of oracle/prefix_cache.py."""
+
+    def __init__(self, block_size: int, capacity: int) -> None:
+        self.block_size, self.capacity = block_size, capacity
+        self.entries: dict[tuple, dict] = {}
+        self._seq = 0
+
+    def boundaries(self, pos: int, count: int) -> list[int]:
+        """The block boundaries p a piece [pos, pos+count) passes or ends on: pos < p <= pos + count."""
+        b = self.block_size
+        return list(range((pos // b + 1) * b, pos + count + 1, b))
+
+    def lookup(self, prompt: list[int], step: int) -> tuple[int, bytes | None]:
+        """The largest cached p = j*B <= len(prompt) - 1 and its snapshot (its last use becomes `step`); (0, None)."""
+        for j in range((len(prompt) - 1) // self.block_size, 0, -1):
+            e = self.entries.get(tuple(prompt[:j * self.block_size]))
+            if e is not None:
+                e["last_use"] = step
+                return j * self.block_size, e["data"]
+        return 0, None
+
+    def store_step(self, pieces: list, live: dict, snaps: dict, step: int) -> dict:
+        """File this step's boundary snapshots (pieces in batch order, then position) unless their prefix is
+        cached; a full cache evicts its least recently used entry. The step's stored/evicted events."""
+        ev: dict[str, list] = {"stored": [], "evicted": []}
+        for rid, start, n in pieces:
+            prompt = live[rid]["req"]["prompt"]
+            for p in self.boundaries(start, n):
+                key = tuple(prompt[:p])
+                if key in self.entries:
+                    continue
+                if len(self.entries) >= self.capacity:
+                    old = min(self.entries.values(), key=lambda e: (e["last_use"], e["stored_seq"]))
+                    del self.entries[old["key"]]
+                    ev["evicted"].append({"request": old["owner"], "pos": old["pos"]})
+                self._seq += 1
+                self.entries[key] = {"key": key, "pos": p, "owner": rid, "data": snaps[(rid, p)],
+                                     "stored_seq": self._seq, "last_use": step}
+                ev["stored"].append({"request": rid, "pos": p})
+        return ev
 
 
 def main() -> None:
@@ -185,7 +317,8 @@ def main() -> None:
                 if engine is None:
                     raise RuntimeError("run before load")
                 reply = {"ok": True, **engine.run(msg["requests"], int(msg["max_requests"]),
-                                                  int(msg["max_tokens_per_step"]), int(msg["prefill_chunk"]))}
+                                                  int(msg["max_tokens_per_step"]), int(msg["prefill_chunk"]),
+                                                  int(msg.get("chunk_size", 1)), msg.get("prefix_cache"))}
             else:
                 raise ValueError(f"unknown op {op!r}")
         except Exception as e:  # noqa: BLE001 - every failure goes back to the parent as a reply
