@@ -20,13 +20,27 @@ def installed_version(dist: str) -> str:
 
 
 @dataclass(frozen=True)
+class MeasuredPrecision:
+    """A compute precision that is no torch dtype (a quantized model, e.g. a q8_0 GGUF), declared as
+    Capabilities.compute_dtype with the judging constants measured for it (compare.TAU etc.; docs/api.md)."""
+    name: str
+    tau: float             # near-tie threshold on the oracle's logit gap (>= 2x the largest measured |Δlogit|)
+    logits_c: float        # the logits check's c (max|Δlogit| <= c * max(1, std(oracle row)))
+    top_k: int             # the near-tie rule's rank bound
+    measured_err: float    # the largest |Δlogit| measured (the tie_bound's E)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What an adapter supports; qualify skips (with the reason) every check outside it."""
     sampling_kinds: tuple[str, ...] = ("greedy",)
     modes: tuple[str, ...] = ("legacy",)          # an engine claims "async" only if it has a distinct async mode
     schedule_log: bool = False                    # run_trace returns a schedule log (oracle.schedule_log format)
     logits: bool = False                          # run_trace returns the logits row of every sampled position
-    compute_dtype: torch.dtype | None = None      # picks τ and the logits tolerance; None: judged as float32
+    compute_dtype: torch.dtype | MeasuredPrecision | None = None  # picks τ and the logits tolerance; None: float32
     prefix_cache_reporting: bool = False          # DESIGN §12: run_trace returns RunResult.prefix_cache (and a log,
                                                   # if any, records hits/stores/evictions)
     speculation_reporting: bool = False           # for later (DESIGN §13): the log records proposals/acceptance

@@ -14,6 +14,22 @@ from typing import Callable, Sequence
 
 import torch
 
+class PerDtype(dict):
+    """Constants per compute dtype; a dtype that is an adapters.base.MeasuredPrecision brings its own (`attr`)."""
+
+    def __init__(self, attr: str, values: dict) -> None:
+        super().__init__(values)
+        self.attr = attr
+
+    def __missing__(self, dtype):
+        if hasattr(dtype, self.attr):
+            return getattr(dtype, self.attr)
+        raise KeyError(dtype)
+
+    def get(self, dtype, default=None):
+        return self[dtype] if dtype in self or hasattr(dtype, self.attr) else default
+
+
 # τ: the largest oracle logit gap we accept as a near tie, per candidate compute dtype. A gap above τ cannot be
 # explained by that dtype's rounding: if every logit is off by at most e, a flip needs a gap <= 2e, so τ must be
 # >= 2× the largest |Δlogit| (TAU_MIN_RATIO keeps headroom above that). Both measured by `python -m hybridqual.measure_tau`
@@ -26,9 +42,10 @@ import torch
 # accepted, and reported); run strict qualifications in fp32. fp16 is provisional (not measured). Large models may
 # need more: on anchor-3b random weights bf16 vs fp32 first-token logits differed by up to 0.49 (docs/tp.md).
 # qualify picks τ from the candidate's declared compute dtype (`tau_for`); `--tau` overrides it.
-TAU = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.25, torch.float16: 0.05}
+TAU = PerDtype("tau", {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.25, torch.float16: 0.05})
 TAU_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}     # τ / largest measured |Δlogit|, at least
-MEASURED_ERR = {torch.float32: 1.17e-5, torch.bfloat16: 0.443}  # largest |Δlogit| measured (above), per dtype
+# largest |Δlogit| measured (above), per dtype
+MEASURED_ERR = PerDtype("measured_err", {torch.float32: 1.17e-5, torch.bfloat16: 0.443})
 # The rank part of the near-tie rule (DESIGN §5, vLLM's "each side's token in the other's top-k"; this checks the
 # oracle's side): the candidate's token must be among the oracle's top k. Measured like τ, per dtype:
 #   fp32: k = 5 (τ = 1e-3: rounding cannot reach past the first few tokens);
@@ -36,7 +53,7 @@ MEASURED_ERR = {torch.float32: 1.17e-5, torch.bfloat16: 0.443}  # largest |Δlog
 #   random 3B weights, vocab 32,000, flat logits; the whole chunk-256 corpus, bf16 + graphs) the forgiven flips sat at
 #   oracle ranks 1-2 and stop_tokens s1@3 at rank 9 (gap 0.203 <= τ, oracle margin 0.026, that row's logits check
 #   PASS): k = 5 called it a failure (docs/findings.md) -> k = ceil(2.5 × 9) = 23.
-TOP_K = {torch.float64: 5, torch.float32: 5, torch.bfloat16: 23, torch.float16: 5}
+TOP_K = PerDtype("top_k", {torch.float64: 5, torch.float32: 5, torch.bfloat16: 23, torch.float16: 5})
 
 # The logits check (`compare_logits`): at every generated position, max|Δlogit| <= c · max(1, std(oracle row)).
 # Scaling by the row's spread makes the rule about the logit *scale*: a transform that keeps the argmax (logits × 1.01,
@@ -47,7 +64,8 @@ TOP_K = {torch.float64: 5, torch.float32: 5, torch.bfloat16: 23, torch.float16: 
 #         (c = 106×), p50 6.1e-7; the distribution is in docs/qualification.md;
 #   bf16: measured on the H200 2026-12-01 (whole corpus, 2244 positions): scaled max 0.443, p99 0.074, p50 0.022
 #   -> c = 1.25 (2.8×).
-LOGITS_C = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 1.25, torch.float16: 0.05}
+LOGITS_C = PerDtype("logits_c", {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 1.25,
+                                  torch.float16: 0.05})
 LOGITS_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 _NAMES = {"ConversionError": "convert", "available": "convert", "convert": "convert", "venv_dir": "convert",
           "LlamaCppAdapter": "adapter", "WorkerError": "adapter", "Worker": "adapter",
-          "LlamaCppMutantAdapter": "mutant"}
+          "LlamaCppQ8Adapter": "adapter", "Q8_0": "adapter", "LlamaCppMutantAdapter": "mutant"}
 
 
 def __getattr__(name: str):

@@ -31,12 +31,15 @@ import numpy as np
 import torch
 
 from hybridqual.adapters import Adapter, Capabilities, RunResult
+from hybridqual.adapters.base import MeasuredPrecision
 from hybridqual.adapters.llamacpp import convert as conv
 from oracle.config import from_hf_config
 from oracle.trace import check_prefix_cache_against_model
 
 WORKER = Path(__file__).resolve().with_name("worker.py")
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+# q8_0 is no torch dtype: its judging constants are measured (measure_tau.py; docs/findings.md, "q8_0")
+Q8_0 = MeasuredPrecision("q8_0", tau=2.4, logits_c=0.45, top_k=5, measured_err=0.931)
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "q8_0": Q8_0}
 
 _NOTES = (
     ("seeded", "the adapter samples greedily from llama.cpp's logits; llama.cpp's samplers cannot reproduce the "
@@ -256,3 +259,9 @@ class LlamaCppBF16Adapter(LlamaCppAdapter):
     """llama.cpp on a bf16 GGUF of the model (judged with bf16's τ)."""
     outtype = "bf16"
     kv_type = "bf16"
+
+
+class LlamaCppQ8Adapter(LlamaCppAdapter):
+    """llama.cpp on a q8_0 GGUF (8-bit block-quantized weights; f32 K/V cache, flash attention off), judged with
+    the constants measured for it (Q8_0)."""
+    outtype = "q8_0"
