@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
+
 class PerDtype(dict):
     """Constants per compute dtype; a dtype that is an adapters.base.MeasuredPrecision brings its own (`attr`)."""
 
