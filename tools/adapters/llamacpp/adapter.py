@@ -47,7 +47,10 @@ _NOTES = (
     ("async", "llama.cpp has no async scheduling mode (async == legacy would compare a run with itself)"),
     ("schedule_log", "llama.cpp splits each batch into its own micro-batches; there is no DESIGN §4 schedule log "
                      "of ours to compare"),
-    ("speculation_reporting", "not wired yet: speculative traces run without speculation (judged on tokens)"),
+    ("speculation_reporting", "scripted and ngram proposals are verified in llama.cpp's batches with a rollback "
+                              "to the sequence-state snapshot on a rejection, but there is no schedule log to "
+                              "report them in (per-request counts are in schedule_facts); a draft-model trace "
+                              "runs without speculation: tokens and logits are judged"),
 )
 
 
@@ -231,7 +234,8 @@ class LlamaCppAdapter(Adapter):
             got = worker.ask({"op": "run", "requests": reqs, "max_requests": n_seq,
                               "max_tokens_per_step": eng.max_tokens_per_step, "prefill_chunk": eng.prefill_chunk,
                               "chunk_size": self.chunk_size,
-                              "prefix_cache": None if eng.prefix_cache is None else eng.prefix_cache.to_json()})
+                              "prefix_cache": None if eng.prefix_cache is None else eng.prefix_cache.to_json(),
+                              "speculative": speculative_config(eng.speculative)})
         finally:
             worker.close()
         logits = {}
@@ -240,7 +244,18 @@ class LlamaCppAdapter(Adapter):
                 arr = np.frombuffer(base64.b64decode(got["logits"][rid]), dtype="<f4").reshape(len(toks), n_vocab)
                 logits[rid] = torch.from_numpy(arr.copy())
         self.steps, self.seq_ids = got["steps"], got["seq_ids"]
-        return RunResult(got["tokens"], got["finish"], logits=logits, prefix_cache=got.get("prefix_cache"))
+        self.speculation = got.get("speculation")          # per request: proposed, accepted, rollbacks
+        facts = [{"speculation": self.speculation}] if self.speculation is not None else None
+        return RunResult(got["tokens"], got["finish"], logits=logits, prefix_cache=got.get("prefix_cache"),
+                         schedule_facts=facts)
+
+
+def speculative_config(spec) -> dict | None:
+    """The trace's speculative block for the worker when its proposer runs there (scripted, ngram), else None:
+    a draft-model trace runs without speculation (a draft GGUF is not wired) and is judged on its tokens."""
+    if spec is None or spec.proposer.kind not in ("scripted", "ngram"):
+        return None
+    return spec.to_json()
 
 
 class LlamaCppFlashAttnAdapter(LlamaCppAdapter):

@@ -114,12 +114,14 @@ class Engine:
             raise RuntimeError(f"llama_state_seq_set_data read {got} of {len(data)} bytes into seq {seq}")
 
     def run(self, requests: list[dict], max_requests: int, max_tokens_per_step: int, prefill_chunk: int,
-            chunk_size: int = 1, prefix_cache: dict | None = None) -> dict:
+            chunk_size: int = 1, prefix_cache: dict | None = None, speculative: dict | None = None) -> dict:
         """Continuous batching as docs/scheduler.md's legacy steps: requests join at arrival_step in (arrival, id)
         order while a seq id is free (the lowest; reused after a finish), rows compact after finishes, decode rows
         first then prompt pieces (piece_length) in row order within the step's budget; greedy from the float32
         logits, lowest index on ties. With `prefix_cache` ({"block_size", "capacity"}, DESIGN §12) the state is
-        checkpointed at block boundaries and restored on a hit (Checkpoints)."""
+        checkpointed at block boundaries and restored on a hit (Checkpoints). With `speculative` (DESIGN §13,
+        scripted or ngram proposer) a decode row verifies its proposals in the same batch and a rejection restores
+        the sequence's snapshot from before the step, then re-decodes the inputs it kept (Speculation)."""
         lc = self.lc
         n_slots = min(max_requests, self.n_seq)
         lc.llama_memory_clear(self.mem, True)
@@ -135,6 +137,7 @@ class Engine:
         seq_ids: dict[str, int] = {}
         admits: list[dict] = []
         cache_steps: list[dict] = []
+        spec = Speculation(speculative) if speculative else None
         step = 0
         while pending or waiting or live:
             while pending and pending[0]["arrival_step"] <= step:
@@ -157,6 +160,15 @@ class Engine:
             decode = [(live[rid]["next"], live[rid]["pos"], live[rid]["seq"], True, rid)
                       for rid in order if live[rid]["next"] is not None]
             budget = max_tokens_per_step - len(decode)
+            props: dict[str, list[int]] = {}
+            if spec is not None:
+                for _, _, seq, _, rid in decode:
+                    s = live[rid]
+                    d = spec.propose(rid, s["req"]["prompt"] + tokens[rid], len(tokens[rid]),
+                                     s["req"]["max_new_tokens"], budget)
+                    if d:
+                        props[rid], budget = d, budget - len(d)
+                        spec.before[rid] = self.snapshot(seq)
             pieces = []                                 # (rid, start, count), in row order
             for rid in order:
                 s = live[rid]
@@ -167,7 +179,9 @@ class Engine:
                 if n > 0:
                     pieces.append((rid, s["pos"], n))
                     budget -= n
-            snaps = self._forward(decode, pieces, live, tokens, logits, cache)
+            snaps = self._forward(decode, pieces, live, tokens, logits, cache, props)
+            if props:
+                self._resolve(props, live, tokens, logits, spec)
             if cache is not None:
                 cache_steps.append(cache.store_step(pieces, live, snaps, step))
             finished = [r for r, rid in enumerate(rows) if rid is not None and self._finished(live[rid], tokens[rid])]
@@ -188,6 +202,8 @@ class Engine:
         out = {"tokens": tokens, "finish": finish, "logits": enc, "steps": step, "seq_ids": seq_ids}
         if cache is not None:
             out["prefix_cache"] = {"admit": admits, "steps": cache_steps}
+        if spec is not None:
+            out["speculation"] = spec.counts
         return out
 
     @staticmethod
@@ -195,7 +211,7 @@ class Engine:
         return bool(got) and (got[-1] in s["req"].get("stop_token_ids", []) or len(got) >= s["req"]["max_new_tokens"])
 
     def _forward(self, decode: list, pieces: list, live: dict, tokens: dict, logits: dict,
-                 cache: "Checkpoints | None") -> dict[tuple[str, int], bytes]:
+                 cache: "Checkpoints | None", props: dict | None = None) -> dict[tuple[str, int], bytes]:
         """One step's rows through llama_decode: one call, or (with a cache) one per block boundary a piece passes,
         snapshotting each sequence at each boundary; samples the rows that end a prompt or decode. The snapshots."""
         segs: dict[str, list[tuple[int, int]]] = {}
@@ -206,7 +222,9 @@ class Engine:
         snaps: dict[tuple[str, int], bytes] = {}
         depth = max((len(v) for v in segs.values()), default=0)
         for i in range(max(depth, 1 if decode else 0)):
-            rows = [(tok, pos, seq, True, rid) for tok, pos, seq, _, rid in decode] if i == 0 else []
+            rows = []
+            for tok, pos, seq, _, rid in decode if i == 0 else []:      # a verify row: the drafts after its input
+                rows += [(t, pos + j, seq, True, rid) for j, t in enumerate([tok, *(props or {}).get(rid, ())])]
             ends = []
             for rid, _, _ in pieces:
                 if i < len(segs[rid]):
@@ -217,6 +235,10 @@ class Engine:
                     ends.append((rid, b))
             out = self._decode([r[:4] for r in rows])
             for (tok, pos, seq, want, rid), lg in zip(rows, out):
+                if props and rid in props:                 # a verify row's outputs: resolved in _resolve
+                    props[rid] = props[rid] if isinstance(props[rid], tuple) else (props[rid], [])
+                    props[rid][1].append(lg)
+                    continue
                 s = live[rid]
                 s["pos"] = pos + 1
                 if lg is None:
@@ -230,6 +252,75 @@ class Engine:
                     if b % cache.block_size == 0:
                         snaps[(rid, b)] = self.snapshot(live[rid]["seq"])
         return snaps
+
+
+    def _resolve(self, props: dict, live: dict, tokens: dict, logits: dict, spec: "Speculation") -> None:
+        """Each verify row: c_i = argmax after input i, the leading drafts equal to them accepted, c_0..c_a
+        emitted (cut at a stop token or max_new_tokens); a row that kept fewer inputs than it decoded gets its
+        snapshot back and re-decodes the inputs it kept (a recurrent state cannot drop positions)."""
+        for rid, (drafts, outs) in props.items():
+            s = live[rid]
+            req, pos, last = s["req"], s["pos"], s["next"]
+            c = [int(np.argmax(lg)) for lg in outs]    # first maximum: the lowest index on ties
+            a = 0
+            while a < len(drafts) and drafts[a] == c[a]:
+                a += 1
+            emitted = []
+            for t, lg in zip(c[:a + 1], outs):
+                emitted.append(t)
+                tokens[rid].append(t)
+                logits[rid].append(lg)
+                if t in req.get("stop_token_ids", []) or len(tokens[rid]) >= req["max_new_tokens"]:
+                    break
+            spec.counts.setdefault(rid, {"proposed": 0, "accepted": 0, "rollbacks": 0})
+            spec.counts[rid]["proposed"] += len(drafts)
+            spec.counts[rid]["accepted"] += a
+            kept = [last, *drafts][:len(emitted)]          # the inputs the state must hold after the step
+            snap = spec.before.pop(rid)
+            if len(kept) < len(drafts) + 1 and not self._finished(s, tokens[rid]):
+                spec.counts[rid]["rollbacks"] += 1
+                self.restore(snap, s["seq"])
+                self._decode([(t, pos + j, s["seq"], False) for j, t in enumerate(kept)])
+            s["pos"], s["next"] = pos + len(kept), emitted[-1]
+
+
+class Speculation:
+    """DESIGN §13's scripted and ngram proposers (the oracle's rules: at most k, and at most the room left before
+    max_new_tokens), the snapshots taken before a verify step, and per-request counts."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.k, p = int(cfg["k"]), cfg["proposer"]
+        self.kind = p["kind"]
+        if self.kind not in ("scripted", "ngram"):
+            raise ValueError(f"engine.speculative.proposer.kind {self.kind!r}: the llama.cpp adapter runs the "
+                             "scripted and ngram proposers (a draft GGUF is not wired)")
+        self.min_n, self.max_n = int(p.get("min_n", 1)), int(p.get("max_n", 1))
+        self.table = {rid: {int(n): list(t) for n, t in per.items()} for rid, per in p.get("proposals", {}).items()}
+        self.before: dict[str, bytes] = {}
+        self.counts: dict[str, dict] = {}
+
+    def propose(self, rid: str, tokens: list[int], n_generated: int, max_new: int, budget: int) -> list[int]:
+        """Up to min(k, max_new - n_generated, budget) proposals for this request."""
+        room = max(0, min(self.k, max_new - n_generated, budget))
+        if room == 0:
+            return []
+        if self.kind == "scripted":
+            return list(self.table.get(rid, {}).get(n_generated, ()))[:room]
+        return ngram_propose(tokens, room, self.min_n, self.max_n)
+
+
+def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Prompt lookup as oracle/speculative.py's: the longest n in max_n..min_n whose last-n suffix occurred
+    earlier; up to k tokens that followed its most recent earlier occurrence (this worker cannot import oracle)."""
+    L = len(tokens)
+    for n in range(max_n, min_n - 1, -1):
+        if n >= L:
+            continue
+        suffix = tokens[L - n:]
+        for i in range(L - n - 1, -1, -1):
+            if tokens[i:i + n] == suffix:
+                return list(tokens[i + n:i + n + k])
+    return []
 
 
 def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
@@ -318,7 +409,8 @@ def main() -> None:
                     raise RuntimeError("run before load")
                 reply = {"ok": True, **engine.run(msg["requests"], int(msg["max_requests"]),
                                                   int(msg["max_tokens_per_step"]), int(msg["prefill_chunk"]),
-                                                  int(msg.get("chunk_size", 1)), msg.get("prefix_cache"))}
+                                                  int(msg.get("chunk_size", 1)), msg.get("prefix_cache"),
+                                                  msg.get("speculative"))}
             else:
                 raise ValueError(f"unknown op {op!r}")
         except Exception as e:  # noqa: BLE001 - every failure goes back to the parent as a reply
