@@ -47,6 +47,7 @@ NAMED = {"megatron": "megatron:MegatronAdapter", "megatron-rounded": "megatron:M
          "megatron-graphs": "megatron:MegatronGraphsAdapter",
          "llamacpp": "llamacpp.adapter:LlamaCppAdapter", "llamacpp-bf16": "llamacpp.adapter:LlamaCppBF16Adapter",
          "llamacpp-fa": "llamacpp.adapter:LlamaCppFlashAttnAdapter",
+         "llamacpp-q8": "llamacpp.adapter:LlamaCppQ8Adapter",
          "llamacpp-mutant": "llamacpp.mutant:LlamaCppMutantAdapter", "openai": "openai:OpenAIServerAdapter"}
 
 
