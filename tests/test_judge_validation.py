@@ -67,7 +67,8 @@ def as_kind(toks, kind):
 def test_well_formed_results_pass_and_are_normalised_to_int_lists(case, kind, with_reasons):
     trace, tokens, reasons = case
     logits = {r: torch.randn(len(t), VOCAB) for r, t in tokens.items()}
-    res = RunResult({r: as_kind(t, kind) for r, t in tokens.items()}, reasons if with_reasons else {}, logits=logits)
+    res = RunResult({r: as_kind(t, kind) for r, t in tokens.items()}, reasons if with_reasons else {}, logits=logits,
+                    streamed={r: as_kind(t, kind) for r, t in tokens.items()} if with_reasons else None)
     clean, problems = validate_result(trace, res, VOCAB)
     assert problems == []
     assert clean.tokens == tokens and all(type(x) is int for t in clean.tokens.values() for x in t)
@@ -128,6 +129,16 @@ def corruptions(trace, tokens, reasons):
                 RunResult(tokens, logits={**good, rid: torch.randn(n, VOCAB - 1)})))
     out.append(("int logits", f"request {rid!r} logits: must be a float tensor",
                 RunResult(tokens, logits={**good, rid: torch.zeros(n, VOCAB, dtype=torch.long)})))
+    streamed = copy.deepcopy(tokens)
+    out.append(("streamed token dropped", f"request {rid!r} streamed: {n - 1} tokens delivered, the output has {n}",
+                RunResult(tokens, streamed={**streamed, rid: tokens[rid][:-1]})))
+    out.append(("streamed token twice", f"request {rid!r} streamed: {n + 1} tokens delivered",
+                RunResult(tokens, streamed={**streamed, rid: tokens[rid] + tokens[rid][-1:]})))
+    other = (tokens[rid][0] + 1) % VOCAB
+    out.append(("streamed token differs", f"first difference at [0]: streamed {other}, output {tokens[rid][0]}",
+                RunResult(tokens, streamed={**streamed, rid: [other] + tokens[rid][1:]})))
+    out.append(("streamed id missing", f"RunResult.streamed: request {rid!r} of the trace is missing",
+                RunResult(tokens, streamed={k: v for k, v in streamed.items() if k != rid})))
     out.append(("not a dict", "RunResult.tokens: must be a dict", RunResult([list(t) for t in tokens.values()])))
     return out
 

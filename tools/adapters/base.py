@@ -69,6 +69,9 @@ class RunResult:
     # an engine's own per-step schedule facts (JSON; e.g. Megatron's, tools/adapters/megatron/schedule_facts.py), shown in the
     # report and checked by the adapter's `facts_check(label, mode, trace, run, oracle_model)` classmethod if any
     schedule_facts: list | None = None
+    # the tokens a streaming client received, per request id, in delivery order (None: the engine does not stream);
+    # when given they must equal `tokens` (tools/qualify/validate.py)
+    streamed: dict[str, list[int]] | None = None
 
 
 class Adapter:

@@ -1,4 +1,5 @@
-"""hybridqual's own fast path as an engine: tokens, schedule log, logits rows and prefix-cache facts."""
+"""hybridqual's own fast path as an engine: tokens, streamed tokens, schedule log, logits rows and prefix-cache
+facts."""
 from __future__ import annotations
 
 import torch
@@ -55,9 +56,15 @@ class FastpathAdapter(Adapter):
 
     def run_trace(self) -> RunResult:
         rows: dict[tuple[str, int], torch.Tensor] = {}
+        streamed: dict[str, list[int]] = {}
         engine = self.engine
 
+        def drain() -> None:                      # what a streaming client has received so far
+            for rid, toks in engine.take_emitted().items():
+                streamed.setdefault(rid, []).extend(toks)
+
         def record(batch, logits) -> None:        # the row each sampled token came from, kept on the device
+            drain()                               # before every forward: the tokens of the steps before it
             for j, b in enumerate(batch):
                 plen = len(engine.requests[b.request].req.prompt)
                 if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
@@ -67,10 +74,12 @@ class FastpathAdapter(Adapter):
             r = engine.run_trace(self.trace, mode=self.mode)
         finally:
             engine.on_logits = None
+        drain()
         logits = {}
         for req in self.trace.requests:
             toks = r.tokens.get(req.id, [])
             got = [rows.get((req.id, len(req.prompt) + i)) for i in range(len(toks))]
             if toks and all(g is not None for g in got):
                 logits[req.id] = torch.stack(got).float().cpu()
-        return RunResult(r.tokens, r.finish_reasons, r.schedule_log, r.digest, logits, cache_facts(self.trace, r))
+        return RunResult(r.tokens, r.finish_reasons, r.schedule_log, r.digest, logits, cache_facts(self.trace, r),
+                         streamed={req.id: streamed.get(req.id, []) for req in self.trace.requests})

@@ -12,6 +12,8 @@ What is checked, per request of the trace (and nothing else is accepted):
 - `finish_reasons` (optional; when given, for exactly the trace's ids): "stop" iff the last token is a stop token,
   else "length" (then the output has exactly max_new_tokens tokens);
 - `logits` (optional): a dict over the trace's ids of finite float tensors of shape [len(tokens), vocab];
+- `streamed` (optional; when given, for exactly the trace's ids): what a streaming client received, equal to
+  `tokens` (a token appended to the output but not delivered, or delivered twice, is named);
 - `digest` None or a string, `schedule_facts` None or a list.
 The result handed on is normalised (plain Python int lists); the problems name the request and the field, with
 adapter-supplied names printed by ascii() so a hostile id cannot write control characters to a console.
@@ -144,6 +146,8 @@ def validate_result(trace, result, vocab_size: int) -> tuple[object, list[str]]:
             elif not bool(torch.isfinite(t).all()):
                 row = int((~torch.isfinite(t)).any(dim=-1).nonzero()[0])
                 bad.append(f"{where}[{row}]: not finite (NaN or inf)")
+    if result.streamed is not None:
+        _streamed_problems(result.streamed, tokens, trace, want, vocab_size, bad)
     if result.digest is not None and not isinstance(result.digest, str):
         bad.append(f"RunResult.digest: must be a string or None, got {type(result.digest).__name__}")
     if result.schedule_facts is not None and not isinstance(result.schedule_facts, list):
@@ -153,6 +157,22 @@ def validate_result(trace, result, vocab_size: int) -> tuple[object, list[str]]:
     clean = dataclasses.replace(result, tokens={r: tokens[r] for r in want},
                                 finish_reasons=dict(reasons) if reasons else {})
     return clean, []
+
+
+def _streamed_problems(streamed, tokens: dict[str, list[int]], trace, want: list[str], vocab_size: int,
+                       bad: list[str]) -> None:
+    """The streamed tokens must be the output, request by request (the first difference named)."""
+    if not _ids(streamed, "streamed", want, bad, required=True):
+        return
+    for req in trace.requests:
+        got = _token_list(streamed[req.id], f"request {req.id!r} streamed", vocab_size, bad)
+        out = tokens.get(req.id)
+        if got is None or out is None or got == out:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(got, out)) if a != b), min(len(got), len(out)))
+        bad.append(f"request {req.id!r} streamed: {len(got)} tokens delivered, the output has {len(out)}; first "
+                   f"difference at [{i}]: streamed {got[i] if i < len(got) else 'nothing'}, output "
+                   f"{out[i] if i < len(out) else 'nothing'}")
 
 
 def describe(problems: list[str]) -> str:
