@@ -70,18 +70,27 @@ def slot_exhaustion(u: Units, tok: Tokens) -> dict:
          request("d", 1, tok(seq(25, 6)), 4), request("e", 1, tok(seq(26, 1)), 1), request("f", 4, tok(seq(27, 3)), 3)])
 
 
+EVERY_ID_MAX_VOCAB = 1024   # up to this vocab a request may list every id as a stop token (a stop at step 1 certain)
+
+
 def stop_tokens(u: Units, tok: Tokens) -> dict:
-    """Requests finish on a sampled stop token (appended) or by length, async."""
+    """Requests finish on a sampled stop token (appended) or by length, async; on a small vocab one request lists
+    every id as a stop token with max_new_tokens 1, so its stop falls on its last allowed step ('stop', not
+    'length')."""
     C = u.chunk
     if tok.folding:
         many, few, what = u.ordinary[0::2], u.ordinary[1::2][:8], "every other ordinary id of the vocab"
     else:
         many, few, what = tok.stops(range(0, 64, 2)), tok.stops(range(1, 16, 2)), "every even id < 64"
+    reqs = [request("s0", 0, tok(seq(32, 4)), 12, many), request("s1", 0, tok(seq(33, 6)), 12, many),
+            request("s2", 2, tok(seq(34, 3)), 12, many), request("s3", 4, tok(seq(35, 5)), 12, few)]
+    last = ""
+    if u.vocab <= EVERY_ID_MAX_VOCAB:
+        reqs.append(request("s4", 1, tok(seq(36, 3)), 1, list(range(u.vocab))))
+        last = "; s4 stops on its only allowed step (every id a stop token)"
     return trace(
-        f"Stop tokens ({what}): requests finish on a sampled stop token (appended) or by length, in async mode.",
-        3, 3 * C, 2 * C, "async",
-        [request("s0", 0, tok(seq(32, 4)), 12, many), request("s1", 0, tok(seq(33, 6)), 12, many),
-         request("s2", 2, tok(seq(34, 3)), 12, many), request("s3", 4, tok(seq(35, 5)), 12, few)])
+        f"Stop tokens ({what}): requests finish on a sampled stop token (appended) or by length, in async "
+        f"mode{last}.", 3, 3 * C, 2 * C, "async", reqs)
 
 
 def _task(name: str, R: int, B: int, P: int, description: str, u: Units, tok: Tokens) -> dict:
