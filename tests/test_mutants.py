@@ -194,6 +194,17 @@ def test_blind_gpu_stage_runs_the_gpu_tier_with_compiled_kernels_and_the_cpu_sta
     assert stages["qualify"].interpret and stages["pytest"].interpret
 
 
+def test_blind_gpu_main_job_stage_runs_qualify_on_cuda_with_graphs_compiled_and_counts_as_the_main_job():
+    """The main job's GPU form judges the paths only a GPU runs (graphs' pad rows, one-row GEMV epilogues): qualify
+    on cuda with CUDA graphs, without the interpreter; its verdict fills the main job's column."""
+    from hybridqual.mutants.blind import GPU_MAIN, BlindOutcome, StageResult, default_stages, stage_column
+    (st,) = default_stages(("qualify-main-gpu",), models=[])
+    assert st.name == GPU_MAIN and st.kind == "qualify" and not st.interpret
+    assert st.argv[st.argv.index("--device") + 1] == "cuda" and "--graphs" in st.argv
+    o = BlindOutcome("m", "KILLED", GPU_MAIN, "x", 1.0, [StageResult(GPU_MAIN, "FAIL", "c", 1.0)])
+    assert stage_column(o, "main") == "KILLED" and stage_column(o, "tier") == "-"
+
+
 def test_blind_report_counts_only_recorded_kills_and_names_each_verdicts_commit(tmp_path, monkeypatch, capsys):
     """--blind --report adds up runs made at several commits; a mutant with no recorded verdict is UNJUDGED, which
     is not a kill, so the rate is below 100% and the exit code says so."""

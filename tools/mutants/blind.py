@@ -65,13 +65,19 @@ def shipped_models() -> list[str]:
     return sorted(p.parent.name for p in MODELS.glob("*/config.json"))
 
 
+GPU_MAIN = "qualify --device cuda --graphs"     # the main job's stage on a GPU (its verdict is the "main" column too)
+
+
 def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[str] | None = None,
                    jobs: int = 2) -> list[Stage]:
     """`qualify-main` = the main job's default plan; `qualify` = that, then every shipped model's corpus;
-    `pytest` = the whole CPU tier."""
+    `qualify-main-gpu` = the main job on cuda with CUDA graphs (the paths only a GPU runs: graphs' pad rows, the
+    one-row GEMV epilogues); `pytest` = the whole CPU tier."""
     out: list[Stage] = []
     if "qualify" in which or "qualify-main" in which:
         out.append(Stage("qualify", "qualify"))
+    if "qualify-main-gpu" in which:      # the main job as a GPU user runs it: compiled kernels, bf16, CUDA graphs
+        out.append(Stage(GPU_MAIN, "qualify", ("--device", "cuda", "--graphs"), interpret=False))
     if "qualify" in which:
         out += [Stage(f"qualify --model {m}", "qualify", ("--model", f"goldens/models/{m}"))
                 for m in (models if models is not None else shipped_models())]
@@ -205,15 +211,14 @@ def stage_verdicts(o: BlindOutcome) -> dict[str, str]:
 
 
 def stage_column(o: BlindOutcome | dict, kind: str) -> str:
-    """The verdict of the main job (kind "main": the stage named "qualify") or of the CPU tier (kind "tier": the
+    """The verdict of the main job (kind "main": the stage named "qualify", or its GPU form) or of the CPU tier (kind "tier": the
     stage named "pytest") of an outcome or a recorded row; "-" where that stage did not run (a kill by an
     earlier stage without --every-stage, or not among --stages)."""
-    name = {"main": "qualify", "tier": "pytest"}[kind]
-    if isinstance(o, BlindOutcome):
-        return stage_verdicts(o).get(name, "-")
-    if "by_stage" in o:
-        return o["by_stage"].get(name, "-")
-    return KILLED if o.get("status") == KILLED and o.get("stage") == name else "-"   # older rows: the killer only
+    names = {"main": ("qualify", GPU_MAIN), "tier": ("pytest",)}[kind]
+    got = stage_verdicts(o) if isinstance(o, BlindOutcome) else o.get("by_stage")
+    if got is not None:
+        return next((got[n] for n in names if n in got), "-")
+    return KILLED if o.get("status") == KILLED and o.get("stage") in names else "-"   # older rows: the killer only
 
 
 def copy_prefix(label: str) -> str:
