@@ -11,7 +11,9 @@ max_tokens_per_step after the decode rows; greedy from the float32 logits with t
 oracle's rule); the logits row of every generated position comes back. A trace's `prefix_cache` (DESIGN §12) runs
 on llama.cpp's own sequence-state snapshots (llama_state_seq_get_data / set_data, worker.Checkpoints): a snapshot
 at every block boundary a prompt piece passes, restored into the admitted request's seq id on a hit so only the
-suffix is prefilled; the hits, stores and evictions come back as RunResult.prefix_cache. $HQ_LLAMACPP_LIB (or a
+suffix is prefilled; the hits, stores and evictions come back as RunResult.prefix_cache. A trace's `speculative`
+(DESIGN §13: scripted, ngram, or a draft model converted as the target is) is verified in llama.cpp's batches
+(worker.py, speculation.py); the per-request counts come back as schedule_facts, checked by `facts_check`. $HQ_LLAMACPP_LIB (or a
 subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load libllama from another build directory.
 """
 from __future__ import annotations
@@ -47,10 +49,10 @@ _NOTES = (
     ("async", "llama.cpp has no async scheduling mode (async == legacy would compare a run with itself)"),
     ("schedule_log", "llama.cpp splits each batch into its own micro-batches; there is no DESIGN §4 schedule log "
                      "of ours to compare"),
-    ("speculation_reporting", "scripted and ngram proposals are verified in llama.cpp's batches with a rollback "
-                              "to the sequence-state snapshot on a rejection, but there is no schedule log to "
-                              "report them in (per-request counts are in schedule_facts); a draft-model trace "
-                              "runs without speculation: tokens and logits are judged"),
+    ("speculation_reporting", "scripted, ngram and draft-model proposals are verified in llama.cpp's batches with "
+                              "a rollback to the sequence-state snapshot on a rejection, but there is no schedule "
+                              "log to report them in (per-request proposed/accepted counts are in schedule_facts, "
+                              "checked against the oracle's by the engine schedule facts line)"),
 )
 
 
@@ -188,6 +190,11 @@ class LlamaCppAdapter(Adapter):
                             prefix_cache_reporting=True)
 
     @classmethod
+    def facts_check(cls, label: str, mode: str, trace, run, oracle_model=None):
+        """qualify's extra line for a speculative trace: the per-request counts against the oracle's."""
+        return speculation_check(label, mode, trace, run, oracle_model)
+
+    @classmethod
     def version(cls) -> str:
         try:
             info = conv.install_info()
@@ -213,6 +220,7 @@ class LlamaCppAdapter(Adapter):
         cfg = from_hf_config(json.loads((self.model_path / "config.json").read_text()))
         check_prefix_cache_against_model(trace.engine, cfg.chunk_size, len(cfg.mamba_layer_ids))
         self.chunk_size = cfg.chunk_size
+        self.draft_gguf = draft_gguf(trace.engine.speculative, cfg.vocab_size, self.outtype)
         self.meta: dict = {}
 
     def run_trace(self) -> RunResult:
@@ -235,7 +243,7 @@ class LlamaCppAdapter(Adapter):
                               "max_tokens_per_step": eng.max_tokens_per_step, "prefill_chunk": eng.prefill_chunk,
                               "chunk_size": self.chunk_size,
                               "prefix_cache": None if eng.prefix_cache is None else eng.prefix_cache.to_json(),
-                              "speculative": speculative_config(eng.speculative)})
+                              "speculative": speculative_config(eng.speculative, self.draft_gguf)})
         finally:
             worker.close()
         logits = {}
@@ -250,12 +258,71 @@ class LlamaCppAdapter(Adapter):
                          schedule_facts=facts)
 
 
-def speculative_config(spec) -> dict | None:
-    """The trace's speculative block for the worker when its proposer runs there (scripted, ngram), else None:
-    a draft-model trace runs without speculation (a draft GGUF is not wired) and is judged on its tokens."""
-    if spec is None or spec.proposer.kind not in ("scripted", "ngram"):
+def speculative_config(spec, draft: Path | None = None) -> dict | None:
+    """The trace's speculative block for the worker (None without one); a draft proposer carries its GGUF."""
+    if spec is None:
         return None
-    return spec.to_json()
+    out = spec.to_json()
+    if spec.proposer.kind == "draft":
+        if draft is None:
+            raise ValueError(f"{DRAFT_FIELD}: the draft model's GGUF is needed (draft_gguf)")
+        out["draft_gguf"] = str(draft)
+    return out
+
+
+DRAFT_FIELD = "engine.speculative.proposer.model"
+
+
+def draft_gguf(spec, vocab_size: int, outtype: str) -> Path | None:
+    """The draft proposer's GGUF: its folder (resolved as the oracle resolves it) converted as the target is, once
+    (cached_gguf); a folder that is missing, has another vocabulary or does not convert is an error naming the field."""
+    if spec is None or spec.proposer.kind != "draft":
+        return None
+    from oracle.speculative import model_path
+    folder = model_path(spec)                        # a TraceError naming the field when there is no config.json
+    try:
+        v = json.loads((folder / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{DRAFT_FIELD}: cannot read {folder / 'config.json'} ({type(e).__name__}: {e})") from None
+    if v != vocab_size:
+        raise ValueError(f"{DRAFT_FIELD}: the draft model {folder.name} has vocab_size {v}, the target {vocab_size}: "
+                         "a draft must share the target's vocabulary")
+    try:
+        return cached_gguf(folder, outtype)[0]
+    except (conv.ConversionError, OSError) as e:
+        raise ValueError(f"{DRAFT_FIELD}: the draft model {folder} does not convert to a {outtype} GGUF: {e}") \
+            from None
+
+
+def speculation_check(label: str, mode: str, trace, run, oracle_model):
+    """qualify's line for a speculative trace (None for others): the engine's per-request proposed and accepted
+    counts (schedule_facts) equal the oracle's, whose scheduler and proposer replay the engine's tokens."""
+    import oracle
+    from hybridqual.qualify.report import Check
+    from hybridqual.qualify.spec_checks import verify_rows
+    if trace.engine.speculative is None:
+        return None
+    name = f"{mode}: speculation counts match the oracle's"
+    got = next((f["speculation"] for f in run.schedule_facts or [] if isinstance(f, dict) and "speculation" in f),
+               None)
+    if not isinstance(got, dict):
+        return Check.of(label, name, False, "the engine reported no per-request speculation counts")
+    replay = oracle.run_trace(oracle_model, trace, mode=mode, forced_tokens=dict(run.tokens))
+    want: dict[str, list[int]] = {}
+    for v in verify_rows(replay.schedule_log):
+        c = want.setdefault(v["request"], [0, 0])
+        c[0], c[1] = c[0] + len(v["proposals"]), c[1] + v["accepted"]
+    bad, tot = [], [0, 0]
+    for r in trace.requests:
+        g = got.get(r.id) or {}
+        mine, theirs = [int(g.get("proposed", 0)), int(g.get("accepted", 0))], want.get(r.id, [0, 0])
+        tot = [tot[0] + theirs[0], tot[1] + theirs[1]]
+        if mine != theirs:
+            bad.append(f"request {r.id}: proposed/accepted {mine[0]}/{mine[1]}, the oracle's {theirs[0]}/{theirs[1]}")
+    detail = "; ".join(bad[:3]) if bad else (f"{len(trace.requests)} requests, {tot[0]} proposed, {tot[1]} accepted "
+                                             "(the oracle's, on the engine's tokens)")
+    return Check.of(label, name, not bad, detail, proposed=tot[0], accepted=tot[1],
+                    requests={rid: {"proposed": c[0], "accepted": c[1]} for rid, c in want.items()})
 
 
 class LlamaCppFlashAttnAdapter(LlamaCppAdapter):

@@ -5,12 +5,15 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
    "flash_attn": "off"|"on"|"auto"}
       -> {"ok": true, "n_vocab": V, "meta": {...}}
   {"op": "run", "requests": [...], "max_requests": S, "max_tokens_per_step": B, "prefill_chunk": C,
-   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M} | null}
+   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M} | null,
+   "speculative": {"k": K, "proposer": {...}, "draft_gguf": PATH (a draft proposer)} | null}
       -> {"ok": true, "tokens": {id: [...]}, "finish": {id: "stop"|"length"}, "logits": {id: base64 float32},
-          "steps": k, "seq_ids": {id: seq}, "prefix_cache": {"admit": [...], "steps": [...]} (with a cache)}
+          "steps": k, "seq_ids": {id: seq}, "prefix_cache": {"admit": [...], "steps": [...]} (with a cache),
+          "speculation": {id: {"proposed", "accepted", "rollbacks"}} (speculative)}
   {"op": "quit"}
 A failure inside an op is a reply {"ok": false, "error": "..."}; a GGML_ASSERT abort kills the process, and the
-parent (adapter.py) reports the death. Imports only the standard library, numpy and llama_cpp (no hybridqual).
+parent (adapter.py) reports the death. Imports only the standard library, numpy, llama_cpp and its sibling
+speculation.py (no hybridqual).
 """
 from __future__ import annotations
 
@@ -20,6 +23,11 @@ import json
 import sys
 
 import numpy as np
+
+try:
+    from .speculation import Speculation
+except ImportError:                     # run as a script in the llama venv: no package around it
+    from speculation import Speculation
 
 
 class Engine:
@@ -56,6 +64,19 @@ class Engine:
         self.n_seq, self.n_batch = n_seq, int(cp.n_batch)
         self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.mem = lc.llama_get_memory(self.ctx)
+        self.params = (n_ctx, n_seq, n_threads, kv_type, flash_attn)
+        self._drafts: dict[str, Engine] = {}
+
+    def draft(self, gguf: str) -> "Engine":
+        """The draft model of a speculative run: a second model and context with this one's n_ctx, seq ids, threads
+        and K/V settings (loaded once per worker); it must share the target's vocabulary."""
+        if gguf not in self._drafts:
+            d = Engine(gguf, *self.params)
+            if d.n_vocab != self.n_vocab:
+                raise ValueError(f"engine.speculative.proposer.model: the draft GGUF {gguf} has {d.n_vocab} tokens, "
+                                 f"the target {self.n_vocab}: a draft must share the target's vocabulary")
+            self._drafts[gguf] = d
+        return self._drafts[gguf]
 
     def meta(self) -> dict:
         """The GGUF's metadata as llama.cpp read it, plus whether it runs the model as recurrent / hybrid."""
@@ -120,8 +141,8 @@ class Engine:
         first then prompt pieces (piece_length) in row order within the step's budget; greedy from the float32
         logits, lowest index on ties. With `prefix_cache` ({"block_size", "capacity"}, DESIGN §12) the state is
         checkpointed at block boundaries and restored on a hit (Checkpoints). With `speculative` (DESIGN §13,
-        scripted or ngram proposer) a decode row verifies its proposals in the same batch and a rejection restores
-        the sequence's snapshot from before the step, then re-decodes the inputs it kept (Speculation)."""
+        scripted, ngram, or a draft GGUF as "draft_gguf") a decode row verifies its proposals in the same batch and a
+        rejection restores the sequence's snapshot from before the step, then re-decodes the inputs it kept."""
         lc = self.lc
         n_slots = min(max_requests, self.n_seq)
         lc.llama_memory_clear(self.mem, True)
@@ -137,7 +158,10 @@ class Engine:
         seq_ids: dict[str, int] = {}
         admits: list[dict] = []
         cache_steps: list[dict] = []
-        spec = Speculation(speculative) if speculative else None
+        spec = None
+        if speculative:
+            draft = speculative.get("draft_gguf")
+            spec = Speculation(speculative, self.draft(draft) if draft else None)
         step = 0
         while pending or waiting or live:
             while pending and pending[0]["arrival_step"] <= step:
@@ -162,13 +186,11 @@ class Engine:
             budget = max_tokens_per_step - len(decode)
             props: dict[str, list[int]] = {}
             if spec is not None:
-                for _, _, seq, _, rid in decode:
-                    s = live[rid]
-                    d = spec.propose(rid, s["req"]["prompt"] + tokens[rid], len(tokens[rid]),
-                                     s["req"]["max_new_tokens"], budget)
-                    if d:
-                        props[rid], budget = d, budget - len(d)
-                        spec.before[rid] = self.snapshot(seq)
+                props, budget = spec.propose_step([(rid, seq, live[rid]["req"]["prompt"] + tokens[rid],
+                                                    len(tokens[rid]), live[rid]["req"]["max_new_tokens"])
+                                                   for _, _, seq, _, rid in decode], budget)
+                for rid in props:
+                    spec.before[rid] = self.snapshot(live[rid]["seq"])
             pieces = []                                 # (rid, start, count), in row order
             for rid in order:
                 s = live[rid]
@@ -190,6 +212,8 @@ class Engine:
                 s, got = live.pop(rid), tokens[rid]
                 finish[rid] = "stop" if got[-1] in s["req"].get("stop_token_ids", []) else "length"
                 lc.llama_memory_seq_rm(self.mem, s["seq"], -1, -1)
+                if spec is not None:
+                    spec.forget(rid, s["seq"])
                 free.append(s["seq"])
                 free.sort()
                 rows[r] = None
@@ -282,45 +306,6 @@ class Engine:
                 self.restore(snap, s["seq"])
                 self._decode([(t, pos + j, s["seq"], False) for j, t in enumerate(kept)])
             s["pos"], s["next"] = pos + len(kept), emitted[-1]
-
-
-class Speculation:
-    """DESIGN §13's scripted and ngram proposers (the oracle's rules: at most k, and at most the room left before
-    max_new_tokens), the snapshots taken before a verify step, and per-request counts."""
-
-    def __init__(self, cfg: dict) -> None:
-        self.k, p = int(cfg["k"]), cfg["proposer"]
-        self.kind = p["kind"]
-        if self.kind not in ("scripted", "ngram"):
-            raise ValueError(f"engine.speculative.proposer.kind {self.kind!r}: the llama.cpp adapter runs the "
-                             "scripted and ngram proposers (a draft GGUF is not wired)")
-        self.min_n, self.max_n = int(p.get("min_n", 1)), int(p.get("max_n", 1))
-        self.table = {rid: {int(n): list(t) for n, t in per.items()} for rid, per in p.get("proposals", {}).items()}
-        self.before: dict[str, bytes] = {}
-        self.counts: dict[str, dict] = {}
-
-    def propose(self, rid: str, tokens: list[int], n_generated: int, max_new: int, budget: int) -> list[int]:
-        """Up to min(k, max_new - n_generated, budget) proposals for this request."""
-        room = max(0, min(self.k, max_new - n_generated, budget))
-        if room == 0:
-            return []
-        if self.kind == "scripted":
-            return list(self.table.get(rid, {}).get(n_generated, ()))[:room]
-        return ngram_propose(tokens, room, self.min_n, self.max_n)
-
-
-def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Prompt lookup as oracle/speculative.py's: the longest n in max_n..min_n whose last-n suffix occurred
-    earlier; up to k tokens that followed its most recent earlier occurrence (this worker cannot import oracle)."""
-    L = len(tokens)
-    for n in range(max_n, min_n - 1, -1):
-        if n >= L:
-            continue
-        suffix = tokens[L - n:]
-        for i in range(L - n - 1, -1, -1):
-            if tokens[i:i + n] == suffix:
-                return list(tokens[i + n:i + n + k])
-    return []
 
 
 def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
