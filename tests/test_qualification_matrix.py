@@ -30,6 +30,12 @@ def failing(checks):
     return {c.name: c.detail for c in checks if not c.ok}
 
 
+def streams_its_output(r):
+    """A defect in an engine reaches its streaming client too: what it streamed is what it returned."""
+    r.streamed = {rid: list(toks) for rid, toks in r.tokens.items()}
+    return r
+
+
 def test_fastpath_matches_truth_legacy_async_and_schedule(hq_case, oracle_models):
     model_dir, trace_path = hq_case
     checks = check_trace(adapters.FastpathAdapter, model_dir, trace_path, ["legacy", "async"],
@@ -50,7 +56,7 @@ class AsyncKeepsExtraToken(adapters.FastpathAdapter):
         if self.mode == "async":
             rid = sorted(r.tokens)[0]
             r.tokens[rid] = r.tokens[rid] + [r.tokens[rid][-1]]
-        return r
+        return streams_its_output(r)
 
 
 class AsyncFirstTokenOff(adapters.FastpathAdapter):
@@ -66,7 +72,7 @@ class AsyncFirstTokenOff(adapters.FastpathAdapter):
             t = next(x for x in ((r.tokens[rid][0] + k) % vocab for k in range(1, vocab))
                      if x not in req.stop_token_ids)
             r.tokens[rid] = [t] + r.tokens[rid][1:]
-        return r
+        return streams_its_output(r)
 
 
 class WrongDigitAnswer(adapters.FastpathAdapter):
@@ -76,7 +82,7 @@ class WrongDigitAnswer(adapters.FastpathAdapter):
         r = super().run_trace()
         rid = sorted(r.tokens)[0]
         r.tokens[rid] = [r.tokens[rid][0] + 1] + r.tokens[rid][1:]
-        return r
+        return streams_its_output(r)
 
 
 SEED = goldens.TRACES / "seed_compaction.json"
@@ -127,7 +133,7 @@ class TakesRunnerUpAtNearTie(adapters.FastpathAdapter):
         r = super().run_trace()
         if "r1" in r.tokens and len(r.tokens["r1"]) > 1 and len(self.trace.requests) > 1:
             r.tokens["r1"] = r.tokens["r1"][:1] + [self.runner_up] + self.tail
-        return r
+        return streams_its_output(r)
 
 
 def test_near_tie_is_reported_and_the_check_continues_teacher_forced_through_the_engine(oracle_models):

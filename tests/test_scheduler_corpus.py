@@ -13,7 +13,7 @@ from oracle.trace import load_trace
 from test_scheduler_fake import FakeModel
 
 CORPUS = sorted((Path(__file__).resolve().parents[1] / "goldens" / "traces").glob("*.json"))
-MODELS = {"fake": lambda: FakeModel(vocab_size=64, chunk_size=8, seed=0),
+MODELS = {"fake": lambda: FakeModel(vocab_size=96, chunk_size=8, seed=0),    # 96: the zoo vocab the corpus is written for
           **{arch: (lambda a=arch: zoo.build(a, seed=0)) for arch in zoo.ARCHS}}
 
 
