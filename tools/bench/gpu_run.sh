@@ -97,10 +97,13 @@ step_gpu_tests_twice() {
   return $rc
 }
 # Optional: blind verdicts of qualify's main job alone over the CPU zoo, in the Triton interpreter on this machine's
-# cores (BLIND_ARGS: e.g. --only NAME ...; verdicts copied to $OUT/blind.json as they come).
+# cores (BLIND_ARGS: e.g. --only NAME ...; verdicts copied to $OUT/blind.json as they come). BLIND_STAGES=qualify-main-gpu
+# judges by the main job on this GPU (compiled kernels, CUDA graphs) instead; BLIND_CONTROL=1 also judges the
+# unmutated tree.
 step_blind_qualify() {
   ( while sleep 15; do cp -f out/mutants/blind.json "$OUT/blind.json" 2>/dev/null; done ) & local copier=$!
-  TRITON_INTERPRET=1 $PY -m hybridqual.mutants --blind --stages qualify-main --no-control \
+  local control=--no-control; [ "${BLIND_CONTROL:-0}" = 1 ] && control=
+  TRITON_INTERPRET=1 $PY -m hybridqual.mutants --blind --stages ${BLIND_STAGES:-qualify-main} $control \
     --jobs "${BLIND_JOBS:-7}" --stage-timeout "${BLIND_STAGE_TIMEOUT:-400}" --start-by "${BLIND_START_BY:-300}" \
     ${BLIND_ARGS:-}
   local rc=$?
