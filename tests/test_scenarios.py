@@ -67,10 +67,10 @@ def test_shipped_models_instantiate_to_the_shipped_traces_and_their_goldens(mode
 def test_every_scenario_but_the_short_task_variants_has_a_shipped_trace_and_the_families_are_the_issue_s():
     # the short task variants exist for the main job's time budget only; a shipped file would put them in every
     # corpus-parametrised test (minutes on the Triton interpreter), so their truth is the oracle run at qualify time
-    # piece_tails and cobatch_reuse likewise: folded ids on the tiny model (no one concrete trace), truth
-    # at qualify time, their engine test in tests/test_scenarios_boundaries.py
+    # piece_tails, cobatch_reuse and decode_buckets likewise: folded ids on the tiny model (no one concrete trace),
+    # truth at qualify time, their engine tests in tests/test_scenarios_boundaries.py
     unshipped = {n for n in scenarios.SCENARIOS if scenarios.shipped_trace_path(n) is None}
-    assert unshipped == {"task_burst_short", "task_staggered_short", "piece_tails", "cobatch_reuse"}
+    assert unshipped == {"task_burst_short", "task_staggered_short", "piece_tails", "cobatch_reuse", "decode_buckets"}
     assert set(scenarios.FAMILIES) >= {"seed_compaction", "async_drain", "chunked_prefill", "seeded_sampling",
                                        "slot_exhaustion", "stop_tokens", "task_burst", "task_staggered",
                                        "request_order", "prefill_boundaries", "special_ids"}

@@ -17,6 +17,10 @@ reports needed (tools/mutants/zoo.py cites them):
                      order and last-use order disagree: LRU evicts the newer one), prefix hits whose suffix is
                      1 (prompt = 1 mod the block) and 2 tokens (shorter than d_conv - 1), several hits on different
                      checkpoints admitted in one step
+    decode_buckets   decode-only batches of every row count from R = 8 down to 1 (a late admission between), so a
+                     bucketed engine (CUDA graphs captured at 1, 2, 4, 8 rows, as ours and vLLM's) pads 7, 6, 5 and 3
+                     rows; slot 0's request outlives every other, so a pad row that aliases slot 0 (or a stale slot)
+                     writes the state of a live request; finishes out of row order compact with moves
     spec_accept      (a shipped trace, not a scenario: its scripted drafts are the target model's own greedy tokens,
                      see `spec_accept_trace`) full acceptance at every k, rejection at the last draft at every k,
                      a zero-draft step after an accepting one, with compaction in the same steps
@@ -106,8 +110,26 @@ def prefix_lru(u: Units, tok: Tokens) -> dict:
                        "prefix_cache": {"block_size": C, "capacity": 2}}}
 
 
+DECODE_ROWS = 8                           # max_requests: buckets 1, 2, 4, 8 pad 3, 5, 6 and 7 live rows
+DECODE_LENGTHS = (16, 4, 12, 6, 10, 8, 14, 3)   # max_new_tokens of d0..d7: d0 (slot 0) last, others out of row order
+
+
+def decode_buckets(u: Units, tok: Tokens) -> dict:
+    """Decode-only batches of every row count 8..1, slot 0's request live to the end, a late admission between."""
+    C = u.chunk
+    reqs = [request(f"d{i}", 0, tok(_small(u, 20 + i, 3)), n) for i, n in enumerate(DECODE_LENGTHS)]
+    reqs.append(request("late", 9, tok(_small(u, 30, 3)), 4))             # into a freed slot, then decode-only again
+    return trace(f"Decode-only batches of every row count from {DECODE_ROWS} down to 1: eight 3-token prompts "
+                 "admitted in one step, finishing one by one out of row order (compactions with moves), and a late "
+                 "request admitted into a freed slot between; an engine that runs decode steps at bucketed sizes "
+                 "(CUDA graphs at 1, 2, 4, 8 rows) pads batches of 7, 6, 5 and 3 rows, while d0, in slot 0, "
+                 "outlives every other request: a pad row that writes slot 0 (a zero-filled slot table) or a stale "
+                 "slot corrupts a live request. Length-only finishes: the schedule is model-independent.",
+                 DECODE_ROWS, max(3 * C, 3 * DECODE_ROWS), 2 * C, "legacy", reqs)     # all 8 prompts in step 0
+
+
 BOUNDARIES = {"piece_tails": ("piece_tails", piece_tails), "cobatch_reuse": ("cobatch_reuse", cobatch_reuse),
-              "prefix_lru": ("prefix_cache", prefix_lru)}
+              "prefix_lru": ("prefix_cache", prefix_lru), "decode_buckets": ("decode_buckets", decode_buckets)}
 
 
 # ------------------------------------------------------------------------------- spec_accept (a shipped trace)

@@ -14,8 +14,8 @@ scenario instantiates for a model or is a skip with its reason; an instantiated 
 `oracle.trace.check_against_model`. On the shipped models (C = 8) a scenario with a shipped trace in
 goldens/traces/<name>.json instantiates to exactly that trace (same canonical JSON, so the golden's trace_sha256
 matches). Families: the shipped corpus (one scenario each, tools/scenarios/corpus.py) and request_order,
-prefill_boundaries, special_ids (tools/scenarios/edges.py), and the engine-aware piece_tails, cobatch_reuse and
-prefix_lru (tools/scenarios/boundaries.py; the shipped spec_accept trace is written there too).
+prefill_boundaries, special_ids (tools/scenarios/edges.py), and the engine-aware piece_tails, cobatch_reuse,
+prefix_lru and decode_buckets (tools/scenarios/boundaries.py; the shipped spec_accept trace is written there too).
 """
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def shipped_trace_path(name: str) -> Path | None:
 # seeded sampling runs on Granite (its multipliers under sampling), the short task on the trained model.
 # Measured wall time: docs/qualification.md ("The main job's default plan").
 DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("zoo-bamba", ("prefix_lru",)),          # a scenario with a shipped trace (goldens/traces/prefix_lru.json)
+    ("zoo-bamba", ("prefix_lru",             # a scenario with a shipped trace (goldens/traces/prefix_lru.json)
+                   "decode_buckets")),       # pad rows of bucketed decode steps (--graphs) hit live attention too
     ("tiny-sort", ("task_staggered_short",)),
     ("zoo-granitemoehybrid", ("seeded_sampling", "stop_tokens")),
     ("zoo-mamba2", ("piece_tails", "cobatch_reuse", "request_order", "async_drain", "slot_exhaustion",
