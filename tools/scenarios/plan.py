@@ -112,8 +112,8 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
 # traces, not scenarios in units) on an attention-bearing zoo model, so the default run qualifies both features:
 # the checkpoint's Mamba state and K/V, its key, eviction and inert caches; rollback, bonus token, seeded keys.
 DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn")),
-    ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft")),
+    ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn", "prefix_pinned")),
+    ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget")),
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 
