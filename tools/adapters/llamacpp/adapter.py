@@ -203,7 +203,7 @@ class LlamaCppAdapter(Adapter):
         lib = cls.lib_path()
         return (f"llama.cpp {str(info.get('llama_cpp_commit'))[:9]} via llama-cpp-python {info.get('llama_cpp_python')} "
                 f"low-level API, {cls.outtype} GGUF, {cls.kv_type} K/V cache, flash attention {cls.flash_attn}, "
-                f"{cls.n_threads} threads" + (f", libllama from {lib}" if lib else ""))
+                f"{cls.n_threads} threads, no extra buffer types" + (f", libllama from {lib}" if lib else ""))
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
         super().__init__(model_path, trace, mode, device)

@@ -43,6 +43,10 @@ class Engine:
         self.lc = lc
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
+        # No extra buffer types (weight repacking, the AMX backend): they pick a kernel by the CPU, so a verdict
+        # would depend on the machine, and on AMX CPUs the AMX q8_0 matmul segfaults on small shapes (llama.cpp
+        # #20824; docs/findings.md L10). The plain ggml-cpu kernels run everywhere.
+        mp.use_extra_bufts = False
         self.model = lc.llama_model_load_from_file(gguf.encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama_model_load_from_file failed for {gguf}")
