@@ -82,7 +82,8 @@ def _finish_once(eng: Engine) -> None:
 
 
 def _run(fast, trace, mode: str, backend: str = "torch", **kw):
-    eng = Engine(fast.with_options(backend=backend), trace.engine, max_len=32, **kw)
+    need = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
+    eng = Engine(fast.with_options(backend=backend), trace.engine, max_len=max(32, need), **kw)
     _finish_once(eng)
     return eng.run_trace(trace, mode), eng
 
