@@ -199,3 +199,23 @@ def test_decode_buckets_through_padded_decode_buckets_equal_the_oracle():
         got, want = eng.run_trace(trace, mode), oracle_run(want_model, trace, mode)
         assert got.tokens == want.tokens, mode
         assert got.schedule_log.to_json() == want.schedule_log.to_json(), mode
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_long_context_has_a_short_piece_past_the_split_key_boundary(chunk):
+    """long_context's second piece has <= 256 queries (the pieces split-key attention takes) and its context end
+    passes LONG_KEYS keys; a model with fewer positions skips it with the reason."""
+    inst = _inst("long_context", chunk)
+    log = _log(inst.trace, chunk)
+    pieces = [b for s in log["steps"] for b in s["batch"] if b["kind"] == "prefill"]
+    last = pieces[-1]
+    assert len(pieces) == 2 and last["count"] <= 256 and last["pos"] + last["count"] > boundaries.LONG_KEYS
+    short = scenarios.instantiate_one("long_context", Units(chunk, 96, positions=256))
+    assert short.trace is None and "max_position_embeddings 256" in short.skip_reason
+
+
+def test_the_cuda_main_job_adds_long_context_and_the_cpu_one_does_not():
+    def names(device):
+        return {(m.name, n) for m, ns, _ in scenarios.main_job_plan(device) for n in ns or ()}
+    assert ("zoo-bamba", "long_context") in names("cuda:0") and ("zoo-bamba", "long_context") in names("cuda")
+    assert not any(n == "long_context" for _, n in names("cpu"))

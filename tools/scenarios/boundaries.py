@@ -21,6 +21,9 @@ reports needed (tools/mutants/zoo.py cites them):
                      bucketed engine (CUDA graphs captured at 1, 2, 4, 8 rows, as ours and vLLM's) pads 7, 6, 5 and 3
                      rows; slot 0's request outlives every other, so a pad row that aliases slot 0 (or a stale slot)
                      writes the state of a live request; finishes out of row order compact with moves
+    long_context     a prompt of LONG_KEYS + 76 tokens: a first piece of LONG_KEYS, then a short piece whose queries
+                     see more than LONG_KEYS keys, the length where split-key attention starts (ours at 1024;
+                     split-KV / flash-decoding partitions in other engines), so a merge that drops a split shows
     spec_accept      (a shipped trace, not a scenario: its scripted drafts are the target model's own greedy tokens,
                      see `spec_accept_trace`) full acceptance at every k, rejection at the last draft at every k,
                      a zero-draft step after an accepting one, with compaction in the same steps
@@ -128,8 +131,26 @@ def decode_buckets(u: Units, tok: Tokens) -> dict:
                  DECODE_ROWS, max(3 * C, 3 * DECODE_ROWS), 2 * C, "legacy", reqs)     # all 8 prompts in step 0
 
 
+LONG_KEYS = 1024      # keys past which split-key attention starts (fastpath's SPLIT_MIN_KEYS; other engines' partitions)
+LONG_TAIL = 76        # the second piece: short (<= 256 queries, the pieces that split) and past LONG_KEYS keys
+
+
+def long_context(u: Units, tok: Tokens) -> dict:
+    """One prompt past LONG_KEYS tokens in two pieces: the second's queries see more keys than one split holds."""
+    C = u.chunk
+    P = max(C, LONG_KEYS // C * C)
+    n = P + LONG_TAIL
+    if u.positions is not None and n + 2 > u.positions:
+        raise Skip(f"max_position_embeddings {u.positions} < {n + 2}: no room for a prompt past {LONG_KEYS} keys")
+    return trace(f"A {n}-token prompt in two pieces under prefill_chunk {P}: the second, {LONG_TAIL} tokens, attends to "
+                 f"more than {LONG_KEYS} keys, where split-key attention starts (a merge that drops the split "
+                 "holding a query's newest keys is wrong only there); then two decode steps over that cache.",
+                 1, P, P, "legacy", [request("long", 0, tok(seq(7, n, step=7)), 2)])
+
+
 BOUNDARIES = {"piece_tails": ("piece_tails", piece_tails), "cobatch_reuse": ("cobatch_reuse", cobatch_reuse),
-              "prefix_lru": ("prefix_cache", prefix_lru), "decode_buckets": ("decode_buckets", decode_buckets)}
+              "prefix_lru": ("prefix_cache", prefix_lru), "decode_buckets": ("decode_buckets", decode_buckets),
+              "long_context": ("long_context", long_context)}
 
 
 # ------------------------------------------------------------------------------- spec_accept (a shipped trace)

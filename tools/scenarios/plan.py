@@ -15,7 +15,7 @@ scenario instantiates for a model or is a skip with its reason; an instantiated 
 goldens/traces/<name>.json instantiates to exactly that trace (same canonical JSON, so the golden's trace_sha256
 matches). Families: the shipped corpus (one scenario each, tools/scenarios/corpus.py) and request_order,
 prefill_boundaries, special_ids (tools/scenarios/edges.py), and the engine-aware piece_tails, cobatch_reuse,
-prefix_lru and decode_buckets (tools/scenarios/boundaries.py; the shipped spec_accept trace is written there too).
+prefix_lru, decode_buckets and long_context (tools/scenarios/boundaries.py; the shipped spec_accept trace is written there too).
 """
 from __future__ import annotations
 
@@ -131,13 +131,22 @@ def default_trace_plan() -> list[tuple[Path, list[Path]]]:
     return [(MODELS / m, files) for m, files in by_model.items()]
 
 
-def main_job_plan() -> list[tuple[Path, list[str] | None, list[Path] | None]]:
+# Instances the main job adds where the engine runs on that device: too costly for the Triton interpreter on CPU
+# (long_context: 1100 tokens through 138 SSD chunks of zoo-bamba, 67 CPU-s on 2026-12-04), cheap compiled.
+DEVICE_PLAN: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "cuda": (("zoo-bamba", ("long_context",)),),
+}
+
+
+def main_job_plan(device: str = "cpu") -> list[tuple[Path, list[str] | None, list[Path] | None]]:
     """The main job's default run, in its order: (model, scenario names, trace files). The prefix-cache and
     speculative trace files first (spec_accept leads), then prefix_lru, the trained model's short task, then the
     zoo's scenarios (the engine-aware piece_tails and cobatch_reuse first): under --fail-fast a broken engine stops at the first few instances (the blind judge's cost per mutant), and
-    the trained model's long instance no longer holds back the report of the trace files' FAILs."""
+    the trained model's long instance no longer holds back the report of the trace files' FAILs. `device` (the
+    engine's, e.g. "cuda:0"): DEVICE_PLAN's instances for it come last."""
     scen = [(m, names, None) for m, names in default_plan()]
-    return [(m, None, files) for m, files in default_trace_plan()] + scen
+    extra = [(MODELS / m, list(names), None) for m, names in DEVICE_PLAN.get(str(device).split(":")[0], ())]
+    return [(m, None, files) for m, files in default_trace_plan()] + scen + extra
 
 
 def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> dict[str, list[str]]:

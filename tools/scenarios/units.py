@@ -41,6 +41,7 @@ class Units:
     specials: tuple[int, ...] = ()
     d_conv: int = 4                 # the Mamba conv width (last pieces 1..d_conv: tools/scenarios/boundaries.py)
     granularities: tuple[int, ...] = ()   # the engine's declared piece rule (Capabilities.piece_granularities)
+    positions: int | None = None    # max_position_embeddings when the config declares one
 
     @classmethod
     def from_config(cls, config) -> "Units":
@@ -54,8 +55,9 @@ class Units:
         specials = tuple(sorted({i for v in ids.values() for i in v}))
         d_conv = getattr(config, "mamba_d_conv", 4)
         d_conv = d_conv if isinstance(d_conv, int) and not isinstance(d_conv, bool) and d_conv >= 1 else 4
+        from oracle.trace import model_positions
         return cls(config.chunk_size, config.vocab_size, *(v[0] if v else None for v in ids.values()),
-                   specials=specials, d_conv=d_conv)
+                   specials=specials, d_conv=d_conv, positions=model_positions(config))
 
     @property
     def ordinary(self) -> list[int]:
