@@ -190,9 +190,7 @@ def test_unknown_scenario_name_is_a_clear_error():
 def test_default_plan_covers_every_family_on_shipped_models():
     plan = scenarios.default_plan()
     cover = scenarios.plan_coverage(plan)
-    on_device = {scenarios.SCENARIOS[n][0] for extra in scenarios.DEVICE_PLAN.values() for _, ns in extra for n in ns}
-    assert on_device == {"long_context"}          # the one family only the CUDA main job runs (plan.DEVICE_PLAN)
-    assert all(cover[f] for f in scenarios.FAMILIES if f not in on_device), {f: c for f, c in cover.items() if not c}
+    assert all(cover[f] for f in scenarios.FAMILIES), {f: c for f, c in cover.items() if not c}
     for model_dir, names in plan:
         assert model_dir in SHIPPED
         for inst in scenarios.instantiate(model_dir, _config(model_dir), names):

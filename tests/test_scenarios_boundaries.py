@@ -213,9 +213,3 @@ def test_long_context_has_a_short_piece_past_the_split_key_boundary(chunk):
     short = scenarios.instantiate_one("long_context", Units(chunk, 96, positions=256))
     assert short.trace is None and "max_position_embeddings 256" in short.skip_reason
 
-
-def test_the_cuda_main_job_adds_long_context_and_the_cpu_one_does_not():
-    def names(device):
-        return {(m.name, n) for m, ns, _ in scenarios.main_job_plan(device) for n in ns or ()}
-    assert ("zoo-bamba", "long_context") in names("cuda:0") and ("zoo-bamba", "long_context") in names("cuda")
-    assert not any(n == "long_context" for _, n in names("cpu"))

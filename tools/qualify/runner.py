@@ -199,7 +199,7 @@ def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
         return [(args.model or DEFAULT_MODEL, None, list(args.trace))]
     if args.model:
         return [(args.model, args.scenario, None)]
-    return scenarios.main_job_plan(args.device)
+    return scenarios.main_job_plan()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

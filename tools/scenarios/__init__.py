@@ -5,7 +5,7 @@ units and token folding), the trained model's task and its traces (`task`, `task
 (`plan`: instantiate, shipped traces, `main_job_plan`). May import oracle and `hybridqual.paths` only (no engine,
 no checks): a scenario is data.
 """
-from hybridqual.scenarios.plan import (DEFAULT_TRACES, DEVICE_PLAN, FAMILIES, SCENARIOS, Instance, ScenarioError,  # noqa: F401
+from hybridqual.scenarios.plan import (DEFAULT_TRACES, FAMILIES, SCENARIOS, Instance, ScenarioError,  # noqa: F401
                                        default_plan, default_trace_plan, describe, instantiate, instantiate_one,
                                        main_job_plan, plan_coverage, shipped_models, shipped_trace_path,
                                        write_shipped)

@@ -144,8 +144,9 @@ def long_context(u: Units, tok: Tokens) -> dict:
         raise Skip(f"max_position_embeddings {u.positions} < {n + 2}: no room for a prompt past {LONG_KEYS} keys")
     return trace(f"A {n}-token prompt in two pieces under prefill_chunk {P}: the second, {LONG_TAIL} tokens, attends to "
                  f"more than {LONG_KEYS} keys, where split-key attention starts (a merge that drops the split "
-                 "holding a query's newest keys is wrong only there); then two decode steps over that cache.",
-                 1, P, P, "legacy", [request("long", 0, tok(seq(7, n, step=7)), 2)])
+                 "holding a query's newest keys is wrong only there); the first piece cycles through 8 ids and the "
+                 "second uses others, so the newest keys are unlike every older one; then two decode steps.",
+                 1, P, P, "legacy", [request("long", 0, tok(seq(2, P, step=1, mod=8) + seq(20, LONG_TAIL, step=7)), 2)])
 
 
 BOUNDARIES = {"piece_tails": ("piece_tails", piece_tails), "cobatch_reuse": ("cobatch_reuse", cobatch_reuse),

@@ -99,7 +99,8 @@ def shipped_trace_path(name: str) -> Path | None:
 # Measured wall time: docs/qualification.md ("The main job's default plan").
 DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zoo-bamba", ("prefix_lru",             # a scenario with a shipped trace (goldens/traces/prefix_lru.json)
-                   "decode_buckets")),       # pad rows of bucketed decode steps (--graphs) hit live attention too
+                   "decode_buckets",         # pad rows of bucketed decode steps (--graphs) hit live attention too
+                   "long_context")),         # a short piece past 1024 keys (split-key attention): 67 CPU-s
     ("tiny-sort", ("task_staggered_short",)),
     ("zoo-granitemoehybrid", ("seeded_sampling", "stop_tokens")),
     ("zoo-mamba2", ("piece_tails", "cobatch_reuse", "request_order", "async_drain", "slot_exhaustion",
@@ -131,22 +132,13 @@ def default_trace_plan() -> list[tuple[Path, list[Path]]]:
     return [(MODELS / m, files) for m, files in by_model.items()]
 
 
-# Instances the main job adds where the engine runs on that device: too costly for the Triton interpreter on CPU
-# (long_context: 1100 tokens through 138 SSD chunks of zoo-bamba, 67 CPU-s on 2026-12-04), cheap compiled.
-DEVICE_PLAN: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "cuda": (("zoo-bamba", ("long_context",)),),
-}
-
-
-def main_job_plan(device: str = "cpu") -> list[tuple[Path, list[str] | None, list[Path] | None]]:
+def main_job_plan() -> list[tuple[Path, list[str] | None, list[Path] | None]]:
     """The main job's default run, in its order: (model, scenario names, trace files). The prefix-cache and
     speculative trace files first (spec_accept leads), then prefix_lru, the trained model's short task, then the
     zoo's scenarios (the engine-aware piece_tails and cobatch_reuse first): under --fail-fast a broken engine stops at the first few instances (the blind judge's cost per mutant), and
-    the trained model's long instance no longer holds back the report of the trace files' FAILs. `device` (the
-    engine's, e.g. "cuda:0"): DEVICE_PLAN's instances for it come last."""
+    the trained model's long instance no longer holds back the report of the trace files' FAILs."""
     scen = [(m, names, None) for m, names in default_plan()]
-    extra = [(MODELS / m, list(names), None) for m, names in DEVICE_PLAN.get(str(device).split(":")[0], ())]
-    return [(m, None, files) for m, files in default_trace_plan()] + scen + extra
+    return [(m, None, files) for m, files in default_trace_plan()] + scen
 
 
 def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> dict[str, list[str]]:
