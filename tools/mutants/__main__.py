@@ -125,6 +125,15 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
             return BlindOutcome(m.name, SKIPPED, "", f"not started: --start-by {args.start_by:g} passed", 0.0)
         return judge(m, stages, every_stage=args.every_stage)
     jobs = ([None] if not args.no_control else []) + list(chosen)
+    threads_set = args.jobs > 1 and "OMP_NUM_THREADS" not in os.environ
+    if threads_set:                                  # torch threads per judgement: the jobs share the cores
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:      # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // args.jobs))
+        print(f"blind: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} per judgement ({cores} cores, --jobs "
+              f"{args.jobs}; docs/qualification.md)", flush=True)
     outcomes, control = [], None
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(one, m): m for m in jobs}
@@ -141,6 +150,8 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
                 save_results("blind", {o.name: {"status": o.status, "stage": o.stage, "detail": o.detail[:300],
                                                 "seconds": round(o.seconds), "date": day, "commit": commit,
                                                 "stages": [s.name for s in stages], "by_stage": stage_verdicts(o)}})
+    if threads_set:
+        os.environ.pop("OMP_NUM_THREADS", None)
     judged = [o for o in outcomes if o.status != SKIPPED]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "blind-junit.xml").write_text(junit_of(judged))
