@@ -205,6 +205,8 @@ def test_decode_buckets_through_padded_decode_buckets_equal_the_oracle():
 def test_long_context_has_a_short_piece_past_the_split_key_boundary(chunk):
     """long_context's second piece has <= 256 queries (the pieces split-key attention takes) and its context end
     passes LONG_KEYS keys; a model with fewer positions skips it with the reason."""
+    from fastpath.kernels.attention import SPLIT_MAX_QUERIES, SPLIT_MIN_KEYS
+    assert boundaries.LONG_KEYS == SPLIT_MIN_KEYS and boundaries.LONG_TAIL <= SPLIT_MAX_QUERIES   # still our boundary
     inst = _inst("long_context", chunk)
     log = _log(inst.trace, chunk)
     pieces = [b for s in log["steps"] for b in s["batch"] if b["kind"] == "prefill"]
@@ -212,4 +214,3 @@ def test_long_context_has_a_short_piece_past_the_split_key_boundary(chunk):
     assert len(pieces) == 2 and last["count"] <= 256 and last["pos"] + last["count"] > boundaries.LONG_KEYS
     short = scenarios.instantiate_one("long_context", Units(chunk, 96, positions=256))
     assert short.trace is None and "max_position_embeddings 256" in short.skip_reason
-

@@ -10,6 +10,7 @@ are kept in out/mutants/{named,blind}.json so each table can show the other's ve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -89,6 +90,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+@contextlib.contextmanager
+def _threads_per_judgement(jobs: int):
+    """With jobs > 1 and OMP_NUM_THREADS unset: each judgement's subprocesses get cores / jobs torch threads (the
+    jobs share the cores; docs/qualification.md), unset again afterwards."""
+    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:      # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // jobs))
+    print(f"blind: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} per judgement ({cores} cores, --jobs {jobs})",
+          flush=True)
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
 def run_blind(args: argparse.Namespace, chosen: list) -> int:
     """--blind: judge `chosen` (or its rotating window) stage by stage; print verdicts next to the named ones."""
     from hybridqual.mutants.blind import (DEFAULT_MUTANT_S, KILLED, SKIPPED, BlindOutcome, budget_window,
@@ -125,17 +146,8 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
             return BlindOutcome(m.name, SKIPPED, "", f"not started: --start-by {args.start_by:g} passed", 0.0)
         return judge(m, stages, every_stage=args.every_stage)
     jobs = ([None] if not args.no_control else []) + list(chosen)
-    threads_set = args.jobs > 1 and "OMP_NUM_THREADS" not in os.environ
-    if threads_set:                                  # torch threads per judgement: the jobs share the cores
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:      # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // args.jobs))
-        print(f"blind: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} per judgement ({cores} cores, --jobs "
-              f"{args.jobs}; docs/qualification.md)", flush=True)
     outcomes, control = [], None
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    with _threads_per_judgement(args.jobs), ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(one, m): m for m in jobs}
         for fut in as_completed(futures):                 # printed (and kept) as each verdict comes
             m, o = futures[fut], fut.result()
@@ -150,8 +162,6 @@ def run_blind(args: argparse.Namespace, chosen: list) -> int:
                 save_results("blind", {o.name: {"status": o.status, "stage": o.stage, "detail": o.detail[:300],
                                                 "seconds": round(o.seconds), "date": day, "commit": commit,
                                                 "stages": [s.name for s in stages], "by_stage": stage_verdicts(o)}})
-    if threads_set:
-        os.environ.pop("OMP_NUM_THREADS", None)
     judged = [o for o in outcomes if o.status != SKIPPED]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "blind-junit.xml").write_text(junit_of(judged))

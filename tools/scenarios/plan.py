@@ -100,7 +100,7 @@ def shipped_trace_path(name: str) -> Path | None:
 DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zoo-bamba", ("prefix_lru",             # a scenario with a shipped trace (goldens/traces/prefix_lru.json)
                    "decode_buckets",         # pad rows of bucketed decode steps (--graphs) hit live attention too
-                   "long_context")),         # a short piece past 1024 keys (split-key attention): 67 CPU-s
+                   "long_context")),         # a short piece past 1024 keys (split-key attention); the costliest
     ("tiny-sort", ("task_staggered_short",)),
     ("zoo-granitemoehybrid", ("seeded_sampling", "stop_tokens")),
     ("zoo-mamba2", ("piece_tails", "cobatch_reuse", "request_order", "async_drain", "slot_exhaustion",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from oracle.trace import model_positions
+
 ALPHABET = 64            # literal ids of the corpus are < 64
 MIN_ORDINARY = 4         # fewer ordinary ids than this and folded prompts say nothing
 
@@ -55,7 +57,6 @@ class Units:
         specials = tuple(sorted({i for v in ids.values() for i in v}))
         d_conv = getattr(config, "mamba_d_conv", 4)
         d_conv = d_conv if isinstance(d_conv, int) and not isinstance(d_conv, bool) and d_conv >= 1 else 4
-        from oracle.trace import model_positions
         return cls(config.chunk_size, config.vocab_size, *(v[0] if v else None for v in ids.values()),
                    specials=specials, d_conv=d_conv, positions=model_positions(config))
 
