@@ -508,9 +508,12 @@ def to_hf_config(c: HybridConfig) -> dict:
         if c.attention_layer_ids:
             d["rope_parameters"]["partial_rotary_factor"] = 0.5
     elif c.model_type == "granitemoehybrid":
+        # dense (no experts) as the dense Granite 4.0 configs write it: num_experts_per_tok 0, intermediate_size the
+        # MLP's (transformers reads neither then; llama.cpp's loader asserts top-k <= experts, sizes the FFN from it)
         d.update(layer_types=["linear_attention" if s.mixer == "mamba" else "full_attention" for s in c.layers],
                  shared_intermediate_size=c.mlp_intermediate_size, num_local_experts=c.moe_n_experts,
-                 num_experts_per_tok=max(c.moe_top_k, 1), intermediate_size=c.moe_intermediate_size or 1,
+                 num_experts_per_tok=c.moe_top_k,
+                 intermediate_size=c.moe_intermediate_size or c.mlp_intermediate_size or 1,
                  embedding_multiplier=c.embedding_multiplier, residual_multiplier=c.residual_multiplier,
                  logits_scaling=c.logits_scaling, position_embedding_type="rope" if c.rope_dim else None)
         if c.attention_layer_ids:

@@ -3,7 +3,8 @@
 Sizes suit the Triton interpreter on CPU (hidden 32, 8 Mamba heads x head_dim 8, state 8-16, chunk 8,
 vocab 96, 2-5 layers with >= 1 attention layer where the architecture has attention). Every default
 config exercises n_groups > 1; Bamba has partial RoPE, Granite full RoPE plus its multipliers, Nemotron-H
-and Granite an MoE layer, Mamba2 tied embeddings. `VARIANTS` names further cases used by tests.
+and Granite an MoE layer, Mamba2 tied embeddings. `VARIANTS` names further cases used by tests; `SHIPPED` the
+models shipped as goldens/models/zoo-<name> (one per architecture, plus a dense Granite with hidden 48).
 
     cfg = tiny_config("bamba", mamba_n_groups=1);  w = random_weights(cfg, seed=0)
     model = build("nemotron_h", seed=3);  write_hf_folder(tmp / "m", "granitemoehybrid", seed=1)
@@ -57,6 +58,20 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "granitemoehybrid": ("granitemoehybrid", {}),
     "granitemoehybrid-nope-dense": ("granitemoehybrid", {"rope_dim": 0, "moe_n_experts": 0, "pattern": "*M"}),
 }
+
+# The zoo models shipped as goldens/models/zoo-<name>, all from one seed (`python -m hybridqual.goldens zoo`):
+# name -> (arch, overrides). One per architecture at its defaults, plus cases that the defaults cannot reach.
+SHIPPED: dict[str, tuple[str, dict]] = {
+    **{arch: (arch, {}) for arch in ARCHS},
+    # A dense hybrid Granite (as Granite-4.0-H-Micro): every FFN a dense MLP, so the fast path's folded one-row
+    # decode step runs on a model with a residual multiplier; hidden 48, not a power of two (a 48-wide row in a
+    # 64-wide tile); rms eps 0.05, large enough that where eps sits in the norm shows. d_inner 96 = 2 x hidden
+    # (mamba_expand 2, as real Granite); 6 query heads x 8 = hidden (llama.cpp's Granite converter needs
+    # head_dim = hidden / heads), 3 per KV head.
+    "granite_dense": ("granitemoehybrid", {"moe_n_experts": 0, "hidden_size": 48, "mamba_n_heads": 12,
+                                           "n_attn_heads": 6, "norm_eps": 0.05}),
+}
+VARIANTS["granite_dense"] = SHIPPED["granite_dense"]
 
 
 def _layers(arch: str, pattern: str) -> tuple[LayerSpec, ...]:

@@ -88,7 +88,7 @@ def test_dt_clamp_variants_really_clamp(hf_pair, variant):
     assert (a - b).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("variant", ["bamba", "nemotron_h", "mamba2", "granitemoehybrid"])
+@pytest.mark.parametrize("variant", ["bamba", "nemotron_h", "mamba2", "granitemoehybrid", "granite_dense"])
 def test_hf_greedy_generate_matches_oracle_prefill_decode(hf_pair, variant):
     """HF generate(greedy, 32 new tokens) == oracle prefill + 32 greedy decode steps, token for token."""
     hf, model = hf_pair(variant)
