@@ -99,21 +99,24 @@ def test_a_corrupt_golden_does_not_block_the_others(tree, monkeypatch, capsys):
 def zoo_tree(tmp_path, monkeypatch):
     """The shipped zoo models copied, and the module pointed at the copy."""
     models = tmp_path / "goldens" / "models"
-    for arch in goldens.ZOO_ARCHS:
-        shutil.copytree(goldens.MODELS / f"zoo-{arch}", models / f"zoo-{arch}")
+    for name in goldens.zoo_models():
+        shutil.copytree(goldens.MODELS / name, models / name)
     monkeypatch.setattr(goldens, "MODELS", models)
     return models
 
 
 def test_zoo_refuses_to_overwrite_changed_models_without_force(zoo_tree, capsys):
+    n = len(goldens.zoo_models())
+    assert n == 5 and "zoo-granite_dense" in goldens.zoo_models()   # one per architecture + the dense Granite
+    assert sorted(goldens.zoo_models()) == sorted(p.name for p in goldens.MODELS.iterdir() if p.name.startswith("zoo-"))
     before = snapshot(zoo_tree)
     assert goldens.main(["zoo", "--seed", "1"]) == 1
     out = capsys.readouterr()
-    assert "refusing to overwrite 4 shipped zoo model(s)" in out.err and out.out.count("CHANGED sha256") == 4
+    assert f"refusing to overwrite {n} shipped zoo model(s)" in out.err and out.out.count("CHANGED sha256") == n
     assert snapshot(zoo_tree) == before and not leftovers(zoo_tree.parent)
 
-    assert goldens.main(["zoo", "--seed", "0"]) == 0               # the shipped seed: nothing changes
-    assert "4 zoo models, 0 written" in capsys.readouterr().out and snapshot(zoo_tree) == before
+    assert goldens.main(["zoo", "--seed", "0"]) == 0               # the shipped seed: every shipped model reproduced
+    assert f"{n} zoo models, 0 written" in capsys.readouterr().out and snapshot(zoo_tree) == before
 
     shutil.rmtree(zoo_tree / "zoo-mamba2")                         # a missing model is written without --force
     assert goldens.main(["zoo"]) == 0 and snapshot(zoo_tree) == before
@@ -125,10 +128,10 @@ def test_zoo_force_replaces_whole_folders_and_a_failure_replaces_none(zoo_tree, 
     (zoo_tree / "zoo-bamba" / "stale.safetensors").write_bytes(b"x")   # an extra file would change the model's hash
     real = zoo.write_hf_folder
 
-    def fails_on_mamba2(path, arch, seed=0):
+    def fails_on_mamba2(path, arch, seed=0, **overrides):
         if arch == "mamba2":
             raise OSError("disk full")
-        return real(path, arch, seed=seed)
+        return real(path, arch, seed=seed, **overrides)
     monkeypatch.setattr(zoo, "write_hf_folder", fails_on_mamba2)
     with pytest.raises(OSError, match="disk full"):
         goldens.write_zoo(seed=1, force=True)

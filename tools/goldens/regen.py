@@ -3,7 +3,7 @@
     python -m hybridqual.goldens regen   [--model NAME|DIR] [--trace NAME] [--force]   # rewrite, print a diff summary
     python -m hybridqual.goldens regen --check                             # regenerate in memory, fail on any difference
         [--oracle auto|memory|streamed] [--oracle-device cpu|cuda]    # a model too big for memory: streamed (slow)
-    python -m hybridqual.goldens zoo [--force]                             # write the random zoo models (one per arch)
+    python -m hybridqual.goldens zoo [--force]                             # write the random zoo models (zoo_models())
 
 `--model DIR` (a folder outside goldens/models) writes goldens/outputs/<DIR name>/<scenario>.json for every
 scenario instantiated for that model (hybridqual.scenarios), the names and traces `qualify --model DIR` looks up. A
@@ -200,7 +200,11 @@ def regen(check: bool, model_filter: str | None = None, trace_filter: str | None
     return 0
 
 
-ZOO_ARCHS = ("bamba", "nemotron_h", "mamba2", "granitemoehybrid")
+def zoo_models() -> dict[str, tuple[str, dict]]:
+    """The shipped random zoo models: folder name (goldens/models/<name>) -> (architecture, oracle.zoo.tiny_config
+    overrides), from oracle.zoo.SHIPPED: one per architecture, plus zoo-granite_dense (a dense Granite, hidden 48)."""
+    from oracle import zoo
+    return {f"zoo-{name}": spec for name, spec in zoo.SHIPPED.items()}
 
 
 def _model_status(dest: Path, new_sha: str) -> str:
@@ -227,16 +231,16 @@ def _swap_folder(new: Path, dest: Path, trash: Path) -> None:
 
 
 def write_zoo(seed: int, force: bool = False) -> int:
-    """Write goldens/models/zoo-<arch> for every architecture from oracle.zoo (deterministic in the seed).
+    """Write goldens/models/<name> for every zoo model of zoo_models() (deterministic in the seed).
 
     All are built in a temp folder first; an existing model that would change is replaced only with `force`."""
     from oracle import zoo
     MODELS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".zoo-", dir=MODELS.parent) as tmp:
         plan, refused = [], []
-        for arch in ZOO_ARCHS:
-            staged, dest = Path(tmp) / f"zoo-{arch}", MODELS / f"zoo-{arch}"
-            zoo.write_hf_folder(staged, arch, seed=seed)
+        for name, (arch, overrides) in zoo_models().items():
+            staged, dest = Path(tmp) / name, MODELS / name
+            zoo.write_hf_folder(staged, arch, seed=seed, **overrides)
             status = _model_status(dest, model_sha256(staged))
             print(f"  {dest.name}: {status}")
             plan.append((staged, dest, status))
@@ -250,9 +254,13 @@ def write_zoo(seed: int, force: bool = False) -> int:
         for staged, dest, status in plan:
             if status != "unchanged":
                 _swap_folder(staged, dest, Path(tmp) / f"old-{dest.name}")
-    print(f"{len(ZOO_ARCHS)} zoo models, {len(written)} written")
-    if written:
-        print(f"goldens of {', '.join(written)} no longer match their model: run `goldens regen --force --model NAME`")
+    print(f"{len(plan)} zoo models, {len(written)} written")
+    new = [dest.name for staged, dest, status in plan if status == "new"]
+    replaced = [name for name in written if name not in new]
+    if replaced:
+        print(f"goldens of {', '.join(replaced)} no longer match their model: run `goldens regen --force --model NAME`")
+    if new:
+        print(f"new model folder(s) {', '.join(new)}: check or write their goldens with `goldens regen --model NAME`")
     return 0
 
 
@@ -268,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--oracle-device", default="cpu", help="where the fp64 oracle computes: cpu or cuda")
     r.add_argument("--trace", help="only this trace name (file stem)")
     r.add_argument("--force", action="store_true", help="also overwrite shipped goldens that would change")
-    z = sub.add_parser("zoo", help="(re)write the shipped random zoo models, one per architecture")
+    z = sub.add_parser("zoo", help="(re)write the shipped random zoo models (one per architecture, zoo-granite_dense)")
     z.add_argument("--seed", type=int, default=0)
     z.add_argument("--force", action="store_true", help="also overwrite shipped zoo models that would change")
     args = ap.parse_args(argv)
