@@ -119,3 +119,44 @@ def test_folded_norm_gains_keep_the_function(arch):
         assert {n for n in m1.gains_folded if n.startswith(p)} == want, i
         assert all(torch.equal(m1.w[n], torch.ones_like(m1.w[n])) for n in want)
         assert all(not torch.equal(m0.w[n], torch.ones_like(m0.w[n])) for n in want)
+
+
+def test_folded_row_step_on_the_dense_granite_follows_the_oracle(monkeypatch):
+    """The shipped zoo-granite_dense (every FFN a dense MLP, residual multiplier 0.7, hidden 48, rms eps 0.05) is
+    the model on which the folded one-row step meets a residual multiplier, a row narrower than its GEMV tile (48 in
+    64) and an eps that matters: every decode step takes _forward_row, the RMS and residual folds run with those
+    values, and every logits row of a bs1 request is within the fp32 logits bound of the fp64 oracle's."""
+    import fastpath.model as fm
+    import oracle
+    from hybridqual.paths import MODELS
+    from hybridqual.qualify.compare import LOGITS_C, logit_scale, teacher_forced_logits
+    folder = MODELS / "zoo-granite_dense"
+    seen = {"rows": 0, "rms_k": set(), "mult": set()}
+    real_gemv, real_row = fm._gemv, FastModel._forward_row
+
+    def gemv(x, w, b=None, **k):
+        if k.get("rms_eps") is not None:
+            seen["rms_k"].add(w.shape[1])
+        if k.get("residual") is not None:
+            seen["mult"].add(k["residual"].multiplier)
+        return real_gemv(x, w, b, **k)
+
+    def row(self, *a):
+        seen["rows"] += 1
+        return real_row(self, *a)
+    monkeypatch.setattr(fm, "_gemv", gemv)
+    monkeypatch.setattr(FastModel, "_forward_row", row)
+    prompt = (3, 9, 27, 4, 11, 40, 7, 55, 13)
+    trace = Trace(EngineConfig(1, 16, 8, "legacy"), (Request("q", 0, prompt, 8),))
+    eng = Engine.from_pretrained(folder, trace.engine, device="cpu", max_len=32,
+                                 options=FastOptions(gemv_on_cpu=True))
+    result, rows = run_recording_logits(eng, trace)
+    assert seen == {"rows": 7, "rms_k": {48}, "mult": {0.7}}, seen
+    model = oracle.load(folder)
+    toks = result.tokens["q"]
+    assert toks == oracle.run_trace(model, trace, mode="legacy").tokens["q"]
+    want = teacher_forced_logits(model, prompt, toks)
+    assert len(rows) == len(toks) == 8
+    for (_, key), got in rows.items():
+        ref = want[key - len(prompt)]
+        assert (got.double() - ref).abs().max().item() <= LOGITS_C[torch.float32] * logit_scale(ref), key

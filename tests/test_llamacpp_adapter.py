@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.llamacpp,
               pytest.mark.skipif(conv.available() is not None, reason=str(conv.available()))]
 ROOT = Path(__file__).resolve().parents[1]
 GRANITE = ROOT / "goldens" / "models" / "zoo-granitemoehybrid"
+GRANITE_DENSE = ROOT / "goldens" / "models" / "zoo-granite_dense"    # no experts, hidden 48, rms eps 0.05
 
 
 def _oracle_rows(model, prompt, toks):
@@ -22,13 +23,14 @@ def _oracle_rows(model, prompt, toks):
     return logits[len(prompt) - 1:]
 
 
-def test_continuous_batching_matches_the_oracle_and_reuses_seq_ids():
+@pytest.mark.parametrize("folder", [GRANITE, GRANITE_DENSE], ids=lambda p: p.name)
+def test_continuous_batching_matches_the_oracle_and_reuses_seq_ids(folder):
     from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter
     trace = load_trace(ROOT / "goldens" / "traces" / "slot_exhaustion.json")
     assert len(trace.requests) > trace.engine.max_requests          # requests must wait for a free sequence
-    a = LlamaCppAdapter(GRANITE, trace, "legacy")
+    a = LlamaCppAdapter(folder, trace, "legacy")
     run = a.run_trace()
-    model = oracle.load(GRANITE)
+    model = oracle.load(folder)
     truth = oracle.run_trace(model, trace, mode="legacy")
     assert run.tokens == truth.tokens and run.finish_reasons == truth.finish_reasons
     seqs = list(a.seq_ids.values())

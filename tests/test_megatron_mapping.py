@@ -42,6 +42,7 @@ def test_qkv_rows_follow_megatrons_group_interleave():
 
 @pytest.mark.parametrize("name, field", [("zoo-granitemoehybrid", "norm_eps"), ("zoo-granitemoehybrid", "layers"),
                                          ("zoo-granitemoehybrid", "embedding_multiplier"),
+                                         ("zoo-granite_dense", "residual_multiplier"),   # dense, still Granite's
                                          ("zoo-nemotron_h", "mlp_act")])
 def test_unmappable_zoo_models_are_refused_by_field(name, field):
     cfg, t = load_checkpoint(MODELS / name)
