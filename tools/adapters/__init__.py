@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import importlib
 
-from hybridqual.adapters.base import Adapter, Capabilities, RunResult, installed_version
+from hybridqual.adapters.base import Adapter, Capabilities, Configuration, RunResult, installed_version
 from hybridqual.adapters.fastpath import FastpathAdapter
 from hybridqual.adapters.hf import HFAdapter, HFBatchedAdapter
 from hybridqual.adapters.oracle import OracleAdapter
 
-__all__ = ["Adapter", "Capabilities", "RunResult", "installed_version", "OracleAdapter", "FastpathAdapter",
+__all__ = ["Adapter", "Capabilities", "Configuration", "RunResult", "installed_version", "OracleAdapter", "FastpathAdapter",
            "HFAdapter", "HFBatchedAdapter", "BUILTIN", "NAMED", "resolve"]
 
 

@@ -44,6 +44,8 @@ class Capabilities:
     prefix_cache_reporting: bool = False          # DESIGN §12: run_trace returns RunResult.prefix_cache (and a log,
                                                   # if any, records hits/stores/evictions)
     speculation_reporting: bool = False           # for later (DESIGN §13): the log records proposals/acceptance
+    batch_invariant: bool = False                 # a request's tokens and logits do not depend on what shares its
+                                                  # steps: each request run alone must give the same bits
     piece_granularities: tuple[int, ...] = ()     # the engine's own piece rule: the block sizes / budget roundings its
                                                   # scheduler cuts prefill at; the engine-aware scenarios put prompts
                                                   # = 1 mod each (tools/scenarios/boundaries.py) beside the defaults
@@ -52,6 +54,15 @@ class Capabilities:
     def why_not(self, what: str, default: str) -> str:
         """The adapter's own reason for lacking `what`, else `default`."""
         return dict(self.notes).get(what, default)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """An optional configuration of an engine (a kernel backend, a rollback method, a batch-invariant mode) that
+    qualify's main job runs beside the default one, on the shipped instances that reach its code."""
+    name: str                        # what `qualify --configuration NAME` and the report call it
+    reach: tuple[str, ...]           # "model/scenario" or "model/trace-file-name" of the shipped corpus
+    why: str = ""                    # the code it runs that the default configuration does not
 
 
 @dataclass
@@ -96,6 +107,19 @@ class Adapter:
             return f"{cls.__module__}.{cls.__qualname__} ({pkg} {version(pkg)})"
         except (PackageNotFoundError, ValueError):
             return f"{cls.__module__}.{cls.__qualname__}"
+
+    @classmethod
+    def configurations(cls) -> tuple[Configuration, ...]:
+        """The optional configurations this engine supports (none by default); `configured` builds each."""
+        return ()
+
+    @classmethod
+    def configured(cls, name: str) -> type["Adapter"]:
+        """The adapter class running configuration `name` (one of `configurations()`); a ValueError naming the
+        known ones otherwise."""
+        known = [c.name for c in cls.configurations()]
+        raise ValueError(f"--configuration {name}: the engine declares no such configuration (it declares "
+                         f"{', '.join(known) or 'none'})")
 
     def add_request(self, request) -> None:
         raise NotImplementedError

@@ -4,7 +4,26 @@ from __future__ import annotations
 
 import torch
 
-from hybridqual.adapters.base import Adapter, Capabilities, RunResult, cache_facts, installed_version
+from hybridqual.adapters.base import Adapter, Capabilities, Configuration, RunResult, cache_facts, installed_version
+
+# The fast path's optional configurations: name -> (class attributes set, FastOptions fields changed, reach, why).
+# The main job runs each on the shipped instances that reach its code (docs/qualification.md, "Configurations").
+FAST_CONFIGURATIONS: dict[str, tuple[dict, dict, tuple[str, ...], str]] = {
+    "spec_replay": ({}, {"spec_replay": True}, ("zoo-bamba/spec_accept",),
+                    "speculative rollback by replaying the accepted inputs' conv/SSM steps instead of snapshots"),
+    "spec_device_drafts": ({"pad_decode": True}, {"spec_device_drafts": True},
+                           ("zoo-bamba/spec_device",),
+                           "ngram drafts searched on the device in decode-loop steps (padded decode buckets)"),
+    "unfused": ({}, {"fused": False}, ("zoo-granite_dense/stop_tokens",),
+                "the unfused residual add and norms (Granite's residual multiplier on the unfused path)"),
+    "torch_backend": ({"pad_decode": True}, {"backend": "torch"}, ("zoo-mamba2/decode_buckets",),
+                      "the torch stand-in kernels, decode steps padded to the graph buckets"),
+    "batch_invariant": ({"batch_invariant": True}, {}, ("zoo-mamba2/seed_compaction",),
+                        "the batch-invariant mode (fixed-split matmuls, per-request pieces): each request alone must "
+                        "give the same bits"),
+    "gemv": ({}, {"gemv_on_cpu": True}, ("zoo-granite_dense/stop_tokens",),
+             "the one-row GEMV and its folds (norm, conv step, residual epilogue) on CPU too (on cuda: the default)"),
+}
 
 
 class FastpathAdapter(Adapter):
@@ -18,18 +37,35 @@ class FastpathAdapter(Adapter):
     batch_invariant = False
     dtype: torch.dtype | None = None
     graphs = False
+    options = None            # a fastpath.FastOptions (None: the defaults): a declared configuration sets it
+    pad_decode = False        # decode-only steps padded to the graph buckets without graphs (the CPU analogue)
+    configuration = None      # the name of the declared configuration this class runs (None: the default)
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
         dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
         return Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
-                            compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True)
+                            compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True,
+                            batch_invariant=cls.batch_invariant)
 
     @classmethod
     def version(cls) -> str:
         ver = installed_version("hybridqual")
         return f"hybridqual fastpath {ver}" + (f" tp={cls.tp}" if cls.tp > 1 else "") + \
             (" batch-invariant" if cls.batch_invariant else "") + (" graphs" if cls.graphs else "")
+
+    @classmethod
+    def configurations(cls) -> tuple[Configuration, ...]:
+        return tuple(Configuration(name, reach, why) for name, (_, _, reach, why) in FAST_CONFIGURATIONS.items())
+
+    @classmethod
+    def configured(cls, name: str) -> type["FastpathAdapter"]:
+        if name not in FAST_CONFIGURATIONS:
+            return super().configured(name)
+        attrs, changes, _, _ = FAST_CONFIGURATIONS[name]
+        from fastpath.options import FastOptions
+        options = (cls.options or FastOptions()).replace(**changes)
+        return type(f"{cls.__name__}_{name}", (cls,), {**attrs, "options": options, "configuration": name})
 
     def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
         super().__init__(model_path, trace, mode, device)
@@ -38,11 +74,12 @@ class FastpathAdapter(Adapter):
             from fastpath.tp import engine_from_pretrained
             self.engine = engine_from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
                                                  tp=self.tp, batch_invariant=self.batch_invariant,
-                                                 graphs=self.graphs)
+                                                 graphs=self.graphs, options=self.options)
         else:
             import fastpath
             self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
-                                                          graphs=self.graphs, **self.kv_len(trace, device))
+                                                          graphs=self.graphs, pad_decode=self.pad_decode,
+                                                          options=self.options, **self.kv_len(trace, device))
 
     @staticmethod
     def kv_len(trace, device: str) -> dict:

@@ -279,9 +279,11 @@ def guarded(label: str, name: str, fn, *args) -> Check:
 
 def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_model, device: str,
                    tau: float | None = None, progress: Progress | None = None,
-                   on_check: Callable[[Check], None] | None = None, truth: dict | None = None) -> list[Check]:
-    """Every check for one scenario instance; `tau` None follows the adapter's compute dtype."""
-    label = f"{model_dir.name}/{inst.scenario}"
+                   on_check: Callable[[Check], None] | None = None, truth: dict | None = None,
+                   label: str | None = None) -> list[Check]:
+    """Every check for one scenario instance; `tau` None follows the adapter's compute dtype; `label` names it in
+    the report (default model/scenario)."""
+    label = label or f"{model_dir.name}/{inst.scenario}"
     progress = progress or Progress(quiet=True)
     checks: list[Check] = []
 
@@ -347,6 +349,9 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                 from hybridqual.qualify.prefix_checks import qualify_check as cache_check     # prefix-cache traces only (DESIGN §12)
                 add(guarded(label, f"{mode}: prefix cache events", cache_check, label, mode, trace, run,
                             schedule_model(oracle_model), caps))       # a forced replay: no model math needed
+                from hybridqual.qualify.invariance_checks import qualify_check as invariance_check   # batch-invariant engines
+                add(guarded(label, f"{mode}: batch-invariant", invariance_check, label, mode, trace, run, adapter_cls,
+                            model_dir, device, vocab))
                 facts = getattr(adapter_cls, "facts_check", None)   # an engine's own schedule facts (docs/megatron.md)
                 if facts is not None:
                     add(guarded(label, f"{mode}: engine schedule facts", facts, label, mode, trace, run,

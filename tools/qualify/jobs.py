@@ -27,6 +27,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from hybridqual.qualify import configurations as configs
 from hybridqual.qualify.report import Check, Progress
 
 HOME = Path(__file__).parent.parent    # the package folder as imported (a link is not resolved)
@@ -207,7 +208,7 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
                 if code is not None:
                     return code
                 continue
-            label = f"{step[1].name}/{step[4].scenario}"
+            label = configs.label(step[1], step[4].scenario, step[6].get("configuration"))
             while True:
                 while not buffers[k]:
                     receive()

@@ -45,6 +45,7 @@ import torch
 from hybridqual import adapters, paths
 from hybridqual.goldens import regen as goldens
 from hybridqual.scenarios import plan as scenarios
+from hybridqual.qualify import configurations as configs
 from hybridqual.qualify.compare import tau_for
 from hybridqual.qualify.checks import check_instance, dtype_name, truth_for
 from hybridqual.qualify.truth import ORACLES, load_truth
@@ -193,13 +194,19 @@ def configured_adapter(args) -> type[adapters.Adapter]:
     return cls
 
 
-def build_plan(args) -> list[tuple[Path, list[str] | None, list[Path] | None]]:
-    """(model folder, scenario names or None = all, trace files or None) per model, from the arguments."""
+def build_plan(args, adapter_cls=None) -> list[tuple[Path, list[str] | None, list[Path] | None, str | None]]:
+    """(model folder, scenario names or None = all, trace files or None, configuration or None = the default) per
+    entry, from the arguments; the main job adds the adapter's declared configurations (tools/qualify/configurations.py)."""
+    adapter_cls = adapter_cls or adapters.FastpathAdapter
+    main_job = not (args.trace or args.model)
     if args.trace:
-        return [(args.model or DEFAULT_MODEL, None, list(args.trace))]
-    if args.model:
-        return [(args.model, args.scenario, None)]
-    return scenarios.main_job_plan()
+        base = [(args.model or DEFAULT_MODEL, None, list(args.trace))]
+    elif args.model:
+        base = [(args.model, args.scenario, None)]
+    else:
+        base = scenarios.main_job_plan()
+    names = configs.chosen(getattr(args, "configuration", None), adapter_cls, main_job)
+    return configs.plan(base, names, adapter_cls, main_job)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -248,6 +255,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the engine's own piece rule: block sizes / budget roundings its scheduler cuts prefill at "
                          "(vLLM's block size, SGLang's page size, a budget rounding); the engine-aware scenarios add "
                          "prompts = 1 mod each, beside the adapter's declared ones and the defaults (16, 64, chunk)")
+    ap.add_argument("--configuration", nargs="+", metavar="NAME",
+                    help="run the engine in these of its declared configurations ('default' for its defaults; "
+                         "`hybridqual list` shows them): with --model/--trace, every instance in each; in the main job, "
+                         "each on the instances that reach its code (default: the main job runs the default plan, "
+                         "then every declared configuration on its reach)")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="fast path in batch-invariant mode (its prefill pieces depend only on the request, so its "
                          "schedule log is not the default policy's: that check is skipped)")
@@ -313,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = problem or oracle_device_problem(args.oracle_device)
     try:
         adapter_cls = configured_adapter(args)
+        problem = problem or configs.problem(args.configuration, adapter_cls)
     except ValueError as e:
         problem = problem or str(e)
     if problem:
@@ -356,9 +369,14 @@ def run(args, adapter_cls, rank0: bool) -> int:
     tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
     tau_source = "--tau" if args.tau is not None else \
         f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"
-    plan = build_plan(args)
+    try:
+        plan = build_plan(args, adapter_cls)
+    except scenarios.ScenarioError as e:          # a declared configuration whose reach is not in the corpus
+        print(f"the engine's configurations: {e}", file=sys.stderr)
+        return 2
     header = {"engine": args.engine, "device": args.device, "modes": args.mode,
-              "models": [str(m) for m, _, _ in plan], "tau": tau, "tau_source": tau_source,
+              "models": list(dict.fromkeys(str(m) for m, *_ in plan)), "tau": tau, "tau_source": tau_source,
+              "configurations": list(dict.fromkeys(c or configs.DEFAULT for *_, c in plan)),
               "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls),
               "jobs": args.jobs, "piece_granularities": list(args.granularities)}
     report = Report(args.out if rank0 else None, header)
@@ -422,20 +440,24 @@ def aborted(report: Report, why: str, code: int | None) -> int | None:
 def plan_steps(args, plan):
     """The plan as steps in report order, computing only what decides them (the truth's loading, instantiation):
     ("say", line), ("check", Check), ("oracle", model, how), ("exit", code, message) and ("instance", model_dir,
-    i, n, inst, oracle_model, spec) — spec: what a worker needs to rebuild the instance (tools/qualify/jobs.py)."""
+    i, n, inst, oracle_model, spec) — spec: what a worker needs to rebuild the instance (tools/qualify/jobs.py),
+    with its configuration when it is not the default."""
     from oracle.checkpoint import CheckpointError
     from oracle.trace import TraceError
-    for model_dir, names, files in plan:
+    truths: dict[Path, object] = {}
+    for model_dir, names, files, configuration in plan:
         if not (model_dir / "config.json").exists():
             yield "check", Check.of(str(model_dir), "model folder exists", False, "no config.json there")
             continue
-        try:
-            oracle_model, how = load_truth(model_dir, args.oracle, args.oracle_device)
-        except (CheckpointError, ValueError) as e:
-            yield "check", Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}")
-            continue
-        yield "oracle", str(model_dir), how
-        yield "say", f"[{model_dir.name}] truth: {how}"
+        if model_dir not in truths:
+            try:
+                truths[model_dir] = load_truth(model_dir, args.oracle, args.oracle_device)
+            except (CheckpointError, ValueError) as e:
+                yield "check", Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}")
+                continue
+            yield "oracle", str(model_dir), truths[model_dir][1]
+            yield "say", f"[{model_dir.name}] truth: {truths[model_dir][1]}"
+        oracle_model = truths[model_dir][0]
         if files is not None:       # a bad trace file is a FAIL line (a SKIP with --skip-invalid-traces), the rest run
             insts = [trace_file_instance(p, oracle_model.config, model_dir, args.skip_invalid_traces) for p in files]
         else:
@@ -450,16 +472,20 @@ def plan_steps(args, plan):
                 yield "check", inst
                 continue
             spec = {"model": str(model_dir), "i": i, "n": len(insts),
-                    **({"trace_file": str(files[i - 1])} if files is not None else {"scenario": inst.scenario})}
+                    **({"trace_file": str(files[i - 1])} if files is not None else {"scenario": inst.scenario}),
+                    **({"configuration": configuration} if configuration else {})}
             yield "instance", model_dir, i, len(insts), inst, oracle_model, spec
 
 
 def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, oracle_model, progress: Progress,
-                 on_instance, on_check) -> tuple[bool, str]:
-    """One instance: its truth, then every check; (it ran — not skipped —, its family)."""
-    progress.say(f"[{model_dir.name} {i}/{n}] {inst.scenario} ({inst.family})")
+                 on_instance, on_check, configuration: str | None = None) -> tuple[bool, str]:
+    """One instance: its truth, then every check; (it ran — not skipped —, its family). `adapter_cls` is already
+    the configuration's (configurations.Adapters); `configuration` names it in the report."""
+    progress.say(f"[{model_dir.name} {i}/{n}] {inst.scenario} ({inst.family})"
+                 + (f" [configuration {configuration}]" if configuration else ""))
     info = {"model": str(model_dir), "scenario": inst.scenario, "family": inst.family,
-            "skip_reason": inst.skip_reason, "concrete": inst.concrete}
+            "skip_reason": inst.skip_reason, "concrete": inst.concrete,
+            **({"configuration": configuration} if configuration else {})}
     truth = None
     if inst.trace is not None:
         truth = truth_for(model_dir, inst, oracle_model)
@@ -470,7 +496,7 @@ def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, 
                   "oracle", file=sys.stderr, flush=True)
     on_instance(info)
     checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
-                            progress, on_check, truth)
+                            progress, on_check, truth, configs.label(model_dir, inst.scenario, configuration))
     return not (inst.trace is None or all(c.skipped for c in checks)), inst.family
 
 
@@ -505,19 +531,22 @@ def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, o
         from hybridqual.qualify.jobs import run_parallel
         return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters, apply_step, count,
                             cpu_cores())
+    adapter_for = configs.Adapters(adapter_cls)
     for step in plan_steps(args, plan):
         if step[0] != "instance":
             code = apply_step(step, report, progress, on_check)
             if code is not None:
                 return code
             continue
-        _, model_dir, i, n, inst, oracle_model, _spec = step
+        _, model_dir, i, n, inst, oracle_model, spec = step
+        cfg = spec.get("configuration")
         try:
             with deadline(args.timeout):
-                count(counters, *run_instance(args, adapter_cls, tau, model_dir, i, n, inst, oracle_model, progress,
-                                              report.instance, on_check))
+                count(counters, *run_instance(args, adapter_for(cfg), tau, model_dir, i, n, inst, oracle_model,
+                                              progress, report.instance, on_check, cfg))
         except InstanceTimeout:
-            c = timeout_check(f"{model_dir.name}/{inst.scenario}", args.timeout, "stopped by an alarm in this process")
+            c = timeout_check(configs.label(model_dir, inst.scenario, cfg), args.timeout,
+                              "stopped by an alarm in this process")
             progress.check(c)
             on_check(c)
             count(counters, True, inst.family)

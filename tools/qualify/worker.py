@@ -45,7 +45,9 @@ def worker_main(argv: list[str]) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    from hybridqual.qualify.configurations import Adapters
     adapter_cls = qualify.configured_adapter(args)
+    adapter_for = Adapters(adapter_cls)
     truths: dict[str, object] = {}
     for line in sys.stdin:
         task = json.loads(line)
@@ -66,9 +68,10 @@ def worker_main(argv: list[str]) -> int:
             inst = (qualify.instance_from_file(Path(task["trace_file"]), om.config) if "trace_file" in task else
                     qualify.instances_for(model_dir, om.config, [task["scenario"]], model_dir.name,
                                           qualify.engine_granularities(args, adapter_cls))[0])
-            ran, family = qualify.run_instance(args, adapter_cls, task["tau"], model_dir, task["i"], task["n"], inst,
-                                               om, Relay(args.quiet, emit, task["t0"]),
-                                               lambda info: emit("instance", info=info), on_check)
+            cfg = task.get("configuration")
+            ran, family = qualify.run_instance(args, adapter_for(cfg), task["tau"], model_dir, task["i"], task["n"],
+                                               inst, om, Relay(args.quiet, emit, task["t0"]),
+                                               lambda info: emit("instance", info=info), on_check, cfg)
             emit("done", ran=ran, family=family)
         except _Stop:
             emit("done", ran=True, family="stopped")

@@ -6,6 +6,6 @@ units and token folding), the trained model's task and its traces (`task`, `task
 no checks): a scenario is data.
 """
 from hybridqual.scenarios.plan import (DEFAULT_TRACES, FAMILIES, SCENARIOS, Instance, ScenarioError,  # noqa: F401
-                                       default_plan, default_trace_plan, describe, instantiate, instantiate_one,
+                                       configuration_plan, default_plan, default_trace_plan, describe, instantiate, instantiate_one,
                                        main_job_plan, plan_coverage, shipped_models, shipped_trace_path,
                                        write_shipped)

@@ -102,10 +102,11 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "decode_buckets",         # pad rows of bucketed decode steps (--graphs) hit live attention too
                    "long_context")),         # a short piece past 1024 keys (split-key attention); the costliest
     ("tiny-sort", ("task_staggered_short",)),
-    ("zoo-granitemoehybrid", ("seeded_sampling", "stop_tokens")),
+    ("zoo-granitemoehybrid", ("seeded_sampling",)),
     ("zoo-mamba2", ("piece_tails", "cobatch_reuse", "request_order", "async_drain", "slot_exhaustion",
                     "seed_compaction", "special_ids", "piece_chunk", "piece_budget", "task_burst_short")),
     ("zoo-nemotron_h", ("chunked_prefill",)),
+    ("zoo-granite_dense", ("stop_tokens",)),      # dense Granite: hidden 48 (no power of two), rms eps 0.05
 )
 
 
@@ -114,7 +115,8 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
 # the checkpoint's Mamba state and K/V, its key, eviction and inert caches; rollback, bonus token, seeded keys.
 DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn", "prefix_pinned")),
-    ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget")),
+    ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget",
+                                  "spec_device")),
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 
@@ -139,6 +141,26 @@ def main_job_plan() -> list[tuple[Path, list[str] | None, list[Path] | None]]:
     the trained model's long instance no longer holds back the report of the trace files' FAILs."""
     scen = [(m, names, None) for m, names in default_plan()]
     return [(m, None, files) for m, files in default_trace_plan()] + scen
+
+
+def configuration_plan(configurations) -> list[tuple[Path, list[str] | None, list[Path] | None, str]]:
+    """The main job's entries for an engine's optional configurations: (model, scenario names, trace files,
+    configuration name) for every shipped instance each one reaches, in order. `configurations`: (name, reach)
+    pairs, reach = "model/scenario" or "model/trace-file-name" (a ScenarioError names a reach that is neither)."""
+    out = []
+    for name, reach in configurations:
+        for entry in reach:
+            model, _, inst = str(entry).partition("/")
+            if not (MODELS / model / "config.json").exists():
+                raise ScenarioError(f"configuration {name}: reach {entry!r}: no shipped model {model!r}")
+            if inst in SCENARIOS:
+                out.append((MODELS / model, [inst], None, name))
+            elif (TRACES / f"{inst}.json").exists():
+                out.append((MODELS / model, None, [TRACES / f"{inst}.json"], name))
+            else:
+                raise ScenarioError(f"configuration {name}: reach {entry!r}: {inst!r} is neither a scenario nor a "
+                                    "shipped trace file")
+    return out
 
 
 def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> dict[str, list[str]]:

@@ -1,0 +1,148 @@
+"""An engine's declared configurations are qualified by the main job, each on the instances that reach its code,
+under its own name; the batch-invariance check holds an engine that claims it to the same bits for every request
+run alone.
+
+The engines here are the oracle (no interpreter) or fakes without a model.
+"""
+import json
+
+import pytest
+import torch
+
+from oracle.trace import parse_trace
+from hybridqual import adapters
+from hybridqual.adapters import Capabilities, Configuration, RunResult
+from hybridqual.qualify import configurations as configs
+from hybridqual.qualify import invariance_checks, runner
+from hybridqual.scenarios import plan as scenarios
+
+TRACE = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 2, "max_tokens_per_step": 16, "prefill_chunk": 8,
+                                                    "mode": "legacy"},
+         "requests": [{"id": "a", "arrival_step": 0, "prompt": [3, 4, 5], "max_new_tokens": 3},
+                      {"id": "b", "arrival_step": 0, "prompt": [6, 7], "max_new_tokens": 2}]}
+VOCAB = 96
+
+
+class FakeInvariant(adapters.Adapter):
+    """Claims batch invariance; tokens fixed per request, logits rows whose bits depend on `drift` x the number of
+    requests in the trace (drift 0: truly invariant)."""
+    CAPABILITIES = Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float32,
+                                batch_invariant=True)
+    drift = 0.0
+
+    def run_trace(self) -> RunResult:
+        toks = {r.id: [(7 * k + len(r.prompt)) % VOCAB for k in range(r.max_new_tokens)] for r in self.trace.requests}
+        logits = {r.id: torch.full((r.max_new_tokens, VOCAB), 0.5, dtype=torch.float32)
+                  + self.drift * len(self.trace.requests) for r in self.trace.requests}
+        return RunResult(toks, {r: "length" for r in toks}, logits=logits)
+
+
+def _check(cls):
+    tr = parse_trace(TRACE)
+    return invariance_checks.qualify_check("m/t", "legacy", tr, cls("m", tr, "legacy").run_trace(), cls, "m", "cpu",
+                                           VOCAB)
+
+
+def test_a_batch_invariant_engine_whose_logit_bits_depend_on_the_batch_fails_naming_the_request():
+    drifting = type("Drifting", (FakeInvariant,), {"drift": 1e-7})
+    c = _check(drifting)
+    assert c.status == "FAIL" and "a: position 0" in c.detail and "bits differ" in c.detail
+    assert _check(FakeInvariant).status == "PASS"
+
+
+def test_the_invariance_check_compares_bits_not_values():
+    a = torch.zeros(2, 4)
+    b = a.clone()
+    b[1, 2] = -0.0                       # equal as numbers, not as bits
+    assert invariance_checks.row_difference(a, a.clone()) is None
+    assert "position 1" in invariance_checks.row_difference(a, b)
+
+
+def test_no_invariance_check_for_an_engine_that_does_not_claim_it():
+    plain = type("Plain", (FakeInvariant,), {"CAPABILITIES": Capabilities(("greedy",), ("legacy",), logits=True)})
+    assert _check(plain) is None
+
+
+def test_every_fastpath_configuration_reaches_shipped_instances():
+    declared = adapters.FastpathAdapter.configurations()
+    assert {c.name for c in declared} >= {"spec_replay", "spec_device_drafts", "unfused", "torch_backend",
+                                           "batch_invariant", "gemv"}
+    for c in declared:
+        entries = scenarios.configuration_plan([(c.name, c.reach)])
+        assert entries and all(e[3] == c.name and (e[0] / "config.json").exists() for e in entries), c.name
+        assert c.why, c.name
+
+
+def test_a_reach_outside_the_corpus_is_a_scenario_error_naming_it():
+    with pytest.raises(scenarios.ScenarioError, match="nosuch"):
+        scenarios.configuration_plan([("x", ("zoo-bamba/nosuch",))])
+    with pytest.raises(scenarios.ScenarioError, match="no shipped model"):
+        scenarios.configuration_plan([("x", ("zoo-none/request_order",))])
+
+
+def test_configured_fastpath_applies_its_options_and_keeps_the_run_flags():
+    graphed = type("Graphed", (adapters.FastpathAdapter,), {"graphs": True})
+    spec = graphed.configured("spec_replay")
+    assert spec.graphs and spec.options.spec_replay and not spec.options.spec_device_drafts
+    assert spec.configuration == "spec_replay"
+    torch_cls = adapters.FastpathAdapter.configured("torch_backend")
+    assert torch_cls.pad_decode and torch_cls.options.backend == "torch"
+    assert adapters.FastpathAdapter.configured("batch_invariant").capabilities("cpu").batch_invariant
+    assert not adapters.FastpathAdapter.capabilities("cpu").batch_invariant
+    with pytest.raises(ValueError, match="spec_replay"):
+        adapters.FastpathAdapter.configured("nosuch")
+
+
+def test_the_main_job_runs_the_default_plan_then_each_configuration_on_its_reach():
+    plan = runner.build_plan(runner.parse_args([]), adapters.FastpathAdapter)
+    names = [e[3] for e in plan]
+    first = names.index(next(n for n in names if n is not None))
+    assert all(n is None for n in names[:first]) and all(n is not None for n in names[first:])
+    assert list(dict.fromkeys(names[first:])) == [c.name for c in adapters.FastpathAdapter.configurations()]
+    assert all(n is None for *_, n in runner.build_plan(runner.parse_args(["--configuration", "default"]),
+                                                          adapters.FastpathAdapter))
+    one = runner.build_plan(runner.parse_args(["--model", "zoo-mamba2", "--scenario", "request_order",
+                                               "--configuration", "unfused"]), adapters.FastpathAdapter)
+    assert [(e[1], e[3]) for e in one] == [(["request_order"], "unfused")]
+
+
+def test_an_unknown_configuration_is_refused_before_any_work(tmp_path, capsys):
+    assert runner.main(["--configuration", "nosuch", "--out", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err
+    assert "--configuration nosuch" in err and "spec_replay" in err
+    assert not (tmp_path / "q" / "report.json").exists()
+
+
+class DropsInOneConfiguration(adapters.OracleAdapter):
+    """The oracle, which in its declared configuration 'drop_last' loses every request's last token."""
+
+    @classmethod
+    def configurations(cls):
+        return (Configuration("drop_last", ("zoo-mamba2/request_order",), "a path the defaults never take"),)
+
+    @classmethod
+    def configured(cls, name):
+        if name != "drop_last":
+            return super().configured(name)
+
+        class Dropping(cls):
+            def run_trace(self):
+                r = super().run_trace()
+                r.tokens = {k: v[:-1] for k, v in r.tokens.items()}
+                return r
+        return Dropping
+
+
+def test_a_defect_only_in_a_configuration_fails_the_main_job_under_that_configurations_name(tmp_path):
+    args = runner.parse_args(["--configuration", "default", "drop_last", "--out", str(tmp_path), "--quiet",
+                              "--in-process", "--jobs", "1"])
+    base = scenarios.main_job_plan
+    try:      # the default part cut to one cheap instance: the defect is in the configuration's part
+        scenarios.main_job_plan = lambda: [(scenarios.MODELS / "zoo-mamba2", ["request_order"], None)]
+        assert runner.run(args, DropsInOneConfiguration, True) == 1
+    finally:
+        scenarios.main_job_plan = base
+    report = json.loads((tmp_path / "report.json").read_text())
+    failed = {c["trace"] for c in report["checks"] if c["status"] == "FAIL"}
+    assert failed == {"zoo-mamba2/request_order [drop_last]"}
+    assert report["configurations"] == ["default", "drop_last"]
