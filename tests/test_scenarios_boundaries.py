@@ -150,6 +150,35 @@ def test_spec_accept_hits_every_acceptance_boundary_with_compaction():
     assert full >= {1, 2, 3} and last_rejected >= {1, 2, 3} and zero_after and moved_rejecting
 
 
+@pytest.mark.parametrize("mode", ["legacy", "async"])
+def test_spec_device_has_decode_loop_rows_where_the_oldest_match_differs_and_seeded_rows_accept(mode):
+    """The shipped spec_device on its model: verify rows in steps without prefill (where device drafts run) whose
+    oldest earlier match would propose otherwise, and seeded rows that accept drafts there (their later positions
+    are sampled under their own keys); the logged proposals are the most recent match's."""
+    from hybridqual.paths import MODELS, TRACES
+    from oracle.speculative import ngram_propose
+    import re
+    from oracle.trace import dump_trace, parse_trace
+    trace = load_trace(TRACES / "spec_device.json")
+    seed = int(re.search(r"candidate (\d+)", trace.description).group(1))
+    assert dump_trace(parse_trace(boundaries.spec_device_trace(seed))) == (TRACES / "spec_device.json").read_text().strip()
+    assert trace.engine.speculative.proposer.kind == "ngram"
+    result = oracle_run(oracle.load(MODELS / boundaries.SPEC_MODEL), trace, mode)
+    rows = boundaries.decode_loop_verifies(trace, result)
+    assert rows and all(ngram_propose(v["history"], boundaries.DEVICE_K, *boundaries.DEVICE_N)[:len(v["proposals"])]
+                        == v["proposals"] for v in rows)
+    got = boundaries.spec_device_conditions(trace, result)
+    assert got["oldest_differs"] >= 2 and got["seeded_accepting"] >= 3, got
+
+
+def test_oldest_match_is_the_other_end_of_the_same_lookup():
+    toks = [3, 4, 5, 9, 3, 4, 6, 8, 3, 4]
+    assert boundaries.oldest_match(toks, 2, 1, 2) == [5, 9]
+    from oracle.speculative import ngram_propose
+    assert ngram_propose(toks, 2, 1, 2) == [6, 8]
+    assert boundaries.oldest_match([1, 2, 3], 3, 1, 2) == ngram_propose([1, 2, 3], 3, 1, 2) == []
+
+
 @pytest.mark.parametrize("name", ["piece_tails", "cobatch_reuse"])
 def test_boundary_scenarios_through_the_engine_equal_the_oracle(name):
     """piece_tails and cobatch_reuse on the shipped zoo-mamba2 (plain-torch kernels, both modes): tokens and the

@@ -35,7 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridqual.scenarios.edges import small
-from hybridqual.scenarios.units import Skip, Tokens, Units, request, seeded, seq, trace
+from hybridqual.scenarios.units import ScenarioError, Skip, Tokens, Units, request, seeded, seq, trace
 
 GRANULARITIES = (16, 64)     # block sizes / budget roundings of the engines we know (vLLM, SGLang, Megatron)
 MIN_CHUNK = 4
@@ -222,14 +222,104 @@ def write_spec_accept(path: Path | None = None) -> Path:
     return path
 
 
+# ------------------------------------------------------------------------------- spec_device (a shipped trace)
+
+DEVICE_K, DEVICE_N = 3, (1, 2)     # ngram proposer: k drafts, n from 2 down to 1
+
+
+def oldest_match(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Prompt lookup with the OLDEST earlier occurrence of the suffix (the rule DESIGN §13 does not take): where
+    it differs from oracle.speculative.ngram_propose, an engine that searches the wrong way proposes otherwise."""
+    L = len(tokens)
+    for n in range(max_n, min_n - 1, -1):
+        if n >= L:
+            continue
+        for i in range(0, L - n):
+            if tokens[i:i + n] == tokens[L - n:]:
+                return list(tokens[i + n:i + n + k])
+    return []
+
+
+def decode_loop_verifies(trace_obj, result) -> list[dict]:
+    """Every verify row of an oracle run in a step with no prefill row (where an engine may search drafts on the
+    device): {step, request, history, proposals, accepted, seeded}; history = prompt + tokens before the row."""
+    reqs = {r.id: r for r in trace_obj.requests}
+    out = []
+    for s in result.schedule_log.to_json()["steps"]:
+        if any(b["kind"] == "prefill" for b in s["batch"]):
+            continue
+        accepted = {v["request"]: v["accepted"] for v in s.get("verify", [])}
+        for b in s["batch"]:
+            if b["kind"] == "verify":
+                r = reqs[b["request"]]
+                full = list(r.prompt) + list(result.tokens[r.id])
+                out.append({"step": s["step"], "request": r.id, "history": full[:b["pos"] + 1],
+                            "proposals": b["proposals"], "accepted": accepted[r.id],
+                            "seeded": r.sampling.kind == "seeded"})
+    return out
+
+
+def spec_device_trace(seed: int) -> dict:
+    """A candidate spec_device trace: two greedy and one seeded request whose prompts repeat 1- and 2-token
+    patterns with different continuations (drawn from `seed`), all prefilled in step 0, so every later step is a
+    decode-loop step of ngram drafts."""
+    import random
+    rnd = random.Random(seed)
+
+    def prompt(n: int) -> list[int]:
+        return [rnd.choice((3, 4, 5, 6, 7)) for _ in range(n)]
+    reqs = [request("g0", 0, prompt(7), 16), request("s0", 0, prompt(6), 24, sampling=seeded(0.5, 11 + seed)),
+            request("s1", 0, prompt(5), 24, sampling=seeded(0.8, 12 + seed))]
+    obj = trace("Speculative decoding, ngram drafts in decode-loop steps (k=3, n 2..1, model "
+                f"{SPEC_MODEL}; tools/scenarios/boundaries.py, candidate {seed}): all prompts prefilled in step 0, "
+                "so every verify row after it is in a step without prefill (where an engine may search drafts on the "
+                "device); the histories hold suffixes whose most recent and oldest earlier occurrences continue "
+                "differently, and the seeded requests accept drafts there. Written by `python -m "
+                "hybridqual.scenarios.boundaries spec_device`.", 3, 24, 8, "legacy", reqs)
+    obj["engine"]["speculative"] = {"k": DEVICE_K, "proposer": {"kind": "ngram", "min_n": DEVICE_N[0],
+                                                                "max_n": DEVICE_N[1]}}
+    return obj
+
+
+def spec_device_conditions(trace_obj, result) -> dict[str, int]:
+    """What spec_device must reach, counted on an oracle run: decode-loop verify rows, those where the oldest
+    match would propose otherwise, and seeded rows there that accept at least one draft."""
+    rows = decode_loop_verifies(trace_obj, result)
+    left = {r.id: r.max_new_tokens for r in trace_obj.requests}
+
+    def room(v: dict) -> int:          # drafts are capped by the tokens the request may still emit
+        return min(DEVICE_K, left[v["request"]] - (len(v["history"]) - len(trace_obj.request(v["request"]).prompt)))
+    return {"decode_loop_verifies": len(rows),
+            "oldest_differs": sum(oldest_match(v["history"], room(v), *DEVICE_N) != v["proposals"] for v in rows),
+            "seeded_accepting": sum(v["seeded"] and v["accepted"] > 0 for v in rows)}
+
+
+def write_spec_device(path: Path | None = None, tries: int = 1000) -> Path:
+    """goldens/traces/spec_device.json: the first candidate whose oracle run on SPEC_MODEL reaches every condition
+    (at least 2 rows where the oldest match differs and 3 accepting seeded rows, in each mode)."""
+    import oracle
+    from oracle.trace import dump_trace, parse_trace
+    from hybridqual.paths import MODELS, TRACES
+    model = oracle.load(MODELS / SPEC_MODEL)
+    for seed in range(tries):
+        tr = parse_trace(spec_device_trace(seed))
+        got = [spec_device_conditions(tr, oracle.run_trace(model, tr, mode=m)) for m in ("legacy", "async")]
+        if all(g["oldest_differs"] >= 2 and g["seeded_accepting"] >= 3 for g in got):
+            path = path or TRACES / "spec_device.json"
+            path.write_text(dump_trace(tr) + "\n")
+            return path
+    raise ScenarioError(f"spec_device: none of {tries} candidates reaches every condition on {SPEC_MODEL}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
     args = sys.argv[1:] if argv is None else argv
-    if args != ["spec_accept"]:
-        print("usage: python -m hybridqual.scenarios.boundaries spec_accept   "
-              "# writes goldens/traces/spec_accept.json", file=sys.stderr)
+    writers = {"spec_accept": write_spec_accept, "spec_device": write_spec_device}
+    if len(args) != 1 or args[0] not in writers:
+        print("usage: python -m hybridqual.scenarios.boundaries spec_accept|spec_device   "
+              "# writes goldens/traces/<name>.json", file=sys.stderr)
         return 2
-    print(f"wrote {write_spec_accept()}")
+    print(f"wrote {writers[args[0]]()}")
     return 0
 
 
