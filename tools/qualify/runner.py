@@ -257,7 +257,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "prompts = 1 mod each, beside the adapter's declared ones and the defaults (16, 64, chunk)")
     ap.add_argument("--configuration", nargs="+", metavar="NAME",
                     help="run the engine in these of its declared configurations ('default' for its defaults; "
-                         "`hybridqual list` shows them): with --model/--trace, every instance in each; in the main job, "
+                         "an unknown name is refused with the list): with --model/--trace, every instance in each; in the main job, "
                          "each on the instances that reach its code (default: the main job runs the default plan, "
                          "then every declared configuration on its reach)")
     ap.add_argument("--batch-invariant", action="store_true",
