@@ -56,6 +56,7 @@ def test_the_invariance_check_compares_bits_not_values():
     b[1, 2] = -0.0                       # equal as numbers, not as bits
     assert invariance_checks.row_difference(a, a.clone()) is None
     assert "position 1" in invariance_checks.row_difference(a, b)
+    assert "position 1" in invariance_checks.row_difference(a.bfloat16(), b.bfloat16())   # bf16 rows too
 
 
 def test_no_invariance_check_for_an_engine_that_does_not_claim_it():

@@ -29,7 +29,10 @@ def row_difference(a: torch.Tensor | None, b: torch.Tensor | None) -> str | None
         return None
     if a.shape != b.shape:
         return f"logits shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    same = (a.view(torch.int32) == b.view(torch.int32)).all(1) if a.dtype == torch.float32 else (a == b).all(1)
+    if a.dtype != b.dtype:
+        return f"logits dtype {a.dtype} vs {b.dtype}"
+    rows = a.shape[0]                    # bytes per row compared, whatever the dtype (-0.0 is not 0.0)
+    same = (a.contiguous().view(torch.uint8).view(rows, -1) == b.contiguous().view(torch.uint8).view(rows, -1)).all(1)
     if bool(same.all()):
         return None
     p = int((~same).nonzero()[0, 0])
