@@ -148,6 +148,24 @@ def first_difference(a: ScheduleLog | dict[str, Any], b: ScheduleLog | dict[str,
     return _first_diff(ja["steps"], jb["steps"], "steps")
 
 
+def verify_rows(log: ScheduleLog | dict) -> list[dict[str, Any]]:
+    """Every verify row of a log: {step, request, pos, proposals, accepted, emitted} (emitted = the tokens that
+    row appended, in order)."""
+    j = log.to_json() if isinstance(log, ScheduleLog) else log
+    out = []
+    for s in j["steps"]:
+        acc = {v["request"]: v["accepted"] for v in s.get("verify", [])}
+        for b in s["batch"]:
+            if b["kind"] != "verify":
+                continue
+            if b["request"] not in acc:
+                raise AssertionError(f"step {s['step']}: verify row of {b['request']} has no accepted count")
+            emitted = [x["token"] for x in s["sampled"] if x["request"] == b["request"]]
+            out.append({"step": s["step"], "request": b["request"], "pos": b["pos"], "proposals": b["proposals"],
+                        "accepted": acc[b["request"]], "emitted": emitted})
+    return out
+
+
 @dataclass
 class TraceResult:
     """Outcome of running a trace (oracle or fast path): tokens and finish reason per request, log, digest."""

@@ -8,30 +8,11 @@ proposals, and speculative == non-speculative tokens.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from oracle.sampling import sample
-from oracle.schedule_log import ScheduleLog, TraceResult
+from oracle.schedule_log import ScheduleLog, TraceResult, verify_rows
 from oracle.speculative import accepted_count
 from oracle.trace import Trace
-
-
-def verify_rows(log: ScheduleLog | dict) -> list[dict[str, Any]]:
-    """Every verify row of a log: {step, request, pos, proposals, accepted, emitted} (emitted = the tokens that
-    row appended, in order)."""
-    j = log.to_json() if isinstance(log, ScheduleLog) else log
-    out = []
-    for s in j["steps"]:
-        acc = {v["request"]: v["accepted"] for v in s.get("verify", [])}
-        for b in s["batch"]:
-            if b["kind"] != "verify":
-                continue
-            if b["request"] not in acc:
-                raise AssertionError(f"step {s['step']}: verify row of {b['request']} has no accepted count")
-            emitted = [x["token"] for x in s["sampled"] if x["request"] == b["request"]]
-            out.append({"step": s["step"], "request": b["request"], "pos": b["pos"], "proposals": b["proposals"],
-                        "accepted": acc[b["request"]], "emitted": emitted})
-    return out
 
 
 def log_consistency(log: ScheduleLog | dict) -> list[str]:

@@ -243,19 +243,18 @@ def oldest_match(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]
 def decode_loop_verifies(trace_obj, result) -> list[dict]:
     """Every verify row of an oracle run in a step with no prefill row (where an engine may search drafts on the
     device): {step, request, history, proposals, accepted, seeded}; history = prompt + tokens before the row."""
+    from oracle.schedule_log import verify_rows
     reqs = {r.id: r for r in trace_obj.requests}
+    log = result.schedule_log.to_json()
+    with_prefill = {s["step"] for s in log["steps"] if any(b["kind"] == "prefill" for b in s["batch"])}
     out = []
-    for s in result.schedule_log.to_json()["steps"]:
-        if any(b["kind"] == "prefill" for b in s["batch"]):
+    for v in verify_rows(log):
+        if v["step"] in with_prefill:
             continue
-        accepted = {v["request"]: v["accepted"] for v in s.get("verify", [])}
-        for b in s["batch"]:
-            if b["kind"] == "verify":
-                r = reqs[b["request"]]
-                full = list(r.prompt) + list(result.tokens[r.id])
-                out.append({"step": s["step"], "request": r.id, "history": full[:b["pos"] + 1],
-                            "proposals": b["proposals"], "accepted": accepted[r.id],
-                            "seeded": r.sampling.kind == "seeded"})
+        r = reqs[v["request"]]
+        full = list(r.prompt) + list(result.tokens[r.id])
+        out.append({"step": v["step"], "request": r.id, "history": full[:v["pos"] + 1], "proposals": v["proposals"],
+                    "accepted": v["accepted"], "seeded": r.sampling.kind == "seeded"})
     return out
 
 
