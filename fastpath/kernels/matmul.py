@@ -81,12 +81,15 @@ def matmul_launch_rule(N: int, K: int) -> dict:
     return dict(BN=32, BK=128, SPLIT=1, num_warps=4, num_stages=5)   # qkv, o_proj
 
 
-def interpreter_tile(N: int, bk: int) -> dict:
-    """The Triton interpreter: up to 256 output columns per program (the [BM, BK, BN] product within Triton's
-    tensor size limit). An interpreted program costs tens of ms of
-    Python whatever its tile, and the interpreter's product sums each element over k in order whatever the tile
-    (USE_DOT off), so the bits are the rule's with several times fewer programs; BK and SPLIT stay the rule's."""
-    return dict(BN=min(256, next_pow2(N, 16), (1 << 20) // (BLOCK_M * bk)))
+def interpreter_tile(M: int, N: int, K: int, bk: int) -> dict:
+    """The Triton interpreter: rows as many as the batch has (up to BLOCK_M), a K step no longer than K when one
+    step covers it, and as many output columns per program as Triton's tensor size limit lets the [BM, BK, BN]
+    product hold (up to 1024). An interpreted program costs Python per operation and numpy per element of that
+    product, and the product sums each element over k in order whatever the tile (USE_DOT off), so the bits are
+    the rule's with fewer, smaller programs: the K steps of a longer K and SPLIT stay the rule's."""
+    bm = next_pow2(min(M, BLOCK_M), 2)
+    bk = bk if K > bk else next_pow2(K, 16)
+    return dict(BM=bm, BK=bk, BN=min(1024, next_pow2(N, 16), (1 << 20) // (bm * bk)))
 
 
 def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
@@ -111,23 +114,23 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | 
     if not (M and N):
         return y.view(*lead, N)
     r = matmul_launch_rule(N, K)
-    r = {**r, **(interpreter_tile(N, r["BK"]) if INTERPRET else {}), **(rule or {})}
+    r = {"BM": BLOCK_M, **r, **(interpreter_tile(M, N, K, r["BK"]) if INTERPRET else {}), **(rule or {})}
     bk, split = r["BK"], r["SPLIT"]
     k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk          # a multiple of BK: same k0 steps for every M
     split = triton.cdiv(K, k_split)
-    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, r["BN"]), split)
+    grid = (triton.cdiv(M, r["BM"]), triton.cdiv(N, r["BN"]), split)
     bias_arg = bias if bias is not None else w
     if split == 1:
         matmul_kernel[grid](x2, w, bias_arg, y, M, N, K, k_split, x2.stride(0), w.stride(0), y.stride(0), 0,
                             HAS_BIAS=bias is not None, USE_DOT=not INTERPRET, PARTIAL=False,
-                            BM=BLOCK_M, BN=r["BN"], BK=bk, num_warps=r["num_warps"], num_stages=r["num_stages"])
+                            BM=r["BM"], BN=r["BN"], BK=bk, num_warps=r["num_warps"], num_stages=r["num_stages"])
     else:
         if not y.is_contiguous():
             raise KernelInputError(f"{OP}: `out` must be contiguous")
         part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
         matmul_kernel[grid](x2, w, bias_arg, part, M, N, K, k_split, x2.stride(0), w.stride(0), N, M * N,
                             HAS_BIAS=False, USE_DOT=not INTERPRET, PARTIAL=True,
-                            BM=BLOCK_M, BN=r["BN"], BK=bk, num_warps=r["num_warps"], num_stages=r["num_stages"])
+                            BM=r["BM"], BN=r["BN"], BK=bk, num_warps=r["num_warps"], num_stages=r["num_stages"])
         blk = 1024
         split_sum_kernel[(triton.cdiv(M * N, blk),)](part, bias_arg, y, M * N, N, SPLIT=split,
                                                      HAS_BIAS=bias is not None, BLOCK=blk)
