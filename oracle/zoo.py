@@ -4,7 +4,8 @@ Sizes suit the Triton interpreter on CPU (hidden 32, 8 Mamba heads x head_dim 8,
 vocab 96, 2-5 layers with >= 1 attention layer where the architecture has attention). Every default
 config exercises n_groups > 1; Bamba has partial RoPE, Granite full RoPE plus its multipliers, Nemotron-H
 and Granite an MoE layer, Mamba2 tied embeddings. `VARIANTS` names further cases used by tests; `SHIPPED` the
-models shipped as goldens/models/zoo-<name> (one per architecture, plus a dense Granite with hidden 48).
+models shipped as goldens/models/zoo-<name> (one per architecture, plus a dense Granite with hidden 48 and a
+wide Bamba with twin vocabulary rows); `write_shipped` writes one.
 
     cfg = tiny_config("bamba", mamba_n_groups=1);  w = random_weights(cfg, seed=0)
     model = build("nemotron_h", seed=3);  write_hf_folder(tmp / "m", "granitemoehybrid", seed=1)
@@ -72,6 +73,27 @@ SHIPPED: dict[str, tuple[str, dict]] = {
                                            "n_attn_heads": 6, "norm_eps": 0.05}),
 }
 VARIANTS["granite_dense"] = SHIPPED["granite_dense"]
+# A Bamba as wide as real checkpoints where it matters to kernels, tiny elsewhere: MLP intermediate 4096, so the
+# down projection reduces over K = 4096 (where batch-invariant and split-K matmuls split K); two layers. Its
+# vocabulary holds twin rows (SHIPPED_EDITS): as untrained reserved tokens of real vocabularies share one row.
+SHIPPED["bamba_wide"] = ("bamba", {"mlp_intermediate_size": 4096, "pattern": "M*"})
+
+
+def twin_vocab_rows(config: HybridConfig, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """lm_head row t := row t - 1 for every odd t >= 5 (tokens 4, 5 | 6, 7 | ... share a row): every greedy step
+    whose argmax is one of them is an exact tie in any precision, which the lowest index wins (DESIGN §6)."""
+    if config.tie_word_embeddings:
+        raise ConfigError("twin_vocab_rows: tied embeddings would twin the input rows too")
+    w = dict(weights)
+    head = w["lm_head.weight"].clone()
+    odd = torch.arange(5, config.vocab_size, 2)
+    head[odd] = head[odd - 1]
+    w["lm_head.weight"] = head
+    return w
+
+
+# Weight edits of shipped models that no config field expresses: name -> edit(config, tensors) -> tensors.
+SHIPPED_EDITS = {"bamba_wide": twin_vocab_rows}
 
 
 def _layers(arch: str, pattern: str) -> tuple[LayerSpec, ...]:
@@ -162,4 +184,15 @@ def write_hf_folder(path: str | os.PathLike, arch: str, seed: int = 0, **overrid
     """Write config.json + model.safetensors (HF names, fp32) for a tiny `arch` model; returns its config."""
     cfg = tiny_config(arch, **overrides)
     save_checkpoint(path, cfg, random_weights(cfg, seed))
+    return cfg
+
+
+def write_shipped(path: str | os.PathLike, name: str, seed: int = 0) -> HybridConfig:
+    """Write the shipped zoo model `name` (a key of SHIPPED) to `path`: its config, seeded weights and any edit."""
+    arch, overrides = SHIPPED[name]
+    cfg = tiny_config(arch, **overrides)
+    weights = random_weights(cfg, seed)
+    if name in SHIPPED_EDITS:
+        weights = SHIPPED_EDITS[name](cfg, weights)
+    save_checkpoint(path, cfg, weights)
     return cfg

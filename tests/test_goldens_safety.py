@@ -107,7 +107,7 @@ def zoo_tree(tmp_path, monkeypatch):
 
 def test_zoo_refuses_to_overwrite_changed_models_without_force(zoo_tree, capsys):
     n = len(goldens.zoo_models())
-    assert n == 5 and "zoo-granite_dense" in goldens.zoo_models()   # one per architecture + the dense Granite
+    assert n == 6 and {"zoo-granite_dense", "zoo-bamba_wide"} <= set(goldens.zoo_models())  # per architecture + 2
     assert sorted(goldens.zoo_models()) == sorted(p.name for p in goldens.MODELS.iterdir() if p.name.startswith("zoo-"))
     before = snapshot(zoo_tree)
     assert goldens.main(["zoo", "--seed", "1"]) == 1
@@ -126,17 +126,17 @@ def test_zoo_force_replaces_whole_folders_and_a_failure_replaces_none(zoo_tree, 
     from oracle import zoo
     before = snapshot(zoo_tree)
     (zoo_tree / "zoo-bamba" / "stale.safetensors").write_bytes(b"x")   # an extra file would change the model's hash
-    real = zoo.write_hf_folder
+    real = zoo.write_shipped
 
-    def fails_on_mamba2(path, arch, seed=0, **overrides):
-        if arch == "mamba2":
+    def fails_on_mamba2(path, name, seed=0):
+        if name == "mamba2":
             raise OSError("disk full")
-        return real(path, arch, seed=seed, **overrides)
-    monkeypatch.setattr(zoo, "write_hf_folder", fails_on_mamba2)
+        return real(path, name, seed=seed)
+    monkeypatch.setattr(zoo, "write_shipped", fails_on_mamba2)
     with pytest.raises(OSError, match="disk full"):
         goldens.write_zoo(seed=1, force=True)
     assert (zoo_tree / "zoo-bamba" / "stale.safetensors").exists() and not leftovers(zoo_tree.parent)
 
-    monkeypatch.setattr(zoo, "write_hf_folder", real)
+    monkeypatch.setattr(zoo, "write_shipped", real)
     assert goldens.write_zoo(seed=0, force=True) == 0
     assert snapshot(zoo_tree) == before                            # zoo-bamba rewritten whole: the extra file is gone

@@ -202,7 +202,8 @@ def regen(check: bool, model_filter: str | None = None, trace_filter: str | None
 
 def zoo_models() -> dict[str, tuple[str, dict]]:
     """The shipped random zoo models: folder name (goldens/models/<name>) -> (architecture, oracle.zoo.tiny_config
-    overrides), from oracle.zoo.SHIPPED: one per architecture, plus zoo-granite_dense (a dense Granite, hidden 48)."""
+    overrides), from oracle.zoo.SHIPPED: one per architecture, plus zoo-granite_dense (a dense Granite, hidden 48)
+    and zoo-bamba_wide (MLP intermediate 4096, twin vocabulary rows: oracle.zoo.SHIPPED_EDITS)."""
     from oracle import zoo
     return {f"zoo-{name}": spec for name, spec in zoo.SHIPPED.items()}
 
@@ -238,9 +239,9 @@ def write_zoo(seed: int, force: bool = False) -> int:
     MODELS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".zoo-", dir=MODELS.parent) as tmp:
         plan, refused = [], []
-        for name, (arch, overrides) in zoo_models().items():
+        for name in zoo_models():
             staged, dest = Path(tmp) / name, MODELS / name
-            zoo.write_hf_folder(staged, arch, seed=seed, **overrides)
+            zoo.write_shipped(staged, name.removeprefix("zoo-"), seed=seed)
             status = _model_status(dest, model_sha256(staged))
             print(f"  {dest.name}: {status}")
             plan.append((staged, dest, status))
