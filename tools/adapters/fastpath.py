@@ -18,9 +18,9 @@ FAST_CONFIGURATIONS: dict[str, tuple[dict, dict, tuple[str, ...], str]] = {
                 "the unfused residual add and norms (Granite's residual multiplier on the unfused path)"),
     "torch_backend": ({"pad_decode": True}, {"backend": "torch"}, ("zoo-mamba2/decode_buckets",),
                       "the torch stand-in kernels, decode steps padded to the graph buckets"),
-    "batch_invariant": ({"batch_invariant": True}, {}, ("zoo-mamba2/seed_compaction",),
-                        "the batch-invariant mode (fixed-split matmuls, per-request pieces): each request alone must "
-                        "give the same bits"),
+    "batch_invariant": ({"batch_invariant": True}, {}, ("zoo-bamba_wide/async_drain",),
+                        "the batch-invariant mode (fixed-split matmuls, per-request pieces; the MLP's K = 4096 takes "
+                        "the split): each request alone must give the same bits"),
     "gemv": ({}, {"gemv_on_cpu": True}, ("zoo-granite_dense/stop_tokens",),
              "the one-row GEMV and its folds (norm, conv step, residual epilogue) on CPU too (on cuda: the default)"),
 }

@@ -2,7 +2,8 @@
 
 Per mode: the engine runs the trace; tokens vs the truth (tie-aware, τ from the candidate's compute dtype, with a
 plausibility bound on the number of forgiven near ties); the schedule log vs the oracle's (replayed with the engine's
-own tokens when they differ from the truth by forgiven near ties); logits vs the oracle's teacher-forced logits.
+own tokens when they differ from the truth by forgiven near ties); logits vs the oracle's teacher-forced logits;
+greedy tokens vs the engine's own logits rows (argmax, lowest index on exact ties).
 Across modes: async == legacy bitwise; task accuracy equal to the oracle's. What the adapter cannot do is a SKIP.
 """
 from __future__ import annotations
@@ -233,6 +234,38 @@ def check_logits(label: str, mode: str, trace, run, rows: OracleRows, caps) -> C
     return Check.of(label, name, not bad, detail, time.time() - t0, c=c, max_rank=max_rank)
 
 
+def check_greedy_argmax(label: str, mode: str, trace, run, caps) -> Check | None:
+    """Each greedy token is the argmax of the logits row it was sampled from, the lowest index among exact maxima
+    (DESIGN §6): the engine judged against its own rows, bit for bit, so no tolerance forgives a wrong tie rule or
+    a token taken from other logits than the ones returned. No line when the adapter returns no logits (the logits
+    line says so) or the trace has no greedy request."""
+    greedy = [r for r in trace.requests if r.sampling.kind == "greedy" and run.tokens.get(r.id)]
+    if not caps.logits or not greedy:
+        return None
+    t0 = time.time()
+    bad, ties, rows = [], 0, 0
+    for req in greedy:
+        got = (run.logits or {}).get(req.id)
+        if got is None:
+            bad.append(f"request {req.id}: no logits returned")
+            continue
+        for i, tok in enumerate(run.tokens[req.id]):
+            row = got[i]
+            top = row.max()
+            maxima = (row == top).nonzero().flatten()
+            rows, ties = rows + 1, ties + (len(maxima) > 1)
+            if row[tok] != top:
+                bad.append(f"request {req.id} position {i}: token {tok} has logit {float(row[tok]):.6g}, below its "
+                           f"row's maximum {float(top):.6g} (token {int(maxima[0])})")
+            elif int(maxima[0]) != tok:
+                bad.append(f"request {req.id} position {i}: token {tok} ties the row's maximum with "
+                           f"{', '.join(str(int(m)) for m in maxima[:6])}; the lowest index {int(maxima[0])} wins a tie")
+    detail = "; ".join(bad[:8]) + (f"; ... {len(bad) - 8} more" if len(bad) > 8 else "") if bad else \
+        f"{rows} greedy positions, {ties} of them exact ties"
+    return Check.of(label, f"{mode}: greedy tokens are their logits rows' argmax (lowest index on ties)", not bad,
+                    detail, time.time() - t0, positions=rows, exact_ties=ties)
+
+
 def check_modes_equal(label: str, runs: dict, caps, modes: list[str]) -> Check | None:
     """async == legacy bitwise, when both modes were asked for."""
     if not ("legacy" in modes and "async" in modes):
@@ -344,6 +377,8 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                             truth, run, oracle_model, caps, getattr(adapter_cls, "batch_invariant", False)))
                 add(guarded(label, f"{mode}: logits match the oracle's", check_logits, label, mode, trace, run, rows,
                             caps))
+                add(guarded(label, f"{mode}: greedy tokens are their logits rows' argmax", check_greedy_argmax, label,
+                            mode, trace, run, caps))
                 from hybridqual.qualify.spec_checks import qualify_check           # speculative traces only (DESIGN §13)
                 add(guarded(label, f"{mode}: accepted counts", qualify_check, label, mode, trace, run, oracle_model))
                 from hybridqual.qualify.prefix_checks import qualify_check as cache_check     # prefix-cache traces only (DESIGN §12)

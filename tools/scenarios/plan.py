@@ -107,6 +107,7 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "seed_compaction", "special_ids", "piece_chunk", "piece_budget", "task_burst_short")),
     ("zoo-nemotron_h", ("chunked_prefill",)),
     ("zoo-granite_dense", ("stop_tokens",)),      # dense Granite: hidden 48 (no power of two), rms eps 0.05
+    ("zoo-bamba_wide", ("async_drain",)),         # K = 4096 MLP, twin vocabulary rows: greedy steps are exact ties
 )
 
 
