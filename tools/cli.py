@@ -7,7 +7,7 @@
     hybridqual goldens regen|zoo ...   # = python -m hybridqual.goldens
     hybridqual scenarios list|write   # = python -m hybridqual.scenarios (the corpus per model; shipped models)
     hybridqual mutants [ARGS]          # = python -m hybridqual.mutants (needs a source checkout: it mutates the sources)
-    hybridqual bench NAME [ARGS]       # = python -m hybridqual.bench.NAME (NAME: engine, kernels, gemm, chain,
+    hybridqual bench NAME [ARGS]       # = python -m hybridqual.bench.NAME (NAME: engine, kernels, gemm, chain, account,
                                        #   ablation, spec, ssd_fused, tp — run tp under torchrun:
                                        #   torchrun --nproc_per_node 2 -m hybridqual.bench.tp)
 
@@ -24,7 +24,7 @@ from hybridqual import paths
 
 TOOLS = {"qualify": "qualify.runner", "replay": "replay", "goldens": "goldens.regen", "mutants": "mutants.__main__",
          "scenarios": "scenarios.plan", "convert": "adapters.llamacpp.convert"}
-BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "spec", "ssd_fused", "tp")
+BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "account", "spec", "ssd_fused", "tp")
 
 
 def _usage() -> str:

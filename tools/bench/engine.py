@@ -87,12 +87,15 @@ def bs1_run(model: FastModel, mode: str, graphs: bool, osl: int, n_req: int, pro
             "host_ms_per_step": 1e3 * sum(host) / len(host), "osl": osl, "requests_timed": len(rates)}
 
 
-def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool = True) -> dict:
+def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool = True, prompt_len: int = 32) -> dict:
     """Device kernels of async bs1 decode steps (torch.profiler over graph replays; graphs=False: the same padded
     shapes eagerly): per-step count and µs by kernel name, the per-step kernel sum and the step's wall time."""
     from torch.profiler import ProfilerActivity, profile
-    eng = Engine(model, EngineConfig(1, 256, 256, "async"), max_len=1024, graphs=graphs, pad_decode=not graphs)
-    eng.add_request(Request("p", 0, tuple(range(1, 33)), steps + 40))
+    C = model.config.chunk_size
+    budget = max(256, -(-prompt_len // C) * C)
+    eng = Engine(model, EngineConfig(1, budget, budget, "async"), max_len=prompt_len + steps + 1024, graphs=graphs,
+                 pad_decode=not graphs)
+    eng.add_request(Request("p", 0, tuple(1 + i % 31999 for i in range(prompt_len)), steps + 40))
     for _ in range(12):
         eng.step()
     sync()
@@ -111,7 +114,7 @@ def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool 
     rows = sorted(((n, c / steps, us / steps) for n, (c, us) in agg.items()), key=lambda r: -r[2])
     del eng
     if not rows and graphs:                           # the profiler saw no kernels inside graphs: eager instead
-        return kernel_table(model, steps, top, graphs=False)
+        return kernel_table(model, steps, top, graphs=False, prompt_len=prompt_len)
     return {"graphs": graphs, "wall_ms_per_step": 1e3 * wall, "kernel_us_per_step": sum(r[2] for r in rows),
             "launches_per_step": sum(r[1] for r in rows), "top": [list(r) for r in rows[:top]]}
 

@@ -29,6 +29,15 @@ DEFAULT_STEPS="$DEFAULT_STEPS bench_engine"; step_bench_engine() { timeout "${BE
 step_bench_gemm() { timeout "${BENCH_GEMM_TIMEOUT:-300}" $PY -m hybridqual.bench.gemm ${BENCH_GEMM_ARGS:-} --out "$OUT/bench_gemm.json"; }
 # Optional: one bs1 decode step as a CUDA graph with flag / rule / skip-a-kernel variants (where a step goes).
 step_bench_ablation() { timeout "${BENCH_ABLATION_TIMEOUT:-300}" $PY -m hybridqual.bench.ablation ${BENCH_ABLATION_ARGS:-}; }
+# Optional: the README's main job as a GPU user runs it (compiled kernels, bf16, CUDA graphs, every configuration).
+step_qualify_gpu() {
+  timeout "${QUALIFY_GPU_TIMEOUT:-300}" $PY -m hybridqual.qualify --device cuda --graphs --out "$OUT/qualify_gpu" --quiet
+  local rc=$?
+  grep -E "checks passed|FAIL" "$OUT/qualify_gpu.log" | head -12 > "$OUT/qualify_gpu.summary"
+  return $rc
+}
+# Optional: where a bs1 decode step goes, by kernel group, beside the bytes each group must move (tools/bench/account.py).
+step_bench_account() { timeout "${BENCH_ACCOUNT_TIMEOUT:-240}" $PY -m hybridqual.bench.account ${BENCH_ACCOUNT_ARGS:-} --out "$OUT/bench_account.json" --summary "$OUT/bench_account.summary"; }
 # Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
 step_measure_tau() {
   timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m hybridqual.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}

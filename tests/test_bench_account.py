@@ -1,0 +1,40 @@
+"""The bs1 step account (hybridqual.bench.account): every parameter but the embedding table is counted once in
+exactly one group's bytes, our kernels land in their groups, and the account's arithmetic (floor = bytes / copy
+bandwidth, gap, time between kernels) holds on a made-up kernel table. The figures themselves come from a GPU."""
+import math
+
+from fastpath.engine.configs import named_config
+from oracle.checkpoint import expected_shapes
+from hybridqual.bench.account import GROUPS, OTHER, account, bytes_needed, group_of
+
+
+def test_every_parameter_but_the_embedding_is_in_exactly_one_group():
+    c = named_config("anchor-3b")
+    need = bytes_needed(c, ctx=0)
+    shapes = expected_shapes(c)
+    params = sum(2 * math.prod(s) for n, s in shapes.items() if not n.startswith("embed"))
+    state = len(c.mamba_layer_ids) * 2 * (c.mamba_n_heads * c.mamba_head_dim * c.mamba_d_state * 4
+                                          + (c.d_inner + 2 * c.mamba_n_groups * c.mamba_d_state) * (c.mamba_d_conv - 1) * 2)
+    kv = len(c.attention_layer_ids) * 2 * c.n_kv_heads * c.attn_head_dim * 2          # one written KV row, ctx 0
+    assert sum(need.values()) == params + state + kv + c.vocab_size * 2 + c.hidden_size * 2
+    assert bytes_needed(c, ctx=100)["attention decode + KV write"] == 101 * kv
+
+
+def test_our_kernels_land_in_their_groups():
+    want = {"gemv_kernel": GROUPS[0][0], "matmul_kernel": GROUPS[0][0], "ssm_step_kernel": "SSM state update",
+            "conv1d_step_kernel": "conv step", "attention_decode_kernel": "attention decode + KV write",
+            "kv_cache_write_kernel": "attention decode + KV write", "add_rms_norm_kernel": "norms",
+            "rms_norm_gated_kernel": "norms", "act_mul_kernel": OTHER, "rope_kernel": OTHER}
+    assert {k: group_of(k) for k in want} == want
+
+
+def test_the_account_adds_up_on_a_made_up_table():
+    need = {g: 0 for g, _ in GROUPS} | {OTHER: 0}
+    need[GROUPS[0][0]] = 4_000_000                     # 4 MB at 4 TB/s: a 1 µs floor
+    table = {"graphs": True, "wall_ms_per_step": 0.010,
+             "top": [["gemv_kernel", 3.0, 5.0], ["ssm_step_kernel", 1.0, 2.0], ["weird", 2.0, 1.0]]}
+    acc = account(table, need, copy_bps=4e12, param_bytes=8_000_000)
+    rows = {r["group"]: r for r in acc["rows"]}
+    assert rows[GROUPS[0][0]]["floor_us"] == 1.0 and rows[GROUPS[0][0]]["gap_us"] == 4.0
+    assert rows[OTHER]["us"] == 1.0 and rows[OTHER]["launches"] == 2.0
+    assert acc["kernel_sum_us"] == 8.0 and acc["between_kernels_us"] == 2.0 and acc["roofline_us"] == 2.0

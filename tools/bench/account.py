@@ -1,0 +1,133 @@
+"""Where a bs1 decode step of anchor-3b goes, kernel group by kernel group, against the bytes each group must move.
+
+    python -m hybridqual.bench.account [--out account.json] [--summary account.summary] [--ctx 1024]
+
+One async + CUDA-graph bs1 decode step under torch.profiler (tools/bench/engine.kernel_table, every kernel): each
+kernel is put in a group (projections, state update, conv step, attention, norms, the rest); each group's bytes
+needed per step come from the config (every weight matrix read once, the SSM and conv states read and written once,
+the KV cache read once), its floor is those bytes over the copy bandwidth measured in the same run. The account:
+group time vs floor, kernel sum vs the step's wall time (gaps between graph nodes), and the step vs the roofline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+from fastpath.engine.configs import named_config
+from oracle.checkpoint import expected_shapes
+from oracle.config import HybridConfig
+
+GROUPS = (  # (group, kernel-name substrings), first match wins
+    ("projections (GEMV / matmul)", ("gemv", "matmul", "split_sum", "gemm", "cutlass", "cublas", "nvjet")),
+    ("SSM state update", ("ssm_step",)),
+    ("conv step", ("conv1d",)),
+    ("attention decode + KV write", ("attention", "kv_cache")),
+    ("norms", ("norm",)),
+    ("sampling", ("sample", "argmax", "max")),
+)
+OTHER = "the rest (act, rope, copies, elementwise)"
+
+
+def group_of(kernel: str) -> str:
+    """The account group of a profiled kernel name."""
+    low = kernel.lower()
+    for name, keys in GROUPS:
+        if any(k in low for k in keys):
+            return name
+    return OTHER
+
+
+def bytes_needed(c: HybridConfig, ctx: int, dtype_bytes: int = 2) -> dict[str, int]:
+    """Bytes one bs1 decode step must move, by group: every weight matrix once (the embedding: one row), the SSM
+    state (fp32) and conv window read and written once, the KV cache of `ctx` positions read once and one written."""
+    size = {n: math.prod(s) * dtype_bytes for n, s in expected_shapes(c).items()}
+
+    def params(*keys: str) -> int:
+        return sum(b for n, b in size.items() if any(k in n for k in keys))
+    n_mamba, n_attn = len(c.mamba_layer_ids), len(c.attention_layer_ids)
+    conv_ch = c.d_inner + 2 * c.mamba_n_groups * c.mamba_d_state
+    kv_row = 2 * c.n_kv_heads * c.attn_head_dim * dtype_bytes
+    return {
+        "projections (GEMV / matmul)": params("proj.weight", "lm_head"),
+        "SSM state update": n_mamba * 2 * c.mamba_n_heads * c.mamba_head_dim * c.mamba_d_state * 4
+                            + params("dt_bias", "A_log", ".D"),
+        "conv step": n_mamba * 2 * conv_ch * (c.mamba_d_conv - 1) * dtype_bytes + params("conv1d"),
+        "attention decode + KV write": n_attn * (ctx + 1) * kv_row,
+        "norms": params("norm"),
+        "sampling": c.vocab_size * dtype_bytes,
+        OTHER: c.hidden_size * dtype_bytes,
+    }
+
+
+def account(table: dict, need: dict[str, int], copy_bps: float, param_bytes: int) -> dict:
+    """Group times (µs per step) from the kernel table beside each group's floor (bytes needed / copy bandwidth)."""
+    per: dict[str, dict] = {g: {"us": 0.0, "launches": 0.0, "kernels": []} for g in need}
+    for name, count, us in table["top"]:
+        g = per[group_of(name)]
+        g["us"] += us
+        g["launches"] += count
+        g["kernels"].append([name[:60], round(count, 2), round(us, 2)])
+    rows = []
+    for g, d in per.items():
+        floor = 1e6 * need[g] / copy_bps
+        rows.append({"group": g, "us": round(d["us"], 1), "launches": round(d["launches"], 1),
+                     "bytes_needed": need[g], "floor_us": round(floor, 1), "gap_us": round(d["us"] - floor, 1),
+                     "TBps": round(need[g] / (d["us"] * 1e-6) / 1e12, 2) if d["us"] else None,
+                     "kernels": sorted(d["kernels"], key=lambda k: -k[2])[:6]})
+    wall = 1e3 * table["wall_ms_per_step"]
+    ksum = sum(r["us"] for r in rows)
+    floor = 1e6 * sum(need.values()) / copy_bps
+    return {"rows": rows, "wall_us": round(wall, 1), "kernel_sum_us": round(ksum, 1),
+            "between_kernels_us": round(wall - ksum, 1), "floor_us": round(floor, 1),
+            "roofline_us": round(1e6 * param_bytes / copy_bps, 1), "copy_TBps": round(copy_bps / 1e12, 3),
+            "graphs": table["graphs"]}
+
+
+def lines_of(acc: dict) -> list[str]:
+    """The printable table: one line per group, then the step's totals."""
+    out = [f"{'group':<44}{'µs/step':>9}{'launches':>9}{'floor µs':>10}{'gap µs':>9}{'TB/s':>7}"]
+    for r in sorted(acc["rows"], key=lambda r: -r["us"]):
+        out.append(f"{r['group']:<44}{r['us']:>9.1f}{r['launches']:>9.1f}{r['floor_us']:>10.1f}{r['gap_us']:>9.1f}"
+                   f"{r['TBps'] if r['TBps'] is not None else '-':>7}")
+    out.append(f"kernel sum {acc['kernel_sum_us']} µs + between kernels {acc['between_kernels_us']} µs = step "
+               f"{acc['wall_us']} µs ({1e6 / acc['wall_us']:.1f} tok/s); bytes-needed floor {acc['floor_us']} µs "
+               f"({1e6 / acc['floor_us']:.1f} tok/s); parameter-bytes roofline {acc['roofline_us']} µs; copy "
+               f"{acc['copy_TBps']} TB/s; graphs {acc['graphs']}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--summary")
+    ap.add_argument("--ctx", type=int, default=64, help="context positions of the profiled request (default 64)")
+    ap.add_argument("--steps", type=int, default=24)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench account: needs a CUDA device")
+    if args.ctx < 1 or args.steps < 1:
+        raise SystemExit("bench account: --ctx and --steps must be >= 1")
+    from fastpath.engine.configs import n_params, random_device_weights
+    from fastpath.model import FastModel
+    from hybridqual.bench.engine import DEV, copy_bandwidth, kernel_table
+    cfg = named_config("anchor-3b")
+    model = FastModel(cfg, random_device_weights(cfg, DEV, torch.bfloat16), DEV, torch.bfloat16)
+    copy_bps = copy_bandwidth()
+    table = kernel_table(model, steps=args.steps, top=10 ** 6, prompt_len=args.ctx)
+    acc = account(table, bytes_needed(cfg, args.ctx), copy_bps, n_params(cfg) * 2)
+    lines = lines_of(acc)
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"account": acc, "table": table}, f, indent=1)
+    if args.summary:
+        with open(args.summary, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
