@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .sampling import sample
 from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
 from .trace import Request, Trace, TraceError, check_against_model, model_positions, validate_request
 
-__all__ = ["Scheduler", "TraceResult", "run_trace", "run_request_alone", "piece_length"]
+__all__ = ["Scheduler", "TraceResult", "run_trace", "run_request_alone", "piece_length", "state_bytes",
+           "check_state_memory"]
 
 
 @dataclass
@@ -57,6 +60,47 @@ def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chu
     return (cap // chunk_size) * chunk_size
 
 
+def state_bytes(config: Any, positions: int, elem: int) -> int:
+    """Bytes of one request's oracle state (OracleState) after `positions` tokens: K and V of every attention layer
+    at every position, and each Mamba layer's conv window and SSM state, in elements of `elem` bytes."""
+    c = config
+    kv = 2 * len(c.attention_layer_ids) * c.n_kv_heads * c.attn_head_dim * positions
+    mamba = len(c.mamba_layer_ids) * (c.conv_dim * (c.mamba_d_conv - 1) + c.mamba_n_heads * c.mamba_head_dim
+                                      * c.mamba_d_state)
+    return elem * (kv + mamba)
+
+
+def check_state_memory(model: Any, trace: Trace) -> None:
+    """Refuse, before the first step, a trace whose oracle states cannot fit where the model runs: the max_requests
+    longest requests at full length, plus the prefix cache's checkpoints at the longest prompt, against free memory
+    (a model without a dtype keeps no states: ScheduleOnly replays)."""
+    from .streamed import available_memory_bytes, gpu_free_bytes
+    if getattr(model, "dtype", None) is None or not trace.requests:
+        return
+    elem = torch.empty(0, dtype=model.dtype).element_size()
+    device = torch.device(getattr(model, "device", "cpu"))
+    free = gpu_free_bytes(device) if device.type == "cuda" else available_memory_bytes()
+    if free is None:
+        return
+    c = model.config
+    lengths = sorted(((len(r.prompt) + r.max_new_tokens, i) for i, r in enumerate(trace.requests)), reverse=True)
+    live = lengths[:trace.engine.max_requests]
+    need = sum(state_bytes(c, n, elem) for n, _ in live)
+    pc = trace.engine.prefix_cache
+    cache = 0 if pc is None else pc.capacity * state_bytes(c, max(len(r.prompt) for r in trace.requests), elem)
+    if need <= free < need + cache:
+        raise TraceError("engine.prefix_cache.capacity", f"{pc.capacity} checkpoints of up to the longest prompt "
+                         f"need {cache / 2 ** 30:.3g} GiB beside the requests' {need / 2 ** 30:.3g} GiB, more than the "
+                         f"{free / 2 ** 30:.3g} GiB free on {device} ({model.dtype})")
+    if need > free:
+        n, i = live[0]
+        r = trace.requests[i]
+        raise TraceError(f"requests[{i}].max_new_tokens",
+                         f"{r.max_new_tokens}: the oracle's states of the {len(live)} longest requests at full length "
+                         f"(this one {n} positions) need {need / 2 ** 30:.3g} GiB, more than the {free / 2 ** 30:.3g} "
+                         f"GiB free on {device} ({model.dtype})", r.id)
+
+
 class Scheduler:
     """One engine run over a trace: rows, slots, free stack, pending step; `run()` drives it to completion."""
 
@@ -65,6 +109,7 @@ class Scheduler:
             raise TraceError("mode", f"unknown mode {mode!r}; expected 'legacy' or 'async'")
         cfg = model.config
         trace = check_against_model(trace, cfg.vocab_size, cfg.chunk_size, model_positions(cfg))       # normalised: ints, tuples
+        check_state_memory(model, trace)
         self.model, self.trace, self.mode = model, trace, mode
         # Replay hook (hybridqual.qualify): request id -> its output tokens, taken instead of sampling while they last,
         # so the log is this policy's schedule for another engine's (tie-accepted) outputs.
