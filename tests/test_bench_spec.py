@@ -14,17 +14,35 @@ def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everythin
     text = capsys.readouterr().out
     lines = {ln.split(":")[0].split(" async")[0].strip(): ln for ln in text.splitlines() if ln.startswith("spec ")}
     for label in ("spec none (bs1, no speculation)", "spec ngram k=1", "spec upper bound k=1 (drafts=own)",
-                  "spec last draft wrong k=1 snapshots", "spec last draft wrong k=1 replay", "spec draft1 k=1 (6 tok)"):
+                  "spec last draft wrong k=1 snapshots", "spec last draft wrong k=1 replay", "spec draft1 k=1 (6 tok)",
+                  "spec draft1 k=1 eager catch-up (6 tok)", "spec draft1 k=1 device drafts (6 tok)"):
         assert label in lines, (label, list(lines))
     assert "= 100.0%" in lines["spec upper bound k=1 (drafts=own)"]
     assert "FAILED" not in text
     rows = json.loads(out.read_text())
-    assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "draft", "last_wrong_snapshots",
-                                         "last_wrong_replay"]
-    ub, snap, rep = rows[2], rows[4], rows[5]
+    assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "draft", "draft_eager_catch_up",
+                                         "draft_device", "last_wrong_snapshots", "last_wrong_replay"]
+    ub, snap, rep = rows[2], rows[6], rows[7]
     assert ub["accepted"] == ub["proposed"] > 0 and ub["verify_steps"] > 0
     assert snap["accepted"] == rep["accepted"] == 0 < snap["proposed"] == rep["proposed"]   # k=1: the one draft
     assert snap["tokens_equal_baseline"] and rep["tokens_equal_baseline"]
+
+
+def test_bench_spec_draft_rows_show_where_the_draft_proposers_time_goes(capsys, tmp_path):
+    """--spec-rows draft: the baseline and the three draft rows only, each with the draft proposer's time per step
+    by phase and its share of the step; the default row catches up through the decode graphs after the first
+    (prefill) catch-up, the eager row only by prefill, and every row keeps the baseline's tokens."""
+    out = tmp_path / "spec.json"
+    assert main(["--smoke", "--spec-k", "2", "--spec-rows", "draft", "--out", str(out)]) == 0
+    assert "draft proposer" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["kind"] for r in rows] == ["baseline", "draft", "draft_eager_catch_up", "draft_device"]
+    for r in rows[1:]:
+        p = r["draft_profile"]
+        assert 0 < p["draft_ms"] < p["step_ms"] and 0 < p["share"] < 1 and r["tokens_equal_baseline"]
+        assert set(p["phases_ms"]) >= {"drafts", "restore", "catch_up_prefill"}
+    graph, eager, device = (r["draft_profile"]["catch_ups"] for r in rows[1:])
+    assert graph["graph"] > 0 and device["graph"] > 0 and eager["graph"] == 0 < eager["prefill"]
 
 
 def test_upper_bound_script_proposes_the_continuation_for_every_request():

@@ -365,14 +365,15 @@ def test_every_speculative_forward_packs_through_the_engines_step_packer(models,
     (fastpath/engine/packing.py), slots checked against the bank they run on: no twin of the builder (verify
     batches themselves are decode-shaped: no chunk table)."""
     import fastpath.engine.ops as ops
-    from fastpath.engine import packing, speculative
+    from fastpath.engine import draft, packing, speculative
     oracle_model, fast = models
     calls, real = [], ops.ssd_chunk_table
     monkeypatch.setattr(ops, "ssd_chunk_table", lambda cu, starts, C, dev, slot=None, n_slots=None, **kw:
                         calls.append((tuple(slot or ()), n_slots)) or real(cu, starts, C, dev, slot, n_slots, **kw))
-    assert "ssd_chunk_table" not in Path(speculative.__file__).read_text()     # no builder of its own
-    packed = []
-    monkeypatch.setattr(speculative, "pack_step", lambda *a, **k: packed.append(a[-1]) or packing.pack_step(*a, **k))
+    for module in (speculative, draft):                                         # no builder of their own
+        assert "ssd_chunk_table" not in Path(module.__file__).read_text()
+    packed, real_pack = [], packing.pack_step
+    monkeypatch.setattr(packing, "pack_step", lambda *a, **k: packed.append(a[-1]) or real_pack(*a, **k))
     plain = oracle_run(oracle_model, _trace(None))
     for proposer in (_script(plain.tokens, fast.config.vocab_size), {"kind": "draft", "model":
                                                                      "goldens/models/zoo-mamba2"}):

@@ -1,15 +1,20 @@
 """The one step packer: host lists of a step (decode rows, then prefill pieces) -> the model's StepBatch.
 
-Every forward that packs metadata goes through `pack_step` — the engine's ordinary steps, and speculative
-decoding's verify steps, replays and draft passes (fastpath/engine/speculative.py) — so the layout of the metadata
-and the SSD chunk table (built once per step, from the host lists, with the slots checked against the bank, so no
-layer's kernels read metadata back) exist in one place.
+Every forward that packs metadata goes through `pack_step` — the engine's ordinary steps, and (through `pack`: decode
+rows, then `Piece`s) speculative decoding's prefill pieces and the draft model's prefill catch-ups and eager drafting
+steps (fastpath/engine/speculative.py, fastpath/engine/draft.py) — so the layout of the metadata and the SSD chunk
+table (built once per step, from the host lists, with the slots checked against the bank, so no layer's kernels read
+metadata back) exist in one place.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch import Tensor
 
 from . import ops
+from .bank import StateBank
 
 
 def pack_step(device: torch.device, chunk_size: int, ids: list[int], pos: list[int], dec_slots: list[int],
@@ -50,3 +55,40 @@ def pack_step(device: torch.device, chunk_size: int, ids: list[int], pos: list[i
         sb.table = ops.ssd_chunk_table(cu, starts, chunk_size, device, slots, n_slots, backend=backend,
                                        checkpoints=list(checkpoints) or None)
     return sb
+
+
+@dataclass
+class Piece:
+    """One packed sequence: tokens at positions [start, start+len) continued from bank[slot]."""
+    tokens: list[int]
+    start: int
+    slot: int
+    all_logits: bool = False     # logits at every position (verify rows), else only at the last
+
+
+def backend_kw(model) -> dict:
+    """The kernel-backend keyword of the ops calls for this model (FastOptions.backend)."""
+    return {"backend": model.backend} if hasattr(model, "backend") else {}
+
+
+def pack(bank: StateBank, chunk_size: int, dec: list[tuple[int, int, int]], pieces: list[Piece],
+         dec_ids: Tensor | None = None, kw: dict | None = None, checkpoints: list | None = None):
+    """StepBatch for decode rows (token, pos, slot) then pieces, built by the engine's step packer (one chunk table
+    per step, slots checked against `bank`); returns (batch, logits row ranges per sequence).
+    dec_ids: the decode rows' tokens already on the device (the draft loop), instead of the host values;
+    checkpoints: the prefix cache's (piece, position, bank slot) inside pieces (PrefixCache.plan)."""
+    n = len(dec)
+    ids = [t for t, _, _ in dec] + [t for p in pieces for t in p.tokens]
+    pos = [q for _, q, _ in dec] + [q for p in pieces for q in range(p.start, p.start + len(p.tokens))]
+    last, ranges, end = list(range(n)), [(j, j + 1) for j in range(n)], n
+    for p in pieces:
+        lo, end = end, end + len(p.tokens)
+        rows = list(range(lo, end)) if p.all_logits else [end - 1]
+        ranges.append((len(last), len(last) + len(rows)))
+        last.extend(rows)
+    sb = pack_step(bank.device, chunk_size, ids, pos, [s for _, _, s in dec],
+                   [(p.start, len(p.tokens), p.slot) for p in pieces], last, bank.ssm_state.shape[1],
+                   checkpoints=checkpoints or (), **(kw or {}))
+    if dec_ids is not None:
+        sb.ids[:n].copy_(dec_ids)
+    return sb, ranges

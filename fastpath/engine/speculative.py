@@ -8,8 +8,8 @@ snapshot a (the last accepted input) back into the slot: no second forward. Veri
 buckets as CUDA graphs when the engine has graphs (greedy rows), else eagerly (padded like the graphs under
 pad_decode: the bitwise reference). Prefill pieces of the same step run as a second, ordinary forward. Verify
 steps are synchronous (the host needs the tokens to decide acceptance), and a step with verify rows is never
-overlapped in async mode (the oracle's rule: speculative traces never overlap). Written independently of
-oracle/speculative.py: only oracle's trace/log types are imported.
+overlapped in async mode (the oracle's rule: speculative traces never overlap). The draft-model proposer is
+fastpath/engine/draft.py. Written independently of oracle/speculative.py: only oracle's trace/log types are imported.
 """
 from __future__ import annotations
 
@@ -22,71 +22,8 @@ from torch import Tensor
 from oracle.schedule_log import BatchRow
 from oracle.trace import TraceError
 
-from . import ops
-from .bank import StateBank
-from .packing import pack_step
+from .packing import Piece, backend_kw, pack
 from .sample import sample_rows
-
-
-@dataclass
-class Piece:
-    """One packed sequence: tokens at positions [start, start+len) continued from bank[slot]."""
-    tokens: list[int]
-    start: int
-    slot: int
-    all_logits: bool = False     # logits at every position (verify rows), else only at the last
-
-
-def _kw(model) -> dict:
-    """The kernel-backend keyword of the ops calls for this model (FastOptions.backend)."""
-    return {"backend": model.backend} if hasattr(model, "backend") else {}
-
-
-def pack(bank: StateBank, chunk_size: int, dec: list[tuple[int, int, int]], pieces: list[Piece],
-         dec_ids: Tensor | None = None, kw: dict | None = None, checkpoints: list | None = None):
-    """StepBatch for decode rows (token, pos, slot) then pieces, built by the engine's step packer (one chunk table
-    per step, slots checked against `bank`); returns (batch, logits row ranges per sequence).
-    dec_ids: the decode rows' tokens already on the device (the draft loop), instead of the host values;
-    checkpoints: the prefix cache's (piece, position, bank slot) inside pieces (PrefixCache.plan)."""
-    n = len(dec)
-    ids = [t for t, _, _ in dec] + [t for p in pieces for t in p.tokens]
-    pos = [q for _, q, _ in dec] + [q for p in pieces for q in range(p.start, p.start + len(p.tokens))]
-    last, ranges, end = list(range(n)), [(j, j + 1) for j in range(n)], n
-    for p in pieces:
-        lo, end = end, end + len(p.tokens)
-        rows = list(range(lo, end)) if p.all_logits else [end - 1]
-        ranges.append((len(last), len(last) + len(rows)))
-        last.extend(rows)
-    sb = pack_step(bank.device, chunk_size, ids, pos, [s for _, _, s in dec],
-                   [(p.start, len(p.tokens), p.slot) for p in pieces], last, bank.ssm_state.shape[1],
-                   checkpoints=checkpoints or (), **(kw or {}))
-    if dec_ids is not None:
-        sb.ids[:n].copy_(dec_ids)
-    return sb, ranges
-
-
-class Snapshot:
-    """Conv windows and SSM states of up to R slots of a bank, copied out and back (the draft model's own state
-    around its drafting steps)."""
-
-    def __init__(self, bank: StateBank, R: int):
-        self.bank = bank
-        self.conv = torch.zeros_like(bank.conv_state[:, :R])
-        self.ssm = torch.zeros_like(bank.ssm_state[:, :R])
-
-    def save(self, slots: list[int]) -> None:
-        """snapshot[:, j] := bank[:, slots[j]] (the index goes up by a non-blocking pinned copy: no host sync)."""
-        idx = torch.tensor(slots, dtype=torch.int64)
-        if self.bank.device.type == "cuda":
-            idx = idx.pin_memory()
-        idx = idx.to(self.bank.device, non_blocking=True)
-        self.conv[:, :len(slots)] = self.bank.conv_state.index_select(1, idx)
-        self.ssm[:, :len(slots)] = self.bank.ssm_state.index_select(1, idx)
-
-    def restore(self, j: int, slot: int) -> None:
-        """bank[:, slot] := snapshot[:, j] (conv window and SSM state of every Mamba layer)."""
-        self.bank.conv_state[:, slot].copy_(self.conv[:, j])
-        self.bank.ssm_state[:, slot].copy_(self.ssm[:, j])
 
 
 # ------------------------------------------------------------------------------------------------- proposers
@@ -111,87 +48,6 @@ def ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
                 return tokens[i + n:i + n + k]
             end = f + W * n - 1                            # not at a token boundary: look further left
     return []
-
-
-class DraftModel:
-    """The draft proposer: a FastModel with its own StateBank (slot = the request's slot), greedy. Each request's
-    draft state covers its tokens seen so far; drafting past them runs on the bank and is undone from a snapshot.
-    graphs ("capture" / "eager" / None, the target engine's choice): the drafting steps run as the decode graphs'
-    buckets on the draft's bank (tokens read from and sampled into one device buffer: no host sync until the end)."""
-
-    def __init__(self, model, R: int, max_len: int, graphs: str | None = None, k: int = 1):
-        import types
-        from .graphs import DecodeGraphs
-        self.model, self.R = model, R
-        self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
-        self.snap = Snapshot(self.bank, R)
-        self.seen: dict[str, int] = {}
-        self.graphs = None
-        if graphs is not None:
-            host = types.SimpleNamespace(model=model, bank=self.bank, device=model.device, R=R,
-                                         sampled=torch.zeros(R, dtype=torch.int64, device=model.device))
-            self.graphs = DecodeGraphs(host, capture=graphs == "capture")
-            self.stage = torch.zeros(max(k - 1, 1) * 2 * R, dtype=torch.int64, pin_memory=model.device.type == "cuda")
-
-    def propose(self, rows: list[tuple[str, int, list[int], int]]) -> dict[str, list[int]]:
-        """rows (request, slot, tokens, room): catch each draft state up on the new tokens, then `room` greedy
-        drafts per row (all rows decoded together; one host sync at the end)."""
-        if not rows:
-            return {}
-        drafts = self.propose_device(rows).tolist()
-        return {rid: drafts[j][:room] for j, (rid, _, _, room) in enumerate(rows)}
-
-    def propose_device(self, rows: list[tuple[str, int, list[int], int]]) -> Tensor:
-        """propose() without the host read: drafts [len(rows), max room] on the device (row j's first room_j
-        are its drafts)."""
-        m, dev = self.model, self.model.device
-        pieces = [Piece(list(t[self.seen.get(rid, 0):]), self.seen.get(rid, 0), s) for rid, s, t, _ in rows]
-        sb, _ = pack(self.bank, m.config.chunk_size, [], pieces, kw=_kw(m))
-        tok = torch.empty(len(rows), dtype=torch.int64, device=dev)
-        ops.greedy_sample(m.forward(sb, self.bank), tok, **_kw(m))
-        for rid, _, t, _ in rows:
-            self.seen[rid] = len(t)
-        out, k = [tok.clone()], max(r[3] for r in rows)
-        if k > 1:
-            self.snap.save([s for _, s, _, _ in rows])
-            if self.graphs is not None:
-                out += self._graph_steps(rows, tok, k)
-            for i in range(1, k if self.graphs is None else 1):
-                dec = [(0, len(t) + i - 1, s) for _, s, t, _ in rows]
-                sb, _ = pack(self.bank, m.config.chunk_size, dec, [], dec_ids=out[-1], kw=_kw(m))
-                nxt = torch.empty(len(rows), dtype=torch.int64, device=dev)
-                ops.greedy_sample(m.forward(sb, self.bank), nxt, **_kw(m))
-                out.append(nxt)
-            for j, (_, s, _, _) in enumerate(rows):
-                self.snap.restore(j, s)
-        return torch.stack(out, 1)
-
-    def _graph_steps(self, rows, tok: Tensor, k: int) -> list[Tensor]:
-        """Drafts 2..k through the decode buckets: each step reads the previous step's tokens from the buffer it
-        samples into; each its own stage slice (no host sync between them)."""
-        g, n, out = self.graphs, len(rows), []
-        g.tok[:n].copy_(tok)
-        for i in range(1, k):
-            g.run([len(t) + i - 1 for _, _, t, _ in rows], [s for _, s, _, _ in rows], None,
-                  self.stage[(i - 1) * 2 * self.R:i * 2 * self.R])
-            out.append(g.tok[:n].clone())
-        return out
-
-    def forget(self, rid: str) -> None:
-        """A finished request's draft state is dropped (its slot is reused from zero: first piece has no state)."""
-        self.seen.pop(rid, None)
-
-
-def load_draft(path, target_config, R: int, max_len: int, device, dtype, options=None, graphs: str | None = None,
-               k: int = 1) -> DraftModel:
-    """The draft folder as a FastModel on the target's device and dtype; another vocab is an error naming the field."""
-    from oracle.checkpoint import load_checkpoint
-    from fastpath.model import FastModel
-    cfg, tensors = load_checkpoint(path)
-    if cfg.vocab_size != target_config.vocab_size:
-        raise TraceError("engine.speculative.proposer.model", f"draft vocab_size {cfg.vocab_size} != the target's "
-                         f"{target_config.vocab_size}: a draft must share the target's vocabulary")
-    return DraftModel(FastModel(cfg, tensors, device, dtype, options), R, max_len, graphs, k)
 
 
 # ----------------------------------------------------------------------------------------- the engine's hooks
@@ -246,6 +102,7 @@ class Speculator:
         self.table = p.table() if p.kind == "scripted" else {}
         if p.kind == "draft":
             from oracle.speculative import model_path
+            from .draft import load_draft
             self.draft = load_draft(model_path(spec), engine.config, R, bank.max_len + self.k, engine.device,
                                     engine.model.dtype, getattr(engine.model, "options", None),
                                     None if g is None else "capture" if g.capture else "eager", self.k)
@@ -284,13 +141,12 @@ class Speculator:
         self._on_device = self.device_drafts is not None and self.device_drafts.applies(live)
         if self.draft is None:
             return
-        rows = []
-        for r, st in live:
-            if not st.prefilling:
-                room = min(self.k, st.req.max_new_tokens - len(st.output))
-                rows.append((st.req.id, self.engine.rows.row_to_slot[r], list(st.req.prompt) + st.output, room))
+        from .draft import DraftRow
+        slot = self.engine.rows.row_to_slot
+        rows = [DraftRow(st.req.id, slot[r], st.req.prompt, st.output,
+                         min(self.k, st.req.max_new_tokens - len(st.output))) for r, st in live if not st.prefilling]
         if self._on_device:                            # drafts stay on the device (spec_device.py)
-            self.device_drafts.drafts = (self.draft.propose_device(rows), [rid for rid, _, _, _ in rows])
+            self.device_drafts.drafts = (self.draft.propose_device(rows), [d.rid for d in rows])
             return
         self._drafts = self.draft.propose(rows)
 
@@ -388,14 +244,14 @@ class Speculator:
             pieces.append(Piece(list(eng.requests[b.request].req.prompt[b.pos:b.pos + b.count]), b.pos, b.slot))
             eng.requests[b.request].done = b.pos + b.count
         ckpts = (eng.prefix.plan(list(enumerate(pre)), eng.requests, rec, eng.k) if eng.prefix is not None else [])
-        sb, _ = pack(eng.bank, eng.config.chunk_size, [], pieces, kw=_kw(eng.model), checkpoints=ckpts)
+        sb, _ = pack(eng.bank, eng.config.chunk_size, [], pieces, kw=backend_kw(eng.model), checkpoints=ckpts)
         logits = eng.model.forward(sb, eng.bank)
         seeded = []
         for j, b in enumerate(pre):
             sp = eng.requests[b.request].req.sampling
             if sp.kind == "seeded":
                 seeded.append((j, float(sp.temperature), int(sp.seed), b.pos + b.count))
-        sample_rows(logits, self.out[:len(pre)], seeded, **_kw(eng.model))
+        sample_rows(logits, self.out[:len(pre)], seeded, **backend_kw(eng.model))
         return logits
 
     @staticmethod

@@ -307,6 +307,8 @@ def main() -> None:
                     "an upper bound (scripted drafts = the run's own tokens) vs a 4-layer draft (32 tokens, time cap), "
                     "k in --spec-k, async + graphs; acceptance, ratio, verify vs k+1 decode step times")
     ap.add_argument("--spec-k", default="1,2,4,8", help="k values for --spec (comma-separated)")
+    ap.add_argument("--spec-rows", default="ngram,upper_bound,draft,last_wrong",
+                    help="row groups for --spec besides the baseline (comma-separated; e.g. draft)")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="only: TTFT of a 100-token suffix after a 32k shared prefix, prefix-cache hit vs cold")
     ap.add_argument("--gemv-variants", action="store_true",
@@ -366,7 +368,8 @@ def main() -> None:
         cases, args.skip_long = [], True
     if args.spec:
         from hybridqual.bench.spec import spec_bench
-        report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl)
+        report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl,
+                                                groups=tuple(args.spec_rows.split(",")))
         lines += spec_lines
         cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
     for mode, graphs, fused, gv in cases:

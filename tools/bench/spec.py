@@ -10,14 +10,18 @@ In one run, same model and mode: bs1 effective tok/s without speculation, then f
     by up to 4 untimed runs where verify arithmetic flipped a near tie), so every draft is right by construction:
     what the mechanism gives when drafts are right — NOT a proposer anyone can run;
   - draft: the target's first `draft_layers` layers (same vocab, embeddings and head) as a draft model, on a fixed
-    `draft_osl` tokens, skipped once `draft_budget_s` of draft runs is spent (it cannot eat the call);
+    `draft_osl` tokens, skipped once `draft_budget_s` of draft runs is spent (it cannot eat the call); three rows:
+    the engine's default (short catch-ups through the draft's decode graphs), every catch-up as a packed prefill
+    (the reference), and drafts kept on the device (FastOptions.spec_device_drafts);
   - last draft wrong, under each rollback (per-position snapshots; replay, FastOptions.spec_replay): the upper
     bound's drafts with the last one wrong, so every step accepts m-1 drafts and rolls back.
 Rows after `budget_s` are skipped (printed as such), so the whole bench stays inside one GPU call.
 Per row: acceptance (accepted / proposed drafts, from the schedule log), tok/s and its ratio to the
 non-speculative figure of the same run, the mean verify-step time (one synchronised launch: forward + sampling +
 host acceptance) plus the rollback (snapshot copies) against k+1 one-token decode steps of the baseline (CUDA-graph
-replays when graphs are on).
+replays when graphs are on); draft rows also: where the draft proposer's time goes (its pass per step, synchronised
+before and after, by phase: catch-up by graphs or prefill, drafting steps, snapshot restore; its share of the step).
+`--spec-rows` (tools/bench/engine.py) picks the row groups: ngram, upper_bound, draft, last_wrong.
 """
 from __future__ import annotations
 
@@ -52,9 +56,12 @@ def _sync(dev) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(fn, dev, into: dict, key):
-    """Wrap fn: the wall time of each call (device synchronised after it) goes to into[key(args)]."""
+def _timed(fn, dev, into: dict, key, fence: bool = False):
+    """Wrap fn: the wall time of each call (device synchronised after it; fence: before it too) goes to
+    into[key(args)]."""
     def run(*args, **kw):
+        if fence:
+            _sync(dev)
         t0 = time.perf_counter()
         out = fn(*args, **kw)
         _sync(dev)
@@ -70,15 +77,21 @@ def _step_kind(batch, *_) -> str:
 
 
 def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, prompt: tuple[int, ...],
-             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4) -> dict:
+             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4, eager_catch_up: bool = False
+             ) -> dict:
     """n_req requests one at a time (the first is warm-up): tok/s (no per-step syncs), acceptance, and in one more
-    pass with a sync after every launch: verify-step and decode-step times and the rollback time. Verify graphs are
+    pass with a sync after every launch: verify-step and decode-step times and the rollback time, and for a draft
+    proposer its time per step (synchronised before and after) by phase (draft_profile). Verify graphs are
     captured before any timed request. own (the upper bound): scripted drafts `script(tokens)` start from these
     tokens and are refined (up to `passes` untimed runs) to the speculative run's own greedy tokens, since a verify
-    batch's arithmetic may flip a near tie of the non-speculative run."""
+    batch's arithmetic may flip a near tie of the non-speculative run. eager_catch_up: the draft's every catch-up is
+    its packed prefill (the reference for the catch-up through its decode graphs)."""
     C, k = model.config.chunk_size, spec.k if spec else 0
     B = max(C, len(prompt), k + 1)
     eng = Engine(model, EngineConfig(1, B, B, mode, spec), max_len=len(prompt) + osl + 8, graphs=graphs)
+    draft = eng.spec.draft if eng.spec is not None else None
+    if draft is not None:
+        draft.short_catch_up = not eager_catch_up
     if eng.spec is not None:
         eng.spec.runner.capture_all()
     refined = 0
@@ -110,12 +123,23 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
     eng.launch = _timed(eng.launch, model.device, times, _step_kind)
     if eng.spec is not None:
         eng.spec.rollback = _timed(eng.spec.rollback, model.device, times, lambda *_: "rollback")
+    if draft is not None:
+        draft.timing, before = {}, dict(draft.catch_ups)
+        eng.spec.prepare = _timed(eng.spec.prepare, model.device, times, lambda *_: "draft", fence=True)
     eng.reset(mode)
     eng.add_request(Request("timed", 0, prompt, osl))
+    n_steps, t0 = 0, time.perf_counter()
     while eng.step():
-        pass
+        n_steps += 1
+    _sync(model.device)
+    loop_s = time.perf_counter() - t0
     mean = lambda xs: 1e3 * sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     n_ver = len(times.get("verify", []))
+    prof = None
+    if draft is not None:
+        prof = draft_profile(times.get("draft", []), draft.timing, loop_s, n_steps,
+                             {w: draft.catch_ups[w] - before[w] for w in before})
+        draft.timing = None
     return {"spec": spec.to_json() if spec and spec.proposer.kind != "scripted" else None, "k": k, "mode": mode,
             "graphs": graphs, "osl": osl, "tok_s": sum(rates) / len(rates), "accepted": acc, "proposed": prop,
             "acceptance": acc / prop if prop else 0.0, "verify_ms": mean(times.get("verify", [])),
@@ -123,7 +147,27 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
             "decode_ms": mean(times.get("decode", [])), "verify_steps": n_ver,
             "decode_steps": len(times.get("decode", [])), "tokens": tokens,
             "verify_graph_replays": eng.spec.runner.replays if eng.spec is not None else 0,
-            "script_refinements": refined}
+            "script_refinements": refined, "draft_profile": prof}
+
+
+def draft_profile(calls: list[float], phases: dict[str, float], loop_s: float, n_steps: int,
+                  catch_ups: dict[str, int]) -> dict:
+    """Where a draft proposer's time goes in the synchronised pass: per step (ms) its whole pass (Speculator.prepare)
+    and each phase of DraftModel.propose_device (catch-up through the decode graphs or the packed prefill, drafting
+    steps with the snapshot save, snapshot restore), its share of the pass's wall time, and the rows caught up each
+    way."""
+    per = lambda x: 1e3 * x / n_steps if n_steps else float("nan")  # noqa: E731
+    return {"step_ms": per(loop_s), "draft_ms": per(sum(calls)), "share": sum(calls) / loop_s if loop_s else 0.0,
+            "phases_ms": {name: per(v) for name, v in sorted(phases.items())}, "catch_ups": catch_ups,
+            "steps": n_steps}
+
+
+def _draft_text(p: dict) -> str:
+    """The draft-proposer profile of a row, one clause."""
+    phases = ", ".join(f"{name} {ms:.3f}" for name, ms in p["phases_ms"].items())
+    c = p["catch_ups"]
+    return (f"; draft proposer {p['draft_ms']:.3f} ms/step = {100 * p['share']:.0f}% of a {p['step_ms']:.3f} ms "
+            f"synchronised step ({phases} ms; rows caught up: {c['graph']} graph, {c['prefill']} prefill)")
 
 
 def upper_bound_spec(k: int, continuation: list[int], n_req: int, wrong_last: int = 0) -> SpecConfig:
@@ -183,16 +227,27 @@ def _line(r: dict, base: dict) -> str:
             f"({r['tok_s'] / base['tok_s']:4.2f}x of {base['tok_s']:.1f}), acceptance {r['accepted']}/{r['proposed']}"
             f" = {100 * r['acceptance']:5.1f}%, {ver}"
             + (f"; drafts refined by {r['script_refinements']} untimed runs" if r.get("script_refinements") else "")
+            + (_draft_text(r["draft_profile"]) if r.get("draft_profile") else "")
             + ("" if r is base else f"; tokens == no-spec: {'yes' if same else 'NO (near tie?)'}"))
+
+
+ROW_GROUPS = ("ngram", "upper_bound", "draft", "last_wrong")
 
 
 def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", graphs: bool = True,
                draft_layers: int = 4, prompt_len: int = 256, draft_osl: int = 32,
-               draft_budget_s: float = 60.0, n_req: int = 2, budget_s: float = 150.0,
-               rollbacks: tuple[str, ...] = ("snapshots", "replay")) -> tuple[list[dict], list[str]]:
-    """Baseline, then at each k: ngram, upper bound, the upper bound with its last draft wrong under each rollback
-    (per-position snapshots, replay: FastOptions.spec_replay), draft; rows after `budget_s` (draft rows: after
-    `draft_budget_s` of them) are skipped; returns (rows, printable lines)."""
+               draft_budget_s: float = 90.0, n_req: int = 2, budget_s: float = 150.0,
+               rollbacks: tuple[str, ...] = ("snapshots", "replay"),
+               groups: tuple[str, ...] = ROW_GROUPS) -> tuple[list[dict], list[str]]:
+    """Baseline, then at each k: ngram, upper bound, draft, the upper bound with its last draft wrong under each
+    rollback (per-position snapshots, replay: FastOptions.spec_replay) — only the `groups` named. Draft rows, per k:
+    the engine's default (short catch-ups through the draft's decode graphs, drafts read on the host), every catch-up
+    as the packed prefill (the reference), and drafts kept on the device (FastOptions.spec_device_drafts); each with
+    the draft proposer's time per step by phase. Rows after `budget_s` (draft rows: after `draft_budget_s` of them)
+    are skipped; returns (rows, printable lines)."""
+    unknown = sorted(set(groups) - set(ROW_GROUPS))
+    if unknown:
+        raise ValueError(f"spec rows: unknown groups {unknown}; expected some of {ROW_GROUPS}")
     prompt = code_like_prompt(prompt_len, model.config.vocab_size)
     rows, lines = [], []
     t_start = time.perf_counter()
@@ -202,12 +257,12 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
         print(text, flush=True)
 
     def one(label: str, kind: str, spec, osl_: int = osl, n: int = n_req, own=None, script=None,
-            m=model) -> dict | None:
+            m=model, eager: bool = False) -> dict | None:
         if rows and time.perf_counter() - t_start > budget_s:
             emit(f"spec {label}: skipped (bench time cap {budget_s:.0f} s spent)")
             return None
         try:
-            r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script)
+            r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script, eager_catch_up=eager)
         except Exception as e:                        # one GPU run reports every case it can
             emit(f"spec {label}: FAILED {type(e).__name__}: {e}"[:300])
             return None
@@ -219,26 +274,30 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
     base = one("none (bs1, no speculation)", "baseline", None)
     if base is None:
         return rows, lines
-    for k in ks:
+    for k in ks if "ngram" in groups else ():
         one(f"ngram k={k}", "ngram", SpecConfig(k, ProposerConfig("ngram", min_n=1, max_n=4)))
     V = model.config.vocab_size
-    for k in ks:
+    for k in ks if "upper_bound" in groups else ():
         one(f"upper bound k={k} (drafts=own)", "upper_bound", upper_bound_spec(k, base["tokens"], n_req),
             own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
     with tempfile.TemporaryDirectory() as d:
-        try:
-            write_draft(model, draft_layers, d)
-        except Exception as e:
-            emit(f"spec draft folder FAILED {type(e).__name__}: {e}"[:300])
-            d = None
+        if "draft" in groups:
+            try:
+                write_draft(model, draft_layers, d)
+            except Exception as e:
+                emit(f"spec draft folder FAILED {type(e).__name__}: {e}"[:300])
+                d = None
         t0 = time.perf_counter()
-        for k in ks if d else ():
-            if time.perf_counter() - t0 > draft_budget_s:
-                emit(f"spec draft{draft_layers} k={k}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
-                continue
-            one(f"draft{draft_layers} k={k} ({draft_osl} tok)", "draft",
-                SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl)
-    for name in rollbacks:
+        variants = (("", "draft", model, False), (" eager catch-up", "draft_eager_catch_up", model, True),
+                    (" device drafts", "draft_device", model.with_options(spec_device_drafts=True), False))
+        for k in ks if d and "draft" in groups else ():
+            for name, kind, m, eager in variants:
+                label = f"draft{draft_layers} k={k}{name} ({draft_osl} tok)"
+                if time.perf_counter() - t0 > draft_budget_s:
+                    emit(f"spec {label}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
+                    continue
+                one(label, kind, SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, m=m, eager=eager)
+    for name in rollbacks if "last_wrong" in groups else ():
         m = model.with_options(spec_replay=name == "replay")
         for k in ks:
             one(f"last draft wrong k={k} {name}", f"last_wrong_{name}", upper_bound_spec(k, base["tokens"], n_req, V),
@@ -271,13 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny zoo model, k 1,2, a few tokens (no figures)")
     ap.add_argument("--triton", action="store_true", help="smoke through the Triton kernels (interpreter: minutes)")
     ap.add_argument("--spec-k", default="1,2")
+    ap.add_argument("--spec-rows", default=",".join(ROW_GROUPS), help=f"row groups: some of {ROW_GROUPS}")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if not args.smoke:
         ap.error("on a GPU run `python -m hybridqual.bench.engine --spec`; here only --smoke")
     model = smoke_model(args.triton)
     rows, lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=8, prompt_len=40,
-                             draft_layers=1, draft_osl=6, n_req=2)
+                             draft_layers=1, draft_osl=6, n_req=2, groups=tuple(args.spec_rows.split(",")))
     print(f"smoke: {len(rows)} rows, backend {model.backend} (CPU: not a speed figure)")
     if args.out:
         with open(args.out, "w") as f:

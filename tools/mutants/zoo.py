@@ -573,6 +573,8 @@ QUICK = {
 # ---------------------------------------------------------------- speculative decoding (DESIGN §13)
 SPEC, ORACLE_SPEC, VERIFY = "fastpath/engine/speculative.py", "oracle/speculative.py", "fastpath/engine/verify.py"
 T_SPEC = "tests/test_speculative_engine.py"
+T_DRAFT_CATCH_UP = ("tests/test_draft_catch_up.py::"
+                    "test_graph_catch_up_proposes_what_the_prefill_catch_up_and_a_fresh_state_propose")
 T_SPEC_STATE = T_SPEC + "::test_state_after_each_step_is_the_state_of_the_accepted_tokens"
 T_SPEC_LOG = T_SPEC + "::test_speculative_log_and_tokens_equal_oracle_async_equals_legacy"
 T_SPEC_CORPUS = T_SPEC + "::test_corpus_spec_traces_on_the_torch_stand_ins_equal_the_oracle"
@@ -646,8 +648,8 @@ MUTANTS += [
     Mutant("spec_draft_state_not_restored", "speculative draft",
            "the draft model's own state is left after its drafting steps, so its next catch-up continues from "
            "drafted tokens that were never emitted",
-           SPEC, "            for j, (_, s, _, _) in enumerate(rows):\n                self.snap.restore(j, s)\n", "",
-           (T_SPEC_LOG + "[draft]",)),
+           "fastpath/engine/draft.py", "            self.snap.restore()\n", "",
+           (T_SPEC_LOG + "[draft]", T_DRAFT_CATCH_UP)),
     Mutant("spec_device_ngram_oldest_match", "speculative device drafts",
            "the device ngram search takes the oldest earlier occurrence of the suffix instead of the most recent one "
            "(DESIGN §13), so device drafts differ from the host proposer's and the oracle's",
