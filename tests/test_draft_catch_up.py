@@ -18,12 +18,11 @@ from fastpath import Engine, FastModel  # noqa: E402
 from fastpath.engine.draft import DraftModel, DraftRow  # noqa: E402
 from fastpath.options import FastOptions  # noqa: E402
 from oracle import zoo  # noqa: E402
-from oracle.model import OracleModel  # noqa: E402
 from oracle.scheduler import run_trace as oracle_run  # noqa: E402
 from oracle.trace import load_trace  # noqa: E402
 
 TRACES = Path(__file__).parent.parent / "goldens" / "traces"
-ENGINE_MODEL = dict(pattern="M*", hidden_size=16, mamba_n_heads=2, mamba_n_groups=1, n_attn_heads=2, n_kv_heads=1)
+from test_speculative_verify import ENGINE_MODEL, models  # noqa: E402,F401  (the engine-test model and its fixture)
 K, R, MAX_LEN = 3, 3, 64
 
 
@@ -146,14 +145,6 @@ def test_draft_state_is_forgotten_for_requests_no_longer_decoding():
     assert set(d.seen) == {"c", "b"}
     d.propose([])
     assert d.seen == {}
-
-
-@pytest.fixture(scope="module")
-def models():
-    cfg = zoo.tiny_config("bamba", **ENGINE_MODEL)
-    w = zoo.random_weights(cfg, seed=3)
-    return OracleModel(cfg, w, dtype=torch.float64), FastModel(cfg, w, "cpu", torch.float32).with_options(
-        backend="torch")
 
 
 @pytest.mark.parametrize("device_drafts", [False, True], ids=["host-drafts", "device-drafts"])
