@@ -22,7 +22,7 @@ from oracle.scheduler import run_trace as oracle_run  # noqa: E402
 from oracle.trace import load_trace  # noqa: E402
 
 TRACES = Path(__file__).parent.parent / "goldens" / "traces"
-from test_speculative_verify import ENGINE_MODEL, models  # noqa: E402,F401  (the engine-test model and its fixture)
+from test_speculative_verify import models  # noqa: E402,F401  (the engine-test models fixture)
 K, R, MAX_LEN = 3, 3, 64
 
 
