@@ -6,7 +6,7 @@ boundaries (multiples of the model's chunk) never gives it a short last piece. T
 granularity in play instead: `GRANULARITIES` (16 and 64, the block sizes and budget roundings of the engines
 we know) plus the model's chunk C and its prefix-cache block, and put a prompt = 1..d_conv past each, so whichever
 of them the engine cuts at, its last piece has every length from 1 to d_conv; and the shapes the public 2026
-reports needed (tools/mutants/zoo.py cites them):
+reports needed (tools/mutants/zoo_reports.py cites them):
 
     piece_tails      last pieces 1..d_conv long (prompts 2C+1..2C+d_conv under prefill_chunk 2C), prompts = 1 mod
                      C, 16 and 64, one-token prompts co-batched and one admitted into a slot freed the step before
