@@ -8,7 +8,7 @@
     hybridqual scenarios list|write   # = python -m hybridqual.scenarios (the corpus per model; shipped models)
     hybridqual mutants [ARGS]          # = python -m hybridqual.mutants (needs a source checkout: it mutates the sources)
     hybridqual bench NAME [ARGS]       # = python -m hybridqual.bench.NAME (NAME: engine, kernels, gemm, chain, account,
-                                       #   ablation, spec, ssd_fused, tp — run tp under torchrun:
+                                       #   ablation, spec, ssd_fused, invariant, tp — run tp under torchrun:
                                        #   torchrun --nproc_per_node 2 -m hybridqual.bench.tp)
 
 `hybridqual SUBCOMMAND --help` prints that tool's own options.
@@ -24,7 +24,7 @@ from hybridqual import paths
 
 TOOLS = {"qualify": "qualify.runner", "replay": "replay", "goldens": "goldens.regen", "mutants": "mutants.__main__",
          "scenarios": "scenarios.plan", "convert": "adapters.llamacpp.convert"}
-BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "account", "spec", "ssd_fused", "tp")
+BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "account", "spec", "ssd_fused", "invariant", "tp")
 
 
 def _usage() -> str:
