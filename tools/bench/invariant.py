@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import time
@@ -32,6 +31,7 @@ from fastpath.engine.engine import engine_class
 from fastpath.model import FastModel
 from oracle.speculative import ProposerConfig, SpecConfig
 from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace
+from hybridqual.bench.prefix import free_cache, sync
 from hybridqual.bench.spec import code_like_prompt
 from hybridqual.qualify.invariance_checks import row_difference
 from hybridqual.qualify.spec_checks import acceptance_rate
@@ -85,17 +85,6 @@ def scripted_spec(k: int, tokens: dict[str, list[int]]) -> SpecConfig:
     return SpecConfig(k, ProposerConfig("scripted", proposals=tuple(per.items())))
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _free(dev: torch.device) -> None:
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def record_run(eng, trace: Trace) -> dict:
     """Run `trace` on `eng` recording every sampled logits row (model dtype, to the host after the run); returns
     tokens, rows {(request, position): row}, and what shaped the batches (hits, drafts, rows per step)."""
@@ -107,13 +96,13 @@ def record_run(eng, trace: Trace) -> dict:
             if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
                 rows[(b.request, b.pos + b.count)] = logits[j].detach().clone()
     eng.on_logits = hook
-    _sync(eng.device)
+    sync(eng.device)
     t0 = time.perf_counter()
     try:
         res = eng.run_trace(trace)
     finally:
         eng.on_logits = None
-    _sync(eng.device)
+    sync(eng.device)
     wall = time.perf_counter() - t0
     log = res.schedule_log.to_json()["steps"]
     acc, prop = acceptance_rate(res.schedule_log)
@@ -191,7 +180,7 @@ def invariant_bench(model: FastModel, w: Workload, mode: str = "async", graphs: 
         finally:
             if eng is None:
                 e = None
-                _free(dev)
+                free_cache(dev)
         rep["runs"][name] = _facts(r)
         print(f"run {name}: {r['steps']} steps, {r['wall_s']:.2f} s, rows/step <= {r['max_rows']}, "
               f"{r['compositions']} batch compositions, cached {r['cached_tokens']}, drafts "
@@ -235,7 +224,7 @@ def invariant_bench(model: FastModel, w: Workload, mode: str = "async", graphs: 
                 note="alone: arrival 0, no other request")
     rep["cost"] = cost(base_eng, reqs, reps, dev) if all(base.values()) else {"skipped": True}
     del base_eng
-    _free(dev)
+    free_cache(dev)
     return rep
 
 
@@ -246,10 +235,10 @@ def cost(engines: dict, reqs: tuple[Request, ...], reps: int, dev: torch.device)
     try:
         for _ in range(reps):
             for which, eng in engines.items():
-                _sync(dev)
+                sync(dev)
                 t0 = time.perf_counter()
                 res = eng.run_trace(Trace(eng.ec, reqs))
-                _sync(dev)
+                sync(dev)
                 times[which].append(time.perf_counter() - t0)
                 out_tokens = sum(len(t) for t in res.tokens.values())
     except Exception as ex:  # noqa: BLE001
@@ -331,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         tensors = random_device_weights(cfg, dev, torch.bfloat16)
         model = FastModel(cfg, tensors, dev, torch.bfloat16)
         del tensors                               # the model holds what it needs (fused q/k/v, gate/up)
-        _free(dev)
+        free_cache(dev)
         w = dataclasses.replace(Workload(), requests=args.requests, prefix=args.prefix, osl=args.osl,
                                 rows=args.rows, k=args.k)
         graphs, reps = True, args.reps

@@ -37,7 +37,8 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _free_cache(dev: torch.device) -> None:
+def free_cache(dev: torch.device) -> None:
+    """Collect garbage and return the caching allocator's unused blocks (between benchmark cases)."""
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -158,7 +159,7 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
     cProfile, and one more eager hit by stage (hit_breakdown, hit_profile, hit_host_profile)."""
     from oracle.trace import PrefixCacheConfig
     c = model.config
-    _free_cache(model.device)
+    free_cache(model.device)
     prefix = tuple((13 * j + 7) % c.vocab_size for j in range(prefix_len))
     tail = lambda i: tuple((17 * j + 101 * i + 3) % c.vocab_size for j in range(suffix))   # noqa: E731
     max_len = prefix_len + suffix + 8
@@ -203,7 +204,7 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
     res["cached_tokens"] = [a["cached_tokens"] for s in on.log.to_json()["steps"] for a in s["admit"]]
     res["cached_tokens_graphs"] = [a["cached_tokens"] for s in on_g.log.to_json()["steps"] for a in s["admit"]]
     del on, off, on_g
-    _free_cache(model.device)
+    free_cache(model.device)
     return res
 
 
