@@ -132,9 +132,7 @@ def attention_decode(q, k, v, k_cache, v_cache, slot, pos, scale, out=None, rope
                             rope_theta=rope_theta)
     if rope_dim:
         q, k = rope(q, pos, rope_dim, rope_theta, backend="torch"), rope(k, pos, rope_dim, rope_theta, backend="torch")
-    sl, ps = _ints(slot), _ints(pos)
-    y = torch_ops.attention_varlen(q, k, v, k_cache, v_cache, sl, list(range(len(sl) + 1)), ps, scale)
-    return _into(out, y)
+    return _into(out, torch_ops.attention_step(q, k, v, k_cache, v_cache, slot, pos, scale))
 
 
 def attention_prefill_varlen(q, k, v, k_cache, v_cache, cu_seqlens, slot, start_pos, scale, out=None,

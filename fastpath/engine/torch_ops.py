@@ -3,6 +3,8 @@
 Used only where a Triton kernel is not available (FastOptions(backend="torch")); the engine's default is Triton.
 Same contract as the kernels: packed varlen tokens, per-sequence slot into the bank, slot -1 = padding row
 (no read, no write, zero output), chunk boundaries of the SSD at absolute multiples of chunk_size.
+The decode-step ops (conv_step, ssm_step, attention_step) read no value back to the host, so a CUDA graph can
+capture them; the prefill ops take host lists.
 """
 from __future__ import annotations
 
@@ -32,6 +34,21 @@ def conv_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tenso
     return y
 
 
+def write_rows(bank: Tensor, idx: Tensor, valid: Tensor, new: Tensor) -> None:
+    """bank[idx[r]] = new[r] for the rows with valid[r], without a host sync (CUDA-graph capturable).
+
+    A boolean-mask select would read its count back to the host. Instead every invalid row repeats the first valid
+    row's write (or, with none valid, row 0 rewrites its slot's own value): duplicate targets carry equal values,
+    so the result does not depend on the order of the writes."""
+    n = idx.shape[0]
+    first = torch.argmax(valid.to(torch.int32))
+    src = torch.where(valid, torch.arange(n, device=idx.device), first)
+    tgt = idx.index_select(0, src)
+    old = bank.index_select(0, tgt)
+    keep = valid.index_select(0, src).reshape(n, *([1] * (new.dim() - 1)))
+    bank.index_copy_(0, tgt, torch.where(keep, new.index_select(0, src).to(bank.dtype), old))
+
+
 def conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor, slots: Tensor) -> Tensor:
     """One token per row x [n, D]; rows with slot -1 untouched (output 0)."""
     valid = slots >= 0
@@ -42,8 +59,7 @@ def conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor,
     if bias is not None:
         y = y + bias.float()
     y = torch.where(valid[:, None], y, torch.zeros_like(y))
-    new = u[:, :, 1:].to(conv_bank.dtype)
-    conv_bank.index_copy_(0, idx[valid], new[valid])
+    write_rows(conv_bank, idx, valid, u[:, :, 1:])
     return y.to(x.dtype)
 
 
@@ -105,7 +121,7 @@ def ssm_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor |
     y = torch.einsum("bhpn,bhn->bhp", h, Ch)
     if D is not None:
         y = y + D.float()[None, :, None] * x.float()
-    ssm_bank.index_copy_(0, idx[valid], h[valid].to(ssm_bank.dtype))
+    write_rows(ssm_bank, idx, valid, h)
     return torch.where(valid[:, None, None], y, torch.zeros_like(y)).to(x.dtype)
 
 
@@ -137,3 +153,23 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
         sc = sc.masked_fill(~(kpos[None, :] <= qpos[:, None])[None], float("-inf"))
         out[lo:hi] = torch.einsum("hqk,khd->qhd", torch.softmax(sc, -1), vv).to(q.dtype)
     return out
+
+
+def attention_step(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, pos: Tensor,
+                   scale: float) -> Tensor:
+    """One token per row q/k/v [n,H(kv),d]: k/v written at cache[slot, pos], then GQA over cache[slot, :pos+1];
+    rows with slot -1 untouched (output 0). No host sync (CUDA-graph capturable)."""
+    n, L = q.shape[0], k_cache.shape[1]
+    rep = q.shape[1] // k.shape[1]
+    valid = slots >= 0
+    sl, ps = slots.clamp(min=0).long(), pos.clamp(min=0, max=L - 1).long()
+    flat = sl * L + ps
+    write_rows(k_cache.view(-1, *k_cache.shape[2:]), flat, valid, k)
+    write_rows(v_cache.view(-1, *v_cache.shape[2:]), flat, valid, v)
+    kk = k_cache.index_select(0, sl).float().repeat_interleave(rep, 2)          # [n, L, H, d]
+    vv = v_cache.index_select(0, sl).float().repeat_interleave(rep, 2)
+    sc = torch.einsum("nhd,nlhd->nhl", q.float(), kk) * scale
+    seen = torch.arange(L, device=q.device)[None, :] <= ps[:, None]              # [n, L]
+    sc = sc.masked_fill(~seen[:, None, :], float("-inf"))
+    y = torch.einsum("nhl,nlhd->nhd", torch.softmax(sc, -1), vv)
+    return torch.where(valid[:, None, None], y, torch.zeros_like(y)).to(q.dtype)
