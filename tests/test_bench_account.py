@@ -38,3 +38,25 @@ def test_the_account_adds_up_on_a_made_up_table():
     assert rows[GROUPS[0][0]]["floor_us"] == 1.0 and rows[GROUPS[0][0]]["gap_us"] == 4.0
     assert rows[OTHER]["us"] == 1.0 and rows[OTHER]["launches"] == 2.0
     assert acc["kernel_sum_us"] == 8.0 and acc["between_kernels_us"] == 2.0 and acc["roofline_us"] == 2.0
+
+
+def test_exclusive_times_add_up_to_the_union_of_overlapping_spans():
+    from hybridqual.bench.engine import exclusive_us
+    # b starts early (programmatic dependent launch) and waits in a's span; c nests in b; d after a gap.
+    spans = [("a", 0.0, 10.0), ("b", 8.0, 15.0), ("c", 9.0, 12.0), ("d", 20.0, 21.0), ("a", 21.0, 23.0)]
+    ex = exclusive_us(spans)
+    assert ex == {"a": 12.0, "b": 5.0, "c": 0.0, "d": 1.0}
+    assert sum(ex.values()) == 18.0                               # the union: [0, 15] + [20, 23]
+
+
+def test_the_account_charges_overlap_once_and_counts_a_folded_groups_bytes_in_the_projections():
+    need = {g: 0 for g, _ in GROUPS} | {OTHER: 0}
+    need[GROUPS[0][0]], need["conv step"] = 4_000_000, 4_000_000
+    table = {"graphs": True, "wall_ms_per_step": 0.010,
+             "top": [["gemv_kernel", 3.0, 9.0], ["ssm_step_kernel", 1.0, 2.0]],
+             "exclusive_us": {"gemv_kernel": 6.0, "ssm_step_kernel": 2.0}}
+    acc = account(table, need, copy_bps=4e12, param_bytes=8_000_000)
+    rows = {r["group"].split(" (+")[0]: r for r in acc["rows"]}
+    assert "conv step" not in rows and "conv step" in rows[GROUPS[0][0]]["group"]
+    assert rows[GROUPS[0][0]]["us"] == 6.0 and rows[GROUPS[0][0]]["floor_us"] == 2.0
+    assert acc["kernel_sum_us"] == 8.0 and acc["between_kernels_us"] == 2.0

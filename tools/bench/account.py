@@ -5,8 +5,10 @@
 One async + CUDA-graph bs1 decode step under torch.profiler (tools/bench/engine.kernel_table, every kernel): each
 kernel is put in a group (projections, state update, conv step, attention, norms, the rest); each group's bytes
 needed per step come from the config (every weight matrix read once, the SSM and conv states read and written once,
-the KV cache read once), its floor is those bytes over the copy bandwidth measured in the same run. The account:
-group time vs floor, kernel sum vs the step's wall time (gaps between graph nodes), and the step vs the roofline.
+the KV cache read once), its floor is those bytes over the copy bandwidth measured in the same run. A kernel's time is
+its exclusive time on the device timeline (a kernel launched early by programmatic dependent launch waits inside its
+predecessor's span; that overlap is charged once). The account: group time vs floor, the device's busy time vs the
+step's wall time (idle between graph nodes), and the step vs the roofline.
 """
 from __future__ import annotations
 
@@ -62,18 +64,34 @@ def bytes_needed(c: HybridConfig, ctx: int, dtype_bytes: int = 2) -> dict[str, i
     }
 
 
+PROJECTIONS = GROUPS[0][0]
+
+
 def account(table: dict, need: dict[str, int], copy_bps: float, param_bytes: int) -> dict:
-    """Group times (µs per step) from the kernel table beside each group's floor (bytes needed / copy bandwidth)."""
+    """Group times (µs per step) from the kernel table beside each group's floor (bytes needed / copy bandwidth).
+
+    A group's time is its kernels' exclusive time (`exclusive_us`: overlapped starts, as programmatic dependent
+    launch makes them, charged once), so the groups add up to the device's busy time, never above the step. A
+    group with bytes to move but no kernel of its own (the conv step folded into the in_proj GEMV's epilogue) has
+    its bytes counted in the projections', whose kernels move them."""
+    excl = table.get("exclusive_us")
     per: dict[str, dict] = {g: {"us": 0.0, "launches": 0.0, "kernels": []} for g in need}
     for name, count, us in table["top"]:
         g = per[group_of(name)]
-        g["us"] += us
+        t = excl[name] if excl is not None else us
+        g["us"] += t
         g["launches"] += count
-        g["kernels"].append([name[:60], round(count, 2), round(us, 2)])
+        g["kernels"].append([name[:60], round(count, 2), round(t, 2)])
+    need = dict(need)
+    folded = [g for g, d in per.items() if not d["launches"] and need[g] and g != PROJECTIONS]
+    for g in folded:
+        need[PROJECTIONS] += need.pop(g)
+        per.pop(g)
     rows = []
     for g, d in per.items():
         floor = 1e6 * need[g] / copy_bps
-        rows.append({"group": g, "us": round(d["us"], 1), "launches": round(d["launches"], 1),
+        rows.append({"group": g + (f" (+ {', '.join(folded)}, folded in)" if g == PROJECTIONS and folded else ""),
+                     "us": round(d["us"], 1), "launches": round(d["launches"], 1),
                      "bytes_needed": need[g], "floor_us": round(floor, 1), "gap_us": round(d["us"] - floor, 1),
                      "TBps": round(need[g] / (d["us"] * 1e-6) / 1e12, 2) if d["us"] else None,
                      "kernels": sorted(d["kernels"], key=lambda k: -k[2])[:6]})
@@ -88,11 +106,11 @@ def account(table: dict, need: dict[str, int], copy_bps: float, param_bytes: int
 
 def lines_of(acc: dict) -> list[str]:
     """The printable table: one line per group, then the step's totals."""
-    out = [f"{'group':<44}{'µs/step':>9}{'launches':>9}{'floor µs':>10}{'gap µs':>9}{'TB/s':>7}"]
+    out = [f"{'group':<56}{'µs/step':>9}{'launches':>9}{'floor µs':>10}{'gap µs':>9}{'TB/s':>7}"]
     for r in sorted(acc["rows"], key=lambda r: -r["us"]):
-        out.append(f"{r['group']:<44}{r['us']:>9.1f}{r['launches']:>9.1f}{r['floor_us']:>10.1f}{r['gap_us']:>9.1f}"
+        out.append(f"{r['group']:<56}{r['us']:>9.1f}{r['launches']:>9.1f}{r['floor_us']:>10.1f}{r['gap_us']:>9.1f}"
                    f"{r['TBps'] if r['TBps'] is not None else '-':>7}")
-    out.append(f"kernel sum {acc['kernel_sum_us']} µs + between kernels {acc['between_kernels_us']} µs = step "
+    out.append(f"device busy {acc['kernel_sum_us']} µs + idle between kernels {acc['between_kernels_us']} µs = step "
                f"{acc['wall_us']} µs ({1e6 / acc['wall_us']:.1f} tok/s); bytes-needed floor {acc['floor_us']} µs "
                f"({1e6 / acc['floor_us']:.1f} tok/s); parameter-bytes roofline {acc['roofline_us']} µs; copy "
                f"{acc['copy_TBps']} TB/s; graphs {acc['graphs']}")

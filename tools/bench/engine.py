@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import time
 
 import torch
@@ -106,17 +107,34 @@ def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool 
         sync()
         wall = (time.perf_counter() - t0) / steps
     agg: dict[str, list[float]] = {}
+    spans: list[tuple[str, float, float]] = []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"):
             a = agg.setdefault(e.name, [0, 0.0])
             a[0] += 1
             a[1] += e.time_range.elapsed_us()
+            spans.append((e.name, e.time_range.start, e.time_range.end))
     rows = sorted(((n, c / steps, us / steps) for n, (c, us) in agg.items()), key=lambda r: -r[2])
     del eng
     if not rows and graphs:                           # the profiler saw no kernels inside graphs: eager instead
         return kernel_table(model, steps, top, graphs=False, prompt_len=prompt_len)
+    excl = {n: us / steps for n, us in exclusive_us(spans).items()}
     return {"graphs": graphs, "wall_ms_per_step": 1e3 * wall, "kernel_us_per_step": sum(r[2] for r in rows),
-            "launches_per_step": sum(r[1] for r in rows), "top": [list(r) for r in rows[:top]]}
+            "busy_us_per_step": sum(excl.values()), "launches_per_step": sum(r[1] for r in rows),
+            "top": [list(r) for r in rows[:top]], "exclusive_us": excl}
+
+
+def exclusive_us(spans: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Each kernel name's time on the device timeline that no earlier-started kernel already covers: a kernel that
+    starts before its predecessor ends (programmatic dependent launch, or concurrent streams) is charged only from
+    the latest end seen so far to its own end (nothing, if it ends before). The values add up to the union of the spans (the device's busy
+    time), so a step's wall time = their sum + the idle time between kernels, never less."""
+    out: dict[str, float] = {}
+    covered = -math.inf
+    for name, start, end in sorted(spans, key=lambda s: (s[1], s[2])):
+        out[name] = out.get(name, 0.0) + max(0.0, end - max(start, covered))
+        covered = max(covered, end)
+    return out
 
 
 def gemv_bandwidth(model: FastModel, copies: int = 6, reps: int = 30) -> list[dict]:
