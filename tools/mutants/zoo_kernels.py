@@ -73,7 +73,8 @@ PAD_ROWS: list[Mutant] = [
            (T_CONV_STEP,)),
     Mutant("torch_conv_step_pad_writes", "pad rows",
            "the torch stand-in writes back every row's window, pad rows (clamped to slot 0) included",
-           TORCH_OPS, "    conv_bank.index_copy_(0, idx[valid], new[valid])", "    conv_bank.index_copy_(0, idx, new)",
+           TORCH_OPS, "    write_rows(conv_bank, idx, valid, u[:, :, 1:])",
+           "    write_rows(conv_bank, idx, torch.ones_like(valid), u[:, :, 1:])",
            (T_PAD_ROWS,)),
     Mutant("graph_pad_rows_slot_zero", "pad rows",
            "a bucket's pad rows get slot 0 (a zero-filled buffer's default) instead of -1, so they decode into "
