@@ -60,3 +60,21 @@ def test_the_account_charges_overlap_once_and_counts_a_folded_groups_bytes_in_th
     assert "conv step" not in rows and "conv step" in rows[GROUPS[0][0]]["group"]
     assert rows[GROUPS[0][0]]["us"] == 6.0 and rows[GROUPS[0][0]]["floor_us"] == 2.0
     assert acc["kernel_sum_us"] == 8.0 and acc["between_kernels_us"] == 2.0
+
+
+def test_the_verify_accounts_proposer_makes_every_step_verify_k_plus_1_positions_and_reject():
+    """bench account's speculative step: scripted drafts that are all wrong, so each step pays a k+1-position
+    verify and a rollback (the cost at 0% acceptance), on the fast path's own engine."""
+    import torch
+    from fastpath import Engine, FastModel
+    from hybridqual.bench.account import missing_drafts
+    from hybridqual.qualify.spec_checks import acceptance_rate
+    from oracle import zoo
+    from oracle.trace import EngineConfig, Request
+    cfg = zoo.tiny_config("bamba")
+    fast = FastModel(cfg, zoo.random_weights(cfg, seed=1), "cpu", torch.float32).with_options(backend="torch")
+    eng = Engine(fast, EngineConfig(1, 64, 64, "async", missing_drafts(2, cfg.vocab_size, 40)), max_len=64)
+    eng.add_request(Request("p", 0, tuple(range(1, 9)), 12))
+    res = eng.run()
+    accepted, proposed = acceptance_rate(eng.log)
+    assert len(res.tokens["p"]) == 12 and proposed >= 2 * 10 and accepted <= proposed // 4, (accepted, proposed)

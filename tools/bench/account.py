@@ -1,6 +1,6 @@
 """Where a bs1 decode step of anchor-3b goes, kernel group by kernel group, against the bytes each group must move.
 
-    python -m hybridqual.bench.account [--out account.json] [--summary account.summary] [--ctx 1024]
+    python -m hybridqual.bench.account [--out account.json] [--summary account.summary] [--ctx 1024] [--verify-k 2]
 
 One async + CUDA-graph bs1 decode step under torch.profiler (tools/bench/engine.kernel_table, every kernel): each
 kernel is put in a group (projections, state update, conv step, attention, norms, the rest); each group's bytes
@@ -8,7 +8,9 @@ needed per step come from the config (every weight matrix read once, the SSM and
 the KV cache read once), its floor is those bytes over the copy bandwidth measured in the same run. A kernel's time is
 its exclusive time on the device timeline (a kernel launched early by programmatic dependent launch waits inside its
 predecessor's span; that overlap is charged once). The account: group time vs floor, the device's busy time vs the
-step's wall time (idle between graph nodes), and the step vs the roofline.
+step's wall time (idle between graph nodes), and the step vs the roofline. Then the same for a speculative step
+whose k drafts are all wrong (the verify of k+1 positions + rollback: the cost speculation pays at 0% acceptance),
+and per group what it adds to the decode step.
 """
 from __future__ import annotations
 
@@ -104,6 +106,24 @@ def account(table: dict, need: dict[str, int], copy_bps: float, param_bytes: int
             "graphs": table["graphs"]}
 
 
+def missing_drafts(k: int, vocab: int, n: int, rid: str = "p"):
+    """A scripted proposer for request `rid` whose k drafts after every output count are all the same high token
+    id: wrong unless the model happens to emit it, so (almost) every step verifies k+1 positions and rolls back."""
+    from oracle.speculative import ProposerConfig, SpecConfig
+    per = tuple((i, (vocab - 1,) * k) for i in range(1, n + 1))
+    return SpecConfig(k, ProposerConfig("scripted", proposals=((rid, per),)))
+
+
+def versus(base: dict, other: dict) -> list[str]:
+    """Per group: the other step's µs minus the base step's (where a speculative step's extra time goes)."""
+    b = {r["group"]: r["us"] for r in base["rows"]}
+    out = [f"{'extra over the decode step':<56}{'µs':>9}"]
+    for r in sorted(other["rows"], key=lambda r: -(r["us"] - b.get(r["group"], 0.0))):
+        out.append(f"{r['group']:<56}{r['us'] - b.get(r['group'], 0.0):>9.1f}")
+    out.append(f"{'step':<56}{other['wall_us'] - base['wall_us']:>9.1f}")
+    return out
+
+
 def lines_of(acc: dict) -> list[str]:
     """The printable table: one line per group, then the step's totals."""
     out = [f"{'group':<56}{'µs/step':>9}{'launches':>9}{'floor µs':>10}{'gap µs':>9}{'TB/s':>7}"]
@@ -123,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary")
     ap.add_argument("--ctx", type=int, default=64, help="context positions of the profiled request (default 64)")
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--verify-k", type=int, default=2,
+                    help="also a speculative step with k drafts, all wrong (0: decode only; default 2)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench account: needs a CUDA device")
     if args.ctx < 1 or args.steps < 1:
         raise SystemExit("bench account: --ctx and --steps must be >= 1")
+    if not 0 <= args.verify_k <= 16:
+        raise SystemExit(f"bench account: --verify-k must be in [0, 16], got {args.verify_k}")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench account: needs a CUDA device")
     from fastpath.engine.configs import n_params, random_device_weights
     from fastpath.model import FastModel
     from hybridqual.bench.engine import DEV, copy_bandwidth, kernel_table
@@ -136,11 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     copy_bps = copy_bandwidth()
     table = kernel_table(model, steps=args.steps, top=10 ** 6, prompt_len=args.ctx)
     acc = account(table, bytes_needed(cfg, args.ctx), copy_bps, n_params(cfg) * 2)
-    lines = lines_of(acc)
+    lines = ["bs1 decode step"] + lines_of(acc)
+    out = {"account": acc, "table": table}
+    if args.verify_k:
+        vt = kernel_table(model, steps=args.steps, top=10 ** 6, prompt_len=args.ctx,
+                          spec=missing_drafts(args.verify_k, cfg.vocab_size, args.steps + 64))
+        vacc = account(vt, bytes_needed(cfg, args.ctx), copy_bps, n_params(cfg) * 2)
+        lines += [f"speculative step, k = {args.verify_k}, every draft wrong (verify {args.verify_k + 1} positions "
+                  "+ rollback)"] + lines_of(vacc) + versus(acc, vacc)
+        out |= {"verify_account": vacc, "verify_table": vt}
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"account": acc, "table": table}, f, indent=1)
+            json.dump(out, f, indent=1)
     if args.summary:
         with open(args.summary, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -88,14 +88,18 @@ def bs1_run(model: FastModel, mode: str, graphs: bool, osl: int, n_req: int, pro
             "host_ms_per_step": 1e3 * sum(host) / len(host), "osl": osl, "requests_timed": len(rates)}
 
 
-def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool = True, prompt_len: int = 32) -> dict:
+def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool = True, prompt_len: int = 32,
+                 spec=None) -> dict:
     """Device kernels of async bs1 decode steps (torch.profiler over graph replays; graphs=False: the same padded
-    shapes eagerly): per-step count and µs by kernel name, the per-step kernel sum and the step's wall time."""
+    shapes eagerly): per-step count and µs by kernel name, the per-step kernel sum and the step's wall time.
+    spec (an oracle SpecConfig for request "p"): the steps are speculative (verify + rollback) instead."""
     from torch.profiler import ProfilerActivity, profile
     C = model.config.chunk_size
     budget = max(256, -(-prompt_len // C) * C)
-    eng = Engine(model, EngineConfig(1, budget, budget, "async"), max_len=prompt_len + steps + 1024, graphs=graphs,
-                 pad_decode=not graphs)
+    eng = Engine(model, EngineConfig(1, budget, budget, "async", spec), max_len=prompt_len + steps + 1024,
+                 graphs=graphs, pad_decode=not graphs)
+    if eng.spec is not None:
+        eng.spec.runner.capture_all()
     eng.add_request(Request("p", 0, tuple(1 + i % 31999 for i in range(prompt_len)), steps + 40))
     for _ in range(12):
         eng.step()
@@ -117,7 +121,7 @@ def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool 
     rows = sorted(((n, c / steps, us / steps) for n, (c, us) in agg.items()), key=lambda r: -r[2])
     del eng
     if not rows and graphs:                           # the profiler saw no kernels inside graphs: eager instead
-        return kernel_table(model, steps, top, graphs=False, prompt_len=prompt_len)
+        return kernel_table(model, steps, top, graphs=False, prompt_len=prompt_len, spec=spec)
     excl = {n: us / steps for n, us in exclusive_us(spans).items()}
     return {"graphs": graphs, "wall_ms_per_step": 1e3 * wall, "kernel_us_per_step": sum(r[2] for r in rows),
             "busy_us_per_step": sum(excl.values()), "launches_per_step": sum(r[1] for r in rows),
