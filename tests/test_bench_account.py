@@ -56,8 +56,8 @@ def test_the_account_charges_overlap_once_and_counts_a_folded_groups_bytes_in_th
              "top": [["gemv_kernel", 3.0, 9.0], ["ssm_step_kernel", 1.0, 2.0]],
              "exclusive_us": {"gemv_kernel": 6.0, "ssm_step_kernel": 2.0}}
     acc = account(table, need, copy_bps=4e12, param_bytes=8_000_000)
-    rows = {r["group"].split(" (+")[0]: r for r in acc["rows"]}
-    assert "conv step" not in rows and "conv step" in rows[GROUPS[0][0]]["group"]
+    rows = {r["group"]: r for r in acc["rows"]}
+    assert "conv step" not in rows and rows[GROUPS[0][0]]["folded_in"] == ["conv step"]
     assert rows[GROUPS[0][0]]["us"] == 6.0 and rows[GROUPS[0][0]]["floor_us"] == 2.0
     assert acc["kernel_sum_us"] == 8.0 and acc["between_kernels_us"] == 2.0
 
@@ -78,3 +78,14 @@ def test_the_verify_accounts_proposer_makes_every_step_verify_k_plus_1_positions
     res = eng.run()
     accepted, proposed = acceptance_rate(eng.log)
     assert len(res.tokens["p"]) == 12 and proposed >= 2 * 10 and accepted <= proposed // 4, (accepted, proposed)
+
+
+def test_versus_matches_groups_by_name_whatever_was_folded_into_them():
+    from hybridqual.bench.account import versus
+    need = {g: 1_000_000 for g, _ in GROUPS} | {OTHER: 0}
+    dec = account({"graphs": True, "wall_ms_per_step": 0.010, "top": [["gemv_kernel", 3.0, 6.0]]}, need, 4e12, 1)
+    ver = account({"graphs": True, "wall_ms_per_step": 0.020,
+                   "top": [["gemv_kernel", 3.0, 7.0], ["conv1d_step_kernel", 3.0, 2.0]]}, need, 4e12, 1)
+    lines = {ln[:56].strip(): float(ln[56:]) for ln in versus(dec, ver)[1:]}
+    assert lines[GROUPS[0][0]] == 1.0 and lines["conv step"] == 2.0 and lines["step"] == 10.0
+    assert lines["idle between kernels"] == (20.0 - 9.0) - (10.0 - 6.0)

@@ -92,7 +92,7 @@ def account(table: dict, need: dict[str, int], copy_bps: float, param_bytes: int
     rows = []
     for g, d in per.items():
         floor = 1e6 * need[g] / copy_bps
-        rows.append({"group": g + (f" (+ {', '.join(folded)}, folded in)" if g == PROJECTIONS and folded else ""),
+        rows.append({"group": g, "folded_in": folded if g == PROJECTIONS else [],
                      "us": round(d["us"], 1), "launches": round(d["launches"], 1),
                      "bytes_needed": need[g], "floor_us": round(floor, 1), "gap_us": round(d["us"] - floor, 1),
                      "TBps": round(need[g] / (d["us"] * 1e-6) / 1e12, 2) if d["us"] else None,
@@ -120,6 +120,7 @@ def versus(base: dict, other: dict) -> list[str]:
     out = [f"{'extra over the decode step':<56}{'µs':>9}"]
     for r in sorted(other["rows"], key=lambda r: -(r["us"] - b.get(r["group"], 0.0))):
         out.append(f"{r['group']:<56}{r['us'] - b.get(r['group'], 0.0):>9.1f}")
+    out.append(f"{'idle between kernels':<56}{other['between_kernels_us'] - base['between_kernels_us']:>9.1f}")
     out.append(f"{'step':<56}{other['wall_us'] - base['wall_us']:>9.1f}")
     return out
 
@@ -128,7 +129,8 @@ def lines_of(acc: dict) -> list[str]:
     """The printable table: one line per group, then the step's totals."""
     out = [f"{'group':<56}{'µs/step':>9}{'launches':>9}{'floor µs':>10}{'gap µs':>9}{'TB/s':>7}"]
     for r in sorted(acc["rows"], key=lambda r: -r["us"]):
-        out.append(f"{r['group']:<56}{r['us']:>9.1f}{r['launches']:>9.1f}{r['floor_us']:>10.1f}{r['gap_us']:>9.1f}"
+        name = r["group"] + (f" (+ {', '.join(r['folded_in'])}, folded in)" if r.get("folded_in") else "")
+        out.append(f"{name:<56}{r['us']:>9.1f}{r['launches']:>9.1f}{r['floor_us']:>10.1f}{r['gap_us']:>9.1f}"
                    f"{r['TBps'] if r['TBps'] is not None else '-':>7}")
     out.append(f"device busy {acc['kernel_sum_us']} µs + idle between kernels {acc['between_kernels_us']} µs = step "
                f"{acc['wall_us']} µs ({1e6 / acc['wall_us']:.1f} tok/s); bytes-needed floor {acc['floor_us']} µs "
