@@ -203,19 +203,21 @@ def test_draft_steps_through_the_decode_buckets_keep_the_oracles_log(models):
 
 def test_work_per_verify_step_and_rollback_as_counted_in_the_docs(models, monkeypatch):
     """The counts docs/engine.md gives for both rollbacks, counted here: a verify of width w runs w conv and SSM
-    steps per Mamba layer and w attention_decode per attention layer; snapshots add w-1 saves per Mamba layer (2
-    copies each), the replay log 1 (4 copies) and its rollback re-runs a+1 conv and SSM steps per Mamba layer."""
+    steps per Mamba layer and w attention_decode per attention layer; snapshots are stored by w-1 of those conv
+    and SSM steps per Mamba layer (no copy of their own), the replay log is 1 save (4 copies) and its rollback
+    re-runs a+1 conv and SSM steps per Mamba layer."""
     _, fast = models
     calls: dict[str, int] = {}
 
     def counting(name, fn):
         def run(*a, **k):
             calls[name] = calls.get(name, 0) + 1
+            if k.get("snap") is not None:
+                calls[name + " +snap"] = calls.get(name + " +snap", 0) + 1
             return fn(*a, **k)
         return run
     for name in ("conv1d_step", "ssm_step", "attention_decode"):
         monkeypatch.setattr(verify.ops, name, counting(name, getattr(verify.ops, name)))
-    monkeypatch.setattr(verify.PositionSnapshots, "save", counting("snap", verify.PositionSnapshots.save))
     monkeypatch.setattr(verify.InputLog, "save", counting("log", verify.InputLog.save))
     cfg = fast.config
     n_m, n_a = len(cfg.mamba_layer_ids), len(cfg.attention_layer_ids)
@@ -226,7 +228,7 @@ def test_work_per_verify_step_and_rollback_as_counted_in_the_docs(models, monkey
         nb, w, _, _ = eng.spec.runner.run([[3, 9, 4, 1, 7], [5, 2]], [6, 4], [2, 0], [])
         assert (nb, w) == (2, 5)
         want = {"conv1d_step": n_m * w, "ssm_step": n_m * w, "attention_decode": n_a * w}
-        want.update({"log": n_m} if replaying else {"snap": n_m * (w - 1)})
+        want.update({"log": n_m} if replaying else {"conv1d_step +snap": n_m * (w - 1), "ssm_step +snap": n_m * (w - 1)})
         assert calls == want, (replaying, calls)
         if replaying:
             calls.clear()

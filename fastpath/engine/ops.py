@@ -45,11 +45,11 @@ def _into(out: Tensor | None, y: Tensor) -> Tensor:
     return out
 
 
-def conv1d_step(x, weight, bias, conv_bank, slot, silu=True, out=None, backend="triton"):
-    """Decode conv (see fastpath.kernels.conv1d.conv1d_step)."""
+def conv1d_step(x, weight, bias, conv_bank, slot, silu=True, out=None, backend="triton", snap=None):
+    """Decode conv (see fastpath.kernels.conv1d.conv1d_step); snap: live rows' new windows also stored there."""
     if backend == "triton":
-        return _conv_step(x, weight, bias, conv_bank, slot, silu=silu, out=out)
-    y = torch_ops.conv_step(x, weight, bias, conv_bank, slot)
+        return _conv_step(x, weight, bias, conv_bank, slot, silu=silu, out=out, snap=snap)
+    y = torch_ops.conv_step(x, weight, bias, conv_bank, slot, snap=snap)
     return _into(out, F.silu(y.float()).to(x.dtype) if silu else y)
 
 
@@ -65,11 +65,11 @@ def causal_conv1d_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initi
 
 
 def ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=None, dt_limit=(0.0, math.inf), out=None,
-             backend="triton"):
-    """Decode state update (see fastpath.kernels.ssm_step.ssm_step)."""
+             backend="triton", snap=None):
+    """Decode state update (see fastpath.kernels.ssm_step.ssm_step); snap: live rows' new states also stored."""
     if backend == "triton":
-        return _ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=z, dt_limit=dt_limit, out=out)
-    y = torch_ops.ssm_step(x, _dt(dt, dt_bias, dt_limit), A, B, C, D, ssm_bank, slot)
+        return _ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=z, dt_limit=dt_limit, out=out, snap=snap)
+    y = torch_ops.ssm_step(x, _dt(dt, dt_bias, dt_limit), A, B, C, D, ssm_bank, slot, snap=snap)
     return _into(out, y)
 
 

@@ -49,8 +49,17 @@ def write_rows(bank: Tensor, idx: Tensor, valid: Tensor, new: Tensor) -> None:
     bank.index_copy_(0, tgt, torch.where(keep, new.index_select(0, src).to(bank.dtype), old))
 
 
-def conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor, slots: Tensor) -> Tensor:
-    """One token per row x [n, D]; rows with slot -1 untouched (output 0)."""
+def _snapshot(snap: Tensor | None, valid: Tensor, new: Tensor) -> None:
+    """snap[r] := new[r] (in the bank's dtype) for the valid rows; other rows keep what they held."""
+    if snap is not None:
+        keep = valid.reshape(-1, *([1] * (new.dim() - 1)))
+        snap.copy_(torch.where(keep, new.to(snap.dtype), snap))
+
+
+def conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor, slots: Tensor,
+              snap: Tensor | None = None) -> Tensor:
+    """One token per row x [n, D]; rows with slot -1 untouched (output 0); snap [n, D, K-1]: live rows' new
+    windows also stored there."""
     valid = slots >= 0
     idx = slots.clamp(min=0).long()
     win = conv_bank.index_select(0, idx).float()                       # [n, D, K-1]
@@ -60,6 +69,7 @@ def conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor,
         y = y + bias.float()
     y = torch.where(valid[:, None], y, torch.zeros_like(y))
     write_rows(conv_bank, idx, valid, u[:, :, 1:])
+    _snapshot(snap, valid, u[:, :, 1:])
     return y.to(x.dtype)
 
 
@@ -107,8 +117,9 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
 
 
 def ssm_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, ssm_bank: Tensor,
-             slots: Tensor) -> Tensor:
-    """One token per row: x [n,H,P], dt [n,H], B/C [n,G,N]; state at bank[slot]; slot -1 skipped."""
+             slots: Tensor, snap: Tensor | None = None) -> Tensor:
+    """One token per row: x [n,H,P], dt [n,H], B/C [n,G,N]; state at bank[slot]; slot -1 skipped; snap [n,H,P,N]:
+    live rows' new states also stored there."""
     n, H, P = x.shape
     rep = H // B.shape[1]
     valid = slots >= 0
@@ -122,6 +133,7 @@ def ssm_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor |
     if D is not None:
         y = y + D.float()[None, :, None] * x.float()
     write_rows(ssm_bank, idx, valid, h)
+    _snapshot(snap, valid, h)
     return torch.where(valid[:, None, None], y, torch.zeros_like(y)).to(x.dtype)
 
 

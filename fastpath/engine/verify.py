@@ -2,8 +2,9 @@
 
 A verify batch is nb rows x w positions, laid out position-major: token t = j*nb + r is row r's input j at position
 pos_r + j. Every projection, norm and MLP runs once over all T = nb*w tokens (one pass over the weights); each Mamba
-layer runs the decode-step kernels (conv1d_step, ssm_step) position by position on the slot, and after position
-j < w-1 copies every row's conv window and SSM state into scratch snapshot j (per-position snapshots); attention
+layer runs the decode-step kernels (conv1d_step, ssm_step) position by position on the slot, and at position
+j < w-1 those kernels also store each live row's new conv window and SSM state into scratch snapshot j (per-position
+snapshots, from the registers that write the bank: no copy kernel); attention
 runs attention_decode position by position (position j's K/V is written before position j+1 reads it). A row's
 positions past its own m drafts, and padding rows, carry slot -1: no kernel reads or writes their state. So after
 the forward each slot holds the state after its last real input, and a row that accepted a < m drafts only needs
@@ -54,11 +55,11 @@ class PositionSnapshots:
         self.ssm = torch.zeros((n_m, k, R) + tuple(bank.ssm_state.shape[2:]), dtype=bank.ssm_state.dtype,
                                device=bank.device)
 
-    def save(self, m: int, j: int, src: Tensor) -> None:
-        """snapshot[m, j, r] := bank[m, src[r]] for every row r (Mamba layer index m, after position j)."""
-        n = src.shape[0]
-        torch.index_select(self.bank.conv_state[m], 0, src, out=self.conv[m, j, :n])
-        torch.index_select(self.bank.ssm_state[m], 0, src, out=self.ssm[m, j, :n])
+    def views(self, m: int, j: int, n: int) -> tuple[Tensor, Tensor]:
+        """(conv, ssm) snapshot rows [n, ...] of Mamba layer index m after position j: the decode-step kernels store
+        each live row's new window and state there as they write the bank (no copy kernel). A row's position j is
+        live up to its own last input, and rollback only restores positions before it."""
+        return self.conv[m, j, :n], self.ssm[m, j, :n]
 
     def restore(self, j: int, r: int, slot: int) -> None:
         """bank[:, slot] := snapshot[:, j, r]: row r's state after its input j, in every Mamba layer."""
@@ -101,7 +102,7 @@ class VerifyBatch:
     ids: Tensor      # [w*nb] int64
     pos: Tensor      # [w*nb] int64
     slot: Tensor     # [w, nb] int64: the row's slot at its real positions, -1 elsewhere
-    src: Tensor      # [nb] int64: the slot each row's snapshots copy (padding rows: row 0's)
+    src: Tensor      # [nb] int64: the slot each row's pre-verify state is logged from (replay; padding: row 0's)
     nb: int
     w: int
 
@@ -149,12 +150,11 @@ def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: Po
         log.save(m, vb.src, xBC, dt)
     for j in range(vb.w):
         s = slice(j * nb, (j + 1) * nb)
-        ops.conv1d_step(xBC[s], conv_w, conv_b, bank.conv(i), vb.slot[j], out=xbc[s], backend=be)
+        sc, ss = snaps.views(m, j, nb) if snaps is not None and j < vb.w - 1 else (None, None)
+        ops.conv1d_step(xBC[s], conv_w, conv_b, bank.conv(i), vb.slot[j], out=xbc[s], backend=be, snap=sc)
         x, B, C = torch.split(xbc[s], [c.d_inner, G * N, G * N], dim=-1)
         ops.ssm_step(bank.ssm(i), x.reshape(nb, H, P), dt[s], A, B.reshape(nb, G, N), C.reshape(nb, G, N), D,
-                     dt_bias, vb.slot[j], dt_limit=c.dt_limit, out=y[s], backend=be)
-        if snaps is not None and j < vb.w - 1:
-            snaps.save(m, j, vb.src)
+                     dt_bias, vb.slot[j], dt_limit=c.dt_limit, out=y[s], backend=be, snap=ss)
     y = model._gated_norm(y.reshape(T, c.d_inner), z, model.w[p + "norm.weight"])
     return model._linear(y, p + "out_proj")
 

@@ -116,14 +116,15 @@ def conv_roll(base, x_new, ml, stride_bank_k, K: tl.constexpr, KW: tl.constexpr)
 
 @triton.jit
 def conv1d_step_kernel(
-    x_ptr, w_ptr, bias_ptr, bank_ptr, y_ptr, slot_ptr, Dc,
+    x_ptr, w_ptr, bias_ptr, bank_ptr, y_ptr, slot_ptr, snap_ptr, Dc,
     stride_x_r, stride_x_d, stride_w_d, stride_w_k, stride_bank_s, stride_bank_d, stride_bank_k,
-    stride_y_r, stride_y_d,
+    stride_y_r, stride_y_d, stride_snap_r, stride_snap_d, stride_snap_k,
     K: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    SNAP: tl.constexpr, PDL: tl.constexpr,
 ):
     """Decode: one token per row. Grid (R, cdiv(Dc, BLOCK_D)). The window part (bias, taps · state) is computed
-    before the PDL wait: only this kernel writes the bank, so it overlaps the kernel that produces x."""
+    before the PDL wait: only this kernel writes the bank, so it overlaps the kernel that produces x. SNAP: the
+    rolled window also goes to snap[r] (taps read before the roll's stores, the new input from its registers)."""
     r = tl.program_id(0).to(tl.int64)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     md = offs_d < Dc
@@ -139,6 +140,14 @@ def conv1d_step_kernel(
         acc = acc * (1.0 / (1.0 + tl.exp(-acc)))
     acc = tl.where(ml, acc, 0.0)
     tl.store(y_ptr + r * stride_y_r + offs_d * stride_y_d, acc.to(y_ptr.dtype.element_ty), mask=md)
+    if SNAP:
+        if K > 1:
+            sbase = snap_ptr + r * stride_snap_r + offs_d * stride_snap_d
+            j = tl.arange(0, KW)
+            m = ml[:, None] & (j < K - 1)[None, :] & (j >= 1)[None, :]
+            win = tl.load(base[:, None] + j[None, :] * stride_bank_k, mask=m, other=0.0)
+            tl.store(sbase[:, None] + (j - 1)[None, :] * stride_snap_k, win, mask=m)
+            tl.store(sbase + (K - 2) * stride_snap_k, x.to(snap_ptr.dtype.element_ty), mask=ml)
     conv_roll(base, x, ml, stride_bank_k, K, KW)
 
 
@@ -204,8 +213,9 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, bias: Tensor | None, conv_ba
 
 
 def conv1d_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor, slot: Tensor,
-                silu: bool = True, out: Tensor | None = None) -> Tensor:
-    """Decode x [R, conv_dim] -> y [R, conv_dim]; rolls conv_bank[slot[r]] by one; slot -1 rows give zeros."""
+                silu: bool = True, out: Tensor | None = None, snap: Tensor | None = None) -> Tensor:
+    """Decode x [R, conv_dim] -> y [R, conv_dim]; rolls conv_bank[slot[r]] by one; slot -1 rows give zeros.
+    snap [R, conv_dim, K-1] (the bank's dtype): live rows' rolled windows also stored there."""
     op = OP_STEP
     Dc, K = _check_common(op, x, weight, bias, conv_bank)
     R, dev = x.shape[0], x.device
@@ -213,12 +223,14 @@ def conv1d_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tenso
     if out is None:
         out = torch.empty_like(x)
     check(op, "out", out, (R, Dc), FLOAT_DTYPES, dev)
+    check(op, "snap", snap, (R, Dc, K - 1), (conv_bank.dtype,), dev, optional=True)
     if R == 0:
         return out
     rule = conv1d_launch_rule(Dc)
+    sn = snap if snap is not None else conv_bank
     conv1d_step_kernel[(R, triton.cdiv(Dc, rule["BLOCK_D"]))](
-        x, weight, bias if bias is not None else weight, conv_bank, out, slot, Dc,
-        *x.stride(), *weight.stride(), *conv_bank.stride(), *out.stride(),
+        x, weight, bias if bias is not None else weight, conv_bank, out, slot, sn, Dc,
+        *x.stride(), *weight.stride(), *conv_bank.stride(), *out.stride(), *sn.stride(),
         K=K, KW=next_pow2(K - 1), HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule["BLOCK_D"],
-        num_warps=rule["num_warps"], **pdl_meta(dev))
+        SNAP=snap is not None, num_warps=rule["num_warps"], **pdl_meta(dev))
     return out

@@ -3,6 +3,8 @@
 Row r reads and writes ssm_bank[slot[r]] in place; rows with slot -1 are padding: no bank read or write,
 output zero. dt processing (softplus(dt + dt_bias), clamp) inside; D skip; optional z gate y · silu(z).
 Graph-safe: no host syncs (slot uniqueness is the caller's contract here; prefill validates it).
+`snap` (a speculative verify's per-position snapshot): each live row's new state is also stored at snap[r], from
+the same registers as the bank's, so a snapshot is the bank row's bits without a copy kernel.
 """
 from __future__ import annotations
 
@@ -21,13 +23,14 @@ OP = "ssm_step"
 
 @triton.jit
 def ssm_step_kernel(
-    bank_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, y_ptr, slot_ptr,
+    bank_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, z_ptr, y_ptr, slot_ptr, snap_ptr,
     H, P, N, heads_per_group, dt_lo, dt_hi,
     stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
     stride_x_r, stride_x_h, stride_x_p, stride_dt_r, stride_dt_h,
     stride_b_r, stride_b_g, stride_b_n, stride_c_r, stride_c_g, stride_c_n,
     stride_z_r, stride_z_h, stride_z_p, stride_y_r, stride_y_h, stride_y_p,
-    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr,
+    stride_snap_r, stride_snap_h, stride_snap_p, stride_snap_n,
+    HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr, SNAP: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (R, cdiv(H, BLOCK_H), cdiv(P, BLOCK_P)); a program updates the [BLOCK_H, BLOCK_P, BLOCK_N] state tile
@@ -74,6 +77,9 @@ def ssm_step_kernel(
                  other=0.0).to(tl.float32)
     state = decay[:, None, None] * state + (dt[:, None] * x)[:, :, None] * Bv[:, None, :]
     tl.store(tile, state, mask=m3)
+    if SNAP:
+        tl.store(snap_ptr + r * stride_snap_r + offs_h[:, None, None] * stride_snap_h
+                 + offs_p[None, :, None] * stride_snap_p + offs_n[None, None, :] * stride_snap_n, state, mask=m3)
     y = tl.sum(state * Cv[:, None, :], axis=2)
     if HAS_D:
         y += Dh[:, None] * x
@@ -98,8 +104,9 @@ def ssm_step_launch_rule(H: int, P: int, N: int) -> dict:
 def ssm_step(ssm_bank: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
              dt_bias: Tensor | None, slot: Tensor, z: Tensor | None = None,
              dt_limit: tuple[float, float] = (0.0, math.inf), out: Tensor | None = None,
-             _rule: dict | None = None) -> Tensor:
-    """One decode token per row: x [R,H,P], dt raw [R,H], B/C [R,G,N]; updates ssm_bank [S,H,P,N] -> y [R,H,P]."""
+             snap: Tensor | None = None, _rule: dict | None = None) -> Tensor:
+    """One decode token per row: x [R,H,P], dt raw [R,H], B/C [R,G,N]; updates ssm_bank [S,H,P,N] -> y [R,H,P];
+    snap [R,H,P,N] (the bank's dtype): live rows' new states also stored there (rows with slot -1 untouched)."""
     check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
     R, H, P = x.shape
     dev = x.device
@@ -119,17 +126,19 @@ def ssm_step(ssm_bank: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
     if out is None:
         out = torch.empty_like(x)
     check(OP, "out", out, (R, H, P), FLOAT_DTYPES, dev)
+    check(OP, "snap", snap, (R, H, P, N), (ssm_bank.dtype,), dev, optional=True)
     if R == 0:
         return out
     lo, hi = dt_limits(dt_limit)
     rule = _rule if _rule is not None else ssm_step_launch_rule(H, P, N)   # _rule: benchmark hook
     zz = z if z is not None else x
     bh = rule.get("BLOCK_H", 1)
+    sn = snap if snap is not None else ssm_bank
     ssm_step_kernel[(R, triton.cdiv(H, bh), triton.cdiv(P, rule["BLOCK_P"]))](
         ssm_bank, x, dt, A, B, C, D if D is not None else A, dt_bias if dt_bias is not None else A, zz, out, slot,
-        H, P, N, H // G, lo, hi, *ssm_bank.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
-        *zz.stride(), *out.stride(),
-        HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_Z=z is not None,
+        sn, H, P, N, H // G, lo, hi, *ssm_bank.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+        *zz.stride(), *out.stride(), *sn.stride(),
+        HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_Z=z is not None, SNAP=snap is not None,
         BLOCK_H=bh, BLOCK_P=rule["BLOCK_P"], BLOCK_N=rule["BLOCK_N"], num_warps=rule["num_warps"],
         **pdl_meta(out.device))
     return out

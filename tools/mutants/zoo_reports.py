@@ -95,7 +95,8 @@ PUBLIC_REPORTS: list[Mutant] = [
            "the verify forward keeps no snapshot after the last draft position (only after positions 0..w-3), so a "
            "row of full width rejected at its last draft is restored from a stale snapshot; a defect that passed "
            "qualify before spec_accept",
-           VERIFY, "        if snaps is not None and j < vb.w - 1:\n", "        if snaps is not None and j < vb.w - 2:\n",
+           VERIFY, "        sc, ss = snaps.views(m, j, nb) if snaps is not None and j < vb.w - 1 else (None, None)\n",
+           "        sc, ss = snaps.views(m, j, nb) if snaps is not None and j < vb.w - 2 else (None, None)\n",
            (T_SPEC_ACCEPT, T_SPEC_STATE)),
     Mutant("pc_lru_not_touched_on_hit", "prefix cache",
            "a hit does not update the entry's last use, so LRU evicts by store order: an older entry hit after a newer "
