@@ -23,6 +23,7 @@ from fastpath.options import FastOptions, OptionsError, check_options
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
 from fastpath.kernels.gemv import ConvStep, ResidualAdd, gemv as _gemv
+from fastpath.kernels.gemv_rows import MAX_ROWS as GEMV_MAX_ROWS, gemv_rows as _gemv_rows
 
 
 @dataclass
@@ -157,7 +158,16 @@ class FastModel:
         if act is not None or conv is not None or rms_eps is not None or residual is not None:
             raise ValueError("FastModel._proj: act, conv, rms_eps and residual are only folded into the one-row "
                              "Triton GEMV")
+        if self._gemv_rows_ok(x):
+            return _gemv_rows(x, w, b)
         return self._dense(x, w, b)
+
+    def _gemv_rows_ok(self, x: Tensor) -> bool:
+        """2..8 rows (a bs1 verify, a small batch) on CUDA with the Triton backend: the few-row GEMV, which reads
+        each weight once for all rows (gemv_on_cpu: on CPU too, through the interpreter)."""
+        o = self.options
+        return (o.gemv_rows and not o.batch_invariant and 2 <= x.shape[0] <= GEMV_MAX_ROWS
+                and (x.is_cuda or o.gemv_on_cpu) and self.backend == "triton" and x.stride(-1) == 1)
 
     def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         """A projection off the one-row GEMV path; batch-invariant: the fixed-tile matmul (tiles keyed on N, K)."""

@@ -5,7 +5,10 @@ of class attributes and a module global that tests and benches used to flip.
                      stand-ins of engine/torch_ops.py (same contract; fast scheduler-only tests, cross-checks)
     fused            Triton backend: residual add + norm and act·mul as one kernel each (False: separate torch ops)
     gemv             CUDA + Triton: one-row projections through the Triton GEMV (False: cuBLAS)
-    gemv_on_cpu      take the one-row GEMV path (and its folds) on CPU too, through the interpreter (tests)
+    gemv_rows        CUDA + Triton: 2..8-row projections (a bs1 speculative verify, a small batch) through the
+                     few-row GEMV, one read of each weight for all rows (False: cuBLAS)
+    gemv_on_cpu      take the one-row GEMV path (and its folds) and the few-row GEMV on CPU too, through the
+                     interpreter (tests)
     fold_act         with the GEMV: the MLP's act·mul in the down GEMV's x load
     fold_conv        with the GEMV: a one-row decode step's conv step in in_proj's epilogue
     fold_gains       at load: norm gains read only by projections folded into their weight columns
@@ -37,6 +40,7 @@ class FastOptions:
     backend: str = "triton"
     fused: bool = True
     gemv: bool = True
+    gemv_rows: bool = True
     gemv_on_cpu: bool = False
     fold_act: bool = True
     fold_conv: bool = True

@@ -1,0 +1,50 @@
+"""fastpath.kernels.gemv_rows (2..8-row projections) vs F.linear, and a row's bits not depending on the call's
+other rows (the tile is keyed on (N, K) only)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_tiers import TIERS  # noqa: E402  (sets TRITON_INTERPRET on CPU)
+
+from fastpath.kernels._common import KernelInputError  # noqa: E402
+from fastpath.kernels.gemv_rows import MAX_ROWS, gemv_rows  # noqa: E402
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.mark.parametrize("M,N,K", [(2, 40, 96), (3, 33, 1000), (5, 130, 64), (8, 7, 4096 + 24), (1, 9, 16)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_rows_matches_linear(device, dtype, M, N, K, bias):
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    x = torch.randn(M, K, generator=g).to(device, dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(device, dtype)
+    b = torch.randn(N, generator=g).to(device, dtype) if bias else None
+    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(gemv_rows(x, w, b).double(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_a_rows_bits_do_not_depend_on_the_other_rows_of_the_call(device, dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(MAX_ROWS, 4096, generator=g).to(device, dtype)
+    w = torch.randn(24, 4096, generator=g).to(device, dtype)
+    full = gemv_rows(x, w)
+    for m in range(1, MAX_ROWS + 1):
+        assert torch.equal(gemv_rows(x[:m].contiguous(), w), full[:m]), m
+    assert torch.equal(gemv_rows(x[5:7].contiguous(), w), full[5:7])
+
+
+def test_bad_inputs_are_refused_naming_the_field():
+    w = torch.zeros(4, 8)
+    with pytest.raises(KernelInputError, match="rows"):
+        gemv_rows(torch.zeros(MAX_ROWS + 1, 8), w)
+    with pytest.raises(KernelInputError, match="weight"):
+        gemv_rows(torch.zeros(2, 8), torch.zeros(4, 9))
+    with pytest.raises(KernelInputError, match="out"):
+        gemv_rows(torch.zeros(2, 8), w, out=torch.zeros(2, 5))
+    with pytest.raises(KernelInputError, match="contiguous"):
+        gemv_rows(torch.zeros(8, 2).T, torch.zeros(4, 8))
+    assert torch.equal(gemv_rows(torch.zeros(2, 0), torch.zeros(3, 0), torch.ones(3)), torch.ones(2, 3))
