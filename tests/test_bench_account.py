@@ -89,3 +89,11 @@ def test_versus_matches_groups_by_name_whatever_was_folded_into_them():
     lines = {ln[:56].strip(): float(ln[56:]) for ln in versus(dec, ver)[1:]}
     assert lines[GROUPS[0][0]] == 1.0 and lines["conv step"] == 2.0 and lines["step"] == 10.0
     assert lines["idle between kernels"] == (20.0 - 9.0) - (10.0 - 6.0)
+
+
+def test_flip_takes_only_run_time_switches_and_names_a_bad_one(capsys):
+    import pytest
+    from hybridqual.bench.account import main
+    for bad in ("nope", "fold_gains", "backend"):
+        with pytest.raises(SystemExit, match=bad):
+            main(["--flip", bad])

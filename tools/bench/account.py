@@ -1,6 +1,7 @@
 """Where a bs1 decode step of anchor-3b goes, kernel group by kernel group, against the bytes each group must move.
 
     python -m hybridqual.bench.account [--out account.json] [--summary account.summary] [--ctx 1024] [--verify-k 2]
+                                       [--flip gemv_rows ...]
 
 One async + CUDA-graph bs1 decode step under torch.profiler (tools/bench/engine.kernel_table, every kernel): each
 kernel is put in a group (projections, state update, conv step, attention, norms, the rest); each group's bytes
@@ -10,17 +11,20 @@ its exclusive time on the device timeline (a kernel launched early by programmat
 predecessor's span; that overlap is charged once). The account: group time vs floor, the device's busy time vs the
 step's wall time (idle between graph nodes), and the step vs the roofline. Then the same for a speculative step
 whose k drafts are all wrong (the verify of k+1 positions + rollback: the cost speculation pays at 0% acceptance),
-and per group what it adds to the decode step.
+and per group what it adds to the decode step. --flip OPTION: both steps again with that FastOptions switch
+flipped, per group against the default (the A/B of a change, in one run).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
 import torch
 
 from fastpath.engine.configs import named_config
+from fastpath.options import FastOptions
 from oracle.checkpoint import expected_shapes
 from oracle.config import HybridConfig
 
@@ -147,7 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--verify-k", type=int, default=2,
                     help="also a speculative step with k drafts, all wrong (0: decode only; default 2)")
+    ap.add_argument("--flip", nargs="*", default=[], metavar="OPTION",
+                    help="also each step with this FastOptions switch flipped (e.g. gemv_rows): the A/B of a change "
+                         "in one run")
     args = ap.parse_args(argv)
+    bools = {f.name for f in dataclasses.fields(FastOptions) if f.type in (bool, "bool")} - {"fold_gains"}  # at load
+    for name in args.flip:
+        if name not in bools:
+            raise SystemExit(f"bench account: --flip {name!r} is not a FastOptions switch; one of {sorted(bools)}")
     if args.ctx < 1 or args.steps < 1:
         raise SystemExit("bench account: --ctx and --steps must be >= 1")
     if not 0 <= args.verify_k <= 16:
@@ -160,17 +171,32 @@ def main(argv: list[str] | None = None) -> int:
     cfg = named_config("anchor-3b")
     model = FastModel(cfg, random_device_weights(cfg, DEV, torch.bfloat16), DEV, torch.bfloat16)
     copy_bps = copy_bandwidth()
-    table = kernel_table(model, steps=args.steps, top=10 ** 6, prompt_len=args.ctx)
-    acc = account(table, bytes_needed(cfg, args.ctx), copy_bps, n_params(cfg) * 2)
+    need = bytes_needed(cfg, args.ctx)
+
+    def steps(m) -> tuple[dict, dict | None]:
+        acc = account(kernel_table(m, steps=args.steps, top=10 ** 6, prompt_len=args.ctx), need, copy_bps,
+                      n_params(cfg) * 2)
+        if not args.verify_k:
+            return acc, None
+        spec = missing_drafts(args.verify_k, cfg.vocab_size, args.steps + 64)
+        return acc, account(kernel_table(m, steps=args.steps, top=10 ** 6, prompt_len=args.ctx, spec=spec), need,
+                            copy_bps, n_params(cfg) * 2)
+    acc, vacc = steps(model)
     lines = ["bs1 decode step"] + lines_of(acc)
-    out = {"account": acc, "table": table}
-    if args.verify_k:
-        vt = kernel_table(model, steps=args.steps, top=10 ** 6, prompt_len=args.ctx,
-                          spec=missing_drafts(args.verify_k, cfg.vocab_size, args.steps + 64))
-        vacc = account(vt, bytes_needed(cfg, args.ctx), copy_bps, n_params(cfg) * 2)
+    out = {"account": acc}
+    if vacc is not None:
         lines += [f"speculative step, k = {args.verify_k}, every draft wrong (verify {args.verify_k + 1} positions "
                   "+ rollback)"] + lines_of(vacc) + versus(acc, vacc)
-        out |= {"verify_account": vacc, "verify_table": vt}
+        out["verify_account"] = vacc
+    for name in args.flip:
+        value = not getattr(model.options, name)
+        facc, fvacc = steps(model.with_options(**{name: value}))
+        out[f"{name}={value}"] = {"account": facc, "verify_account": fvacc}
+        lines += [f"with {name}={value}: decode step {facc['wall_us']} µs (default {acc['wall_us']})"
+                  + (f", speculative step {fvacc['wall_us']} µs (default {vacc['wall_us']})" if fvacc else "")]
+        lines += [f"  {ln}" for ln in versus(acc, facc)[1:]]
+        if fvacc:
+            lines += [f"  speculative: {ln}" for ln in versus(vacc, fvacc)[1:]]
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:
