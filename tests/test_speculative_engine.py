@@ -94,8 +94,13 @@ def _same_log_but_mode(a, b) -> bool:
     return strip(ja) == strip(jb)
 
 
-def test_scripted_speculation_on_triton_equals_the_oracle_and_no_speculation(models):
+@pytest.mark.parametrize("rows_gemv", [False, True], ids=["linear", "gemv_rows"])
+def test_scripted_speculation_on_triton_equals_the_oracle_and_no_speculation(models, rows_gemv):
+    """Full, partial and no acceptance on the Triton kernels; gemv_rows: the verify's k+1-row projections through
+    the few-row GEMV (interpreted on CPU), as on CUDA with FastOptions.gemv_rows."""
     oracle_model, fast = models
+    if rows_gemv:
+        fast = fast.with_options(gemv_on_cpu=True, gemv_rows=True)
     plain = oracle_run(oracle_model, _trace(None))
     trace = _trace(_script(plain.tokens, fast.config.vocab_size))
     want = oracle_run(oracle_model, trace)

@@ -21,8 +21,9 @@ FAST_CONFIGURATIONS: dict[str, tuple[dict, dict, tuple[str, ...], str]] = {
     "batch_invariant": ({"batch_invariant": True}, {}, ("zoo-bamba_wide/async_drain",),
                         "the batch-invariant mode (fixed-split matmuls, per-request pieces; the MLP's K = 4096 takes "
                         "the split): each request alone must give the same bits"),
-    "gemv": ({}, {"gemv_on_cpu": True}, ("zoo-granite_dense/stop_tokens",),
-             "the one-row GEMV and its folds (norm, conv step, residual epilogue) on CPU too (on cuda: the default)"),
+    "gemv": ({}, {"gemv_on_cpu": True, "gemv_rows": True}, ("zoo-granite_dense/stop_tokens",),
+             "the one-row GEMV and its folds (norm, conv step, residual epilogue) and the few-row GEMV (2..8-row "
+             "projections) on CPU too (on cuda the one-row GEMV is the default)"),
 }
 
 
