@@ -36,8 +36,22 @@ step_qualify_gpu() {
   grep -E "checks passed|FAIL" "$OUT/qualify_gpu.log" | head -12 > "$OUT/qualify_gpu.summary"
   return $rc
 }
-# Optional: where a bs1 decode step goes, by kernel group, beside the bytes each group must move (tools/bench/account.py).
+# Optional: where a bs1 decode step and a speculative step at 0% acceptance (k = 2) go, by kernel group, beside the
+# bytes each group must move (tools/bench/account.py); BENCH_ACCOUNT_ARGS="--flip gemv_rows": the few-row GEMV's A/B.
 step_bench_account() { timeout "${BENCH_ACCOUNT_TIMEOUT:-240}" $PY -m hybridqual.bench.account ${BENCH_ACCOUNT_ARGS:-} --out "$OUT/bench_account.json" --summary "$OUT/bench_account.summary"; }
+# Optional: the GPU tests of the speculative verify path and the kernels it runs, then its account with the few-row
+# GEMV flipped (the checks and the A/B of the verify-step changes in one short call).
+step_verify_path() {
+  timeout "${VERIFY_TESTS_TIMEOUT:-150}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-8}" -q -rfE -p no:cacheprovider \
+    tests/test_kernel_gemv_rows.py tests/test_kernel_step_snapshots.py tests/test_kernel_ssm_step.py \
+    tests/test_kernel_conv1d.py tests/test_speculative_verify.py tests/test_spec_device.py tests/test_engine_graphs.py \
+    tests/test_draft_catch_up.py tests/test_speculative_engine.py > "$OUT/verify_tests.txt" 2>&1
+  local rc=$?
+  grep -E "passed|failed|error" "$OUT/verify_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$OUT/verify_tests.txt" | head
+  timeout "${BENCH_ACCOUNT_TIMEOUT:-240}" $PY -m hybridqual.bench.account --verify-k 2 --flip gemv_rows \
+    --out "$OUT/verify_account.json" --summary "$OUT/verify_path.summary" || rc=1
+  return $rc
+}
 # Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
 step_measure_tau() {
   timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m hybridqual.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}
