@@ -206,6 +206,16 @@ def _residual_args(res: ResidualAdd | None, N: int, weight: Tensor, split: int) 
     return (res.stream, res.x, m), dict(RES=True, HAS_MULT=m != 1.0)
 
 
+def check_projection(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, K: int) -> int:
+    """Validate a projection's weight [N, K] and bias [N] against x (on x's device, last dims contiguous); N."""
+    check(op, "weight", weight, (None, K), FLOAT_DTYPES, x.device)
+    N = weight.shape[0]
+    check(op, "bias", bias, (N,), FLOAT_DTYPES, x.device, optional=True)
+    if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
+        raise KernelInputError(f"{op}: the last dims of `x`, `weight` and `bias` must be contiguous")
+    return N
+
+
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None,
          rule: dict | None = None, act: str | None = None, conv: ConvStep | None = None,
          rms_eps: float | None = None, residual: ResidualAdd | None = None) -> Tensor:
@@ -222,11 +232,7 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
             raise KernelInputError(f"{OP}: with act, `x` is [gate | up]; its last dim ({K}) must be even")
         K //= 2
     dev = x.device
-    check(OP, "weight", weight, (None, K), FLOAT_DTYPES, dev)
-    N = weight.shape[0]
-    check(OP, "bias", bias, (N,), FLOAT_DTYPES, dev, optional=True)
-    if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
-        raise KernelInputError(f"{OP}: the last dims of `x`, `weight` and `bias` must be contiguous")
+    N = check_projection(OP, x, weight, bias, K)
     if out is None:          # with a residual, y is not stored: `out` only names its dtype (y is rounded to it)
         out = (residual.x if residual is not None and isinstance(residual.x, Tensor) and residual.x.dtype == x.dtype
                and tuple(residual.x.shape) == (1, N) else torch.empty(1, N, dtype=x.dtype, device=dev))

@@ -15,6 +15,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2, pdl_enter, pdl_meta
+from .gemv import _w_tile, check_projection
 
 OP = "gemv_rows"
 MAX_ROWS = 8           # above this, the row blocks would re-read W more than a GEMM tile does
@@ -52,14 +53,6 @@ def gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x_m, stride_w_n
              mask=mm[:, None] & mn[None, :])
 
 
-@triton.jit
-def _w_tile(wrow, kk, K, mn, EVEN_K: tl.constexpr):
-    """The [BLOCK_N, BLOCK_K] weight tile at columns kk (zeros past K unless EVEN_K says there are none)."""
-    if EVEN_K:
-        return tl.load(wrow + kk[None, :], mask=mn[:, None], other=0.0)
-    return tl.load(wrow + kk[None, :], mask=mn[:, None] & (kk < K)[None, :], other=0.0)
-
-
 def gemv_rows_launch_rule(N: int, K: int, interpret: bool = False) -> dict:
     """Keyed on (N, K) only: the one-row GEMV's tiles with K tiles halved (BLOCK_M rows of accumulators: 32 fp32
     registers per thread at K >= 4096, 64 below). In the interpreter (CPU), up to 256 columns per program; a
@@ -80,11 +73,7 @@ def gemv_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor
     if not 1 <= M <= MAX_ROWS:
         raise KernelInputError(f"{OP}: `x` has {M} rows; this kernel takes 1 to {MAX_ROWS}")
     dev = x.device
-    check(OP, "weight", weight, (None, K), FLOAT_DTYPES, dev)
-    N = weight.shape[0]
-    check(OP, "bias", bias, (N,), FLOAT_DTYPES, dev, optional=True)
-    if x.stride(1) != 1 or weight.stride(1) != 1 or (bias is not None and bias.stride(0) != 1):
-        raise KernelInputError(f"{OP}: the last dims of `x`, `weight` and `bias` must be contiguous")
+    N = check_projection(OP, x, weight, bias, K)
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype, device=dev)
     check(OP, "out", out, (M, N), (x.dtype,), dev)
