@@ -19,6 +19,12 @@ SPECULATIVE: list[Mutant] = [
            "continues a window that already holds the rejected drafts",
            VERIFY, "        self.bank.conv_state[:, slot].copy_(self.conv[:, j, r])\n", "",
            (T_SPEC_STATE, T_SPEC_LOG)),
+    Mutant("spec_snapshot_row_zero", "speculative rollback",
+           "the SSM step kernel stores every row's per-position snapshot at row 0 of the snapshot buffer, so a "
+           "rejecting row other than the first is restored to row 0's state (or to an old snapshot)",
+           "fastpath/kernels/ssm_step.py", "        tl.store(snap_ptr + r * stride_snap_r + ",
+           "        tl.store(snap_ptr + 0 * stride_snap_r + ",
+           ("tests/test_kernel_step_snapshots.py", T_SPEC_STATE)),
     Mutant("spec_stale_state_after_full_accept", "speculative rollback",
            "a row that accepted every draft is reset to a stale snapshot (the one after its first input, as if no "
            "draft had been accepted): the next (zero-draft) step reads a stale state (the vLLM Nemotron-H/Qwen3.5 "
