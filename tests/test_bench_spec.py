@@ -1,5 +1,5 @@
 """tools/bench/spec.py's CPU smoke mode: every row of the GPU benchmark (baseline, ngram, upper bound, last draft
-wrong under both rollbacks, draft) runs through the same code on a tiny zoo model with the torch stand-ins, so a GPU
+wrong under both rollbacks, draft, self-draft) runs through the same code on a tiny zoo model with the torch stand-ins, so a GPU
 run cannot die on a typo."""
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everythin
     assert "FAILED" not in text
     rows = json.loads(out.read_text())
     assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "draft", "draft_eager_catch_up",
-                                         "draft_device", "last_wrong_snapshots", "last_wrong_replay"]
-    ub, snap, rep = rows[2], rows[6], rows[7]
+                                         "draft_device", "upper_bound_short", "self_draft", "last_wrong_snapshots",
+                                         "last_wrong_replay"]
+    ub, snap, rep = rows[2], rows[8], rows[9]
     assert ub["accepted"] == ub["proposed"] > 0 and ub["verify_steps"] > 0
     assert snap["accepted"] == rep["accepted"] == 0 < snap["proposed"] == rep["proposed"]   # k=1: the one draft
     assert snap["tokens_equal_baseline"] and rep["tokens_equal_baseline"]
@@ -52,3 +53,16 @@ def test_upper_bound_script_proposes_the_continuation_for_every_request():
     assert table["q0"] == {1: (6, 7), 2: (7, 8), 3: (8,)}
     assert upper_bound_spec(2, [5, 6, 7, 8], n_req=1, wrong_last=9).proposer.table()["q0"] == {1: (6, 8), 2: (7, 0),
                                                                                                 3: (0,)}
+
+
+def test_bench_spec_self_draft_rows_accept_every_draft_and_compare_with_the_upper_bound(capsys, tmp_path):
+    """--spec-rows self_draft: the target as its own draft proposes its own greedy continuation (fp32: every draft
+    accepted), beside the scripted upper bound at the same k and length, with the ratio of the two."""
+    out = tmp_path / "spec.json"
+    assert main(["--smoke", "--spec-k", "2", "--spec-rows", "self_draft", "--out", str(out)]) == 0
+    assert "of the upper bound at the same k and length" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["kind"] for r in rows] == ["baseline", "upper_bound_short", "self_draft"]
+    ub, sd = rows[1], rows[2]
+    assert sd["proposed"] > 0 and sd["accepted"] == sd["proposed"] and ub["accepted"] == ub["proposed"]
+    assert sd["vs_upper_bound"] > 0 and sd["tokens_equal_baseline"] and sd["osl"] == ub["osl"]

@@ -231,7 +231,7 @@ def _line(r: dict, base: dict) -> str:
             + ("" if r is base else f"; tokens == no-spec: {'yes' if same else 'NO (near tie?)'}"))
 
 
-ROW_GROUPS = ("ngram", "upper_bound", "draft", "last_wrong")
+ROW_GROUPS = ("ngram", "upper_bound", "draft", "self_draft", "last_wrong")
 
 
 def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", graphs: bool = True,
@@ -239,7 +239,8 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
                draft_budget_s: float = 90.0, n_req: int = 2, budget_s: float = 150.0,
                rollbacks: tuple[str, ...] = ("snapshots", "replay"),
                groups: tuple[str, ...] = ROW_GROUPS) -> tuple[list[dict], list[str]]:
-    """Baseline, then at each k: ngram, upper bound, draft, the upper bound with its last draft wrong under each
+    """Baseline, then at each k: ngram, upper bound, draft, self-draft (the target as its own draft, beside the upper
+    bound at the same length: self_draft_rows), the upper bound with its last draft wrong under each
     rollback (per-position snapshots, replay: FastOptions.spec_replay) — only the `groups` named. Draft rows, per k:
     the engine's default (short catch-ups through the draft's decode graphs, drafts read on the host), every catch-up
     as the packed prefill (the reference), and drafts kept on the device (FastOptions.spec_device_drafts); each with
@@ -297,6 +298,8 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
                     emit(f"spec {label}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
                     continue
                 one(label, kind, SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, m=m, eager=eager)
+    if "self_draft" in groups:
+        self_draft_rows(model, ks, base, n_req, draft_osl, one, emit)
     for name in rollbacks if "last_wrong" in groups else ():
         m = model.with_options(spec_replay=name == "replay")
         for k in ks:
@@ -312,6 +315,27 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
         toks = r.pop("tokens", None)  # it (bf16: a near tie may flip under verify arithmetic)
         r["tokens_equal_baseline"] = toks == want if r["osl"] == osl else toks == want[:len(toks)]
     return rows, lines
+
+
+def self_draft_rows(model, ks, base: dict, n_req: int, osl: int, one, emit) -> None:
+    """The draft path when its drafts are right: the draft model is the target itself (every layer), so it proposes
+    the target's greedy continuation (a bf16 near tie aside), beside the scripted upper bound at the same k and
+    length; the ratio is the draft path's whole cost at full acceptance (goal: within 10% of the upper bound)."""
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            write_draft(model, len(model.config.layers), d)
+        except Exception as e:
+            emit(f"spec self-draft folder FAILED {type(e).__name__}: {e}"[:300])
+            return
+        for k in ks:
+            ub = one(f"upper bound k={k} ({osl} tok)", "upper_bound_short", upper_bound_spec(k, base["tokens"], n_req),
+                     osl_=osl, own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
+            sd = one(f"self-draft k={k} ({osl} tok)", "self_draft", SpecConfig(k, ProposerConfig("draft", model=d)),
+                     osl_=osl)
+            if ub is not None and sd is not None:
+                sd["vs_upper_bound"] = sd["tok_s"] / ub["tok_s"]
+                emit(f"spec self-draft k={k}: {sd['vs_upper_bound']:.2f}x of the upper bound at the same k and length "
+                     f"(acceptance {sd['accepted']}/{sd['proposed']} vs {ub['accepted']}/{ub['proposed']})")
 
 
 def smoke_model(triton: bool = False):
