@@ -102,9 +102,11 @@ def conv_window(w_ptr, bias_ptr, base, d, md, ml, stride_w_d, stride_w_k, stride
 
 
 @triton.jit
-def conv_roll(base, x_new, ml, stride_bank_k, K: tl.constexpr, KW: tl.constexpr):
+def conv_roll(base, x_new, ml, stride_bank_k, K: tl.constexpr, KW: tl.constexpr, snap, stride_snap_k,
+              SNAP: tl.constexpr):
     """Shift each window (where ml) left by one and append x_new. Every tap is loaded before a CTA barrier and
-    stored after it, so lanes holding the same channel (replicated layouts) cannot read a tap already shifted."""
+    stored after it, so lanes holding the same channel (replicated layouts) cannot read a tap already shifted.
+    SNAP: the rolled window is also stored at `snap` (+ k · stride_snap_k), from the same registers."""
     if K > 1:
         j = tl.arange(0, KW)
         m = ml[:, None] & (j < K - 1)[None, :]
@@ -112,6 +114,9 @@ def conv_roll(base, x_new, ml, stride_bank_k, K: tl.constexpr, KW: tl.constexpr)
         tl.debug_barrier()
         tl.store(base[:, None] + (j - 1)[None, :] * stride_bank_k, win, mask=m & (j >= 1)[None, :])
         tl.store(base + (K - 2) * stride_bank_k, x_new.to(base.dtype.element_ty), mask=ml)
+        if SNAP:
+            tl.store(snap[:, None] + (j - 1)[None, :] * stride_snap_k, win, mask=m & (j >= 1)[None, :])
+            tl.store(snap + (K - 2) * stride_snap_k, x_new.to(snap.dtype.element_ty), mask=ml)
 
 
 @triton.jit
@@ -124,7 +129,7 @@ def conv1d_step_kernel(
 ):
     """Decode: one token per row. Grid (R, cdiv(Dc, BLOCK_D)). The window part (bias, taps · state) is computed
     before the PDL wait: only this kernel writes the bank, so it overlaps the kernel that produces x. SNAP: the
-    rolled window also goes to snap[r] (taps read before the roll's stores, the new input from its registers)."""
+    rolled window also goes to snap[r] (conv_roll)."""
     r = tl.program_id(0).to(tl.int64)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     md = offs_d < Dc
@@ -140,15 +145,8 @@ def conv1d_step_kernel(
         acc = acc * (1.0 / (1.0 + tl.exp(-acc)))
     acc = tl.where(ml, acc, 0.0)
     tl.store(y_ptr + r * stride_y_r + offs_d * stride_y_d, acc.to(y_ptr.dtype.element_ty), mask=md)
-    if SNAP:
-        if K > 1:
-            sbase = snap_ptr + r * stride_snap_r + offs_d * stride_snap_d
-            j = tl.arange(0, KW)
-            m = ml[:, None] & (j < K - 1)[None, :] & (j >= 1)[None, :]
-            win = tl.load(base[:, None] + j[None, :] * stride_bank_k, mask=m, other=0.0)
-            tl.store(sbase[:, None] + (j - 1)[None, :] * stride_snap_k, win, mask=m)
-            tl.store(sbase + (K - 2) * stride_snap_k, x.to(snap_ptr.dtype.element_ty), mask=ml)
-    conv_roll(base, x, ml, stride_bank_k, K, KW)
+    conv_roll(base, x, ml, stride_bank_k, K, KW, snap_ptr + r * stride_snap_r + offs_d * stride_snap_d,
+              stride_snap_k, SNAP)
 
 
 def conv1d_launch_rule(Dc: int) -> dict:

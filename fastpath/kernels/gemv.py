@@ -125,7 +125,7 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
             cacc += c_last * xq
             cacc = cacc * (1.0 / (1.0 + tl.exp(-cacc)))
             tl.store(cout_ptr + c, tl.where(ml, cacc, 0.0).to(cout_ptr.dtype.element_ty), mask=mc)
-            conv_roll(cbase, xq, ml, s_bank_k, KC, KW)        # this program's columns only
+            conv_roll(cbase, xq, ml, s_bank_k, KC, KW, cbase, s_bank_k, False)   # this program's columns only
 
 
 @triton.jit
