@@ -140,12 +140,16 @@ class FastModel:
             h = self._residual(h, out)
         return h, self._norm(h if rows is None else h.index_select(0, rows), name)
 
-    def _gemv_ok(self, x: Tensor) -> bool:
-        """One row on CUDA with the Triton backend: projections go through the Triton GEMV (gemv_on_cpu: on CPU
-        too, through the interpreter — the CPU tier's way to test the folded path's wiring)."""
+    def _gemv_path(self, x: Tensor) -> bool:
+        """x may take a Triton GEMV (one-row or few-row): on CUDA with the Triton backend, not batch-invariant, last
+        dim contiguous (gemv_on_cpu: on CPU too, through the interpreter — the CPU tier's way to test the wiring)."""
         o = self.options
-        return (o.gemv and not o.batch_invariant and x.shape[0] == 1 and (x.is_cuda or o.gemv_on_cpu)
-                and self.backend == "triton" and x.stride(-1) == 1)
+        return (not o.batch_invariant and (x.is_cuda or o.gemv_on_cpu) and self.backend == "triton"
+                and x.stride(-1) == 1)
+
+    def _gemv_ok(self, x: Tensor) -> bool:
+        """One row: projections go through the Triton GEMV and its folds."""
+        return self.options.gemv and x.shape[0] == 1 and self._gemv_path(x)
 
     def _proj(self, x: Tensor, w: Tensor, b: Tensor | None = None, act: str | None = None,
               conv: ConvStep | None = None, rms_eps: float | None = None,
@@ -163,11 +167,8 @@ class FastModel:
         return self._dense(x, w, b)
 
     def _gemv_rows_ok(self, x: Tensor) -> bool:
-        """2..8 rows (a bs1 verify, a small batch) on CUDA with the Triton backend: the few-row GEMV, which reads
-        each weight once for all rows (gemv_on_cpu: on CPU too, through the interpreter)."""
-        o = self.options
-        return (o.gemv_rows and not o.batch_invariant and 2 <= x.shape[0] <= GEMV_MAX_ROWS
-                and (x.is_cuda or o.gemv_on_cpu) and self.backend == "triton" and x.stride(-1) == 1)
+        """2..8 rows (a bs1 verify, a small batch): the few-row GEMV, which reads each weight once for all rows."""
+        return self.options.gemv_rows and 2 <= x.shape[0] <= GEMV_MAX_ROWS and self._gemv_path(x)
 
     def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         """A projection off the one-row GEMV path; batch-invariant: the fixed-tile matmul (tiles keyed on N, K)."""

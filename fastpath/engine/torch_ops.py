@@ -50,10 +50,9 @@ def write_rows(bank: Tensor, idx: Tensor, valid: Tensor, new: Tensor) -> None:
 
 
 def _snapshot(snap: Tensor | None, valid: Tensor, new: Tensor) -> None:
-    """snap[r] := new[r] (in the bank's dtype) for the valid rows; other rows keep what they held."""
+    """snap[r] := new[r] for the valid rows (write_rows, row r to row r); other rows keep what they held."""
     if snap is not None:
-        keep = valid.reshape(-1, *([1] * (new.dim() - 1)))
-        snap.copy_(torch.where(keep, new.to(snap.dtype), snap))
+        write_rows(snap, torch.arange(new.shape[0], device=new.device), valid, new)
 
 
 def conv_step(x: Tensor, weight: Tensor, bias: Tensor | None, conv_bank: Tensor, slots: Tensor,

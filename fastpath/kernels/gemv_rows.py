@@ -39,18 +39,24 @@ def gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x_m, stride_w_n
     pdl_enter(PDL)
     for k in range(0, K - BLOCK_K, BLOCK_K):                 # every tile but the last: a next tile exists
         kk = k + k0
-        xv = tl.load(xrow + kk[None, :], mask=mm[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+        xv = _x_rows(xrow, kk, K, mm)
         wn = _w_tile(wrow, kk + BLOCK_K, K, mn, EVEN_K)
         acc += wv.to(tl.float32)[None, :, :] * xv[:, None, :]
         wv = wn
     kk = ((K - 1) // BLOCK_K) * BLOCK_K + k0                  # the last tile (wv holds it)
-    xv = tl.load(xrow + kk[None, :], mask=mm[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+    xv = _x_rows(xrow, kk, K, mm)
     acc += wv.to(tl.float32)[None, :, :] * xv[:, None, :]
     y = tl.sum(acc, axis=2)                                  # [BLOCK_M, BLOCK_N]
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=mn, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + m.to(tl.int64)[:, None] * stride_y_m + n[None, :], y.to(y_ptr.dtype.element_ty),
              mask=mm[:, None] & mn[None, :])
+
+
+@triton.jit
+def _x_rows(xrow, kk, K, mm):
+    """The [BLOCK_M, BLOCK_K] tile of x's rows at columns kk, in fp32 (zeros past K and past the last row)."""
+    return tl.load(xrow + kk[None, :], mask=mm[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
 
 
 def gemv_rows_launch_rule(N: int, K: int, interpret: bool = False) -> dict:

@@ -131,8 +131,8 @@ def kernel_table(model: FastModel, steps: int = 24, top: int = 18, graphs: bool 
 def exclusive_us(spans: list[tuple[str, float, float]]) -> dict[str, float]:
     """Each kernel name's time on the device timeline that no earlier-started kernel already covers: a kernel that
     starts before its predecessor ends (programmatic dependent launch, or concurrent streams) is charged only from
-    the latest end seen so far to its own end (nothing, if it ends before). The values add up to the union of the spans (the device's busy
-    time), so a step's wall time = their sum + the idle time between kernels, never less."""
+    the latest end seen so far to its own end (nothing, if it ends before). The values add up to the union of the
+    spans (the device's busy time), so a step's wall time = their sum + the idle time between kernels, never less."""
     out: dict[str, float] = {}
     covered = -math.inf
     for name, start, end in sorted(spans, key=lambda s: (s[1], s[2])):
