@@ -13,6 +13,7 @@ of plain decode: speculation cannot change a token here, which is what makes thi
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,14 +52,19 @@ class ProposerConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """`engine.speculative`: at most k proposals per row and step, from `proposer`."""
+    """`engine.speculative`: at most k proposals per row and step, from `proposer`; `backoff` > 0: a request whose
+    drafts keep missing drafts less (Backoff), 0: every decode row asks the proposer."""
 
     k: int
     proposer: ProposerConfig
+    backoff: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"k": self.k, "proposer": self.proposer.to_json()}
+        """JSON form (backoff only when on)."""
+        out = {"k": self.k, "proposer": self.proposer.to_json()}
+        if self.backoff:
+            out["backoff"] = self.backoff
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------- parsing
@@ -107,8 +113,14 @@ def _parse_scripted(obj: Any, path: str) -> tuple:
 
 def parse_speculative(obj: Any, path: str = PATH) -> SpecConfig:
     """Validate the `engine.speculative` object (docs/trace-format.md); every error names the field."""
-    _keys(obj, path, {"k", "proposer"})
+    _keys(obj, path, {"k", "proposer"}, {"backoff"})
     k = _int(obj["k"], f"{path}.k", 1)
+    backoff = _int(obj.get("backoff", 0), f"{path}.backoff", 0)
+    return dataclasses.replace(_parse_proposer(obj, path, k), backoff=backoff)
+
+
+def _parse_proposer(obj: dict, path: str, k: int) -> SpecConfig:
+    """The proposer half of parse_speculative (backoff 0)."""
     p, pp = obj["proposer"], f"{path}.proposer"
     kind = p.get("kind") if isinstance(p, dict) else None
     if kind not in PROPOSER_KINDS:
@@ -247,6 +259,34 @@ def make_proposer(spec: SpecConfig, dtype=None):
     return DraftProposer(load(model_path(spec), dtype=dtype or torch.float64))
 
 
+class Backoff:
+    """DESIGN §13 backoff (cap B > 0): after a request's n-th verify row in a row that accepted no draft, its next
+    min(2^(n-1), B) decode rows propose nothing; a verify row that accepts a draft ends the run of misses. At 0%
+    acceptance a request then verifies once every B + 1 steps at most, which bounds what wrong drafts cost."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.misses: dict[str, int] = {}          # request -> verify rows in a row that accepted nothing
+        self.pause: dict[str, int] = {}           # request -> decode rows left that propose nothing
+
+    def take(self, rid: str) -> bool:
+        """Called once per decode row built for `rid`: True when this row proposes nothing (a paused step)."""
+        left = self.pause.get(rid, 0)
+        if left:
+            self.pause[rid] = left - 1
+        return left > 0
+
+    def record(self, rid: str, accepted: int) -> None:
+        """A verify row of `rid` accepted `accepted` drafts."""
+        if not self.cap:
+            return
+        if accepted:
+            self.misses.pop(rid, None)
+            return
+        n = self.misses[rid] = self.misses.get(rid, 0) + 1
+        self.pause[rid] = min(1 << min(n - 1, 62), self.cap)
+
+
 # ----------------------------------------------------------------------------------------------- verification
 
 def accepted_count(proposals: list[int], choices: list[int]) -> int:
@@ -283,6 +323,7 @@ class SpecRunner:
     def __init__(self, trace):
         self.spec = trace.engine.speculative
         self.proposer = make_proposer(self.spec)
+        self.backoff = Backoff(self.spec.backoff)
         self.results: dict[str, tuple[list[int], int]] = {}
 
     def row(self, r: int, st, slot: int):
@@ -290,6 +331,8 @@ class SpecRunner:
         from .schedule_log import BatchRow
         req, out = st.req, st.output
         pos, room = len(req.prompt) + len(out) - 1, proposal_room(self.spec.k, req.max_new_tokens, len(out))
+        if self.backoff.take(req.id):
+            room = 0
         props = self.proposer.propose(req.id, list(req.prompt) + out, len(out), room) if room else []
         if not props:
             return BatchRow(r, req.id, slot, "decode", pos, 1)
@@ -311,6 +354,7 @@ class SpecRunner:
         if b.kind != "verify":
             return [tok]
         choices, a = self.results.pop(b.request)
+        self.backoff.record(b.request, a)
         if rec.verify is None:
             rec.verify = []
         rec.verify.append({"request": b.request, "accepted": a})

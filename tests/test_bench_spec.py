@@ -21,9 +21,9 @@ def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everythin
     assert "FAILED" not in text
     rows = json.loads(out.read_text())
     assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "draft", "draft_eager_catch_up",
-                                         "draft_device", "upper_bound_short", "self_draft", "last_wrong_snapshots",
-                                         "last_wrong_replay"]
-    ub, snap, rep = rows[2], rows[8], rows[9]
+                                         "draft_device", "draft_full_length", "draft_backoff", "upper_bound_short",
+                                         "self_draft", "last_wrong_snapshots", "last_wrong_replay"]
+    ub, snap, rep = rows[2], rows[10], rows[11]
     assert ub["accepted"] == ub["proposed"] > 0 and ub["verify_steps"] > 0
     assert snap["accepted"] == rep["accepted"] == 0 < snap["proposed"] == rep["proposed"]   # k=1: the one draft
     assert snap["tokens_equal_baseline"] and rep["tokens_equal_baseline"]
@@ -44,6 +44,18 @@ def test_bench_spec_draft_rows_show_where_the_draft_proposers_time_goes(capsys, 
         assert set(p["phases_ms"]) >= {"drafts", "restore", "catch_up_prefill"}
     graph, eager, device = (r["draft_profile"]["catch_ups"] for r in rows[1:])
     assert graph["graph"] > 0 and device["graph"] > 0 and eager["graph"] == 0 < eager["prefill"]
+
+
+def test_bench_spec_backoff_row_verifies_less_than_the_same_draft_without_it(capsys, tmp_path):
+    """--spec-rows draft_backoff: the draft at the full length without and with backoff; where drafts miss, the
+    backoff row proposes fewer drafts (fewer verify steps) and keeps the baseline's tokens."""
+    out = tmp_path / "spec.json"
+    assert main(["--smoke", "--spec-k", "2", "--spec-rows", "draft_backoff", "--out", str(out)]) == 0
+    assert "backoff 16" in capsys.readouterr().out
+    base, full, back = json.loads(out.read_text())
+    assert (base["kind"], full["kind"], back["kind"]) == ("baseline", "draft_full_length", "draft_backoff")
+    assert full["accepted"] < full["proposed"] and back["proposed"] < full["proposed"]
+    assert full["tokens_equal_baseline"] and back["tokens_equal_baseline"]
 
 
 def test_upper_bound_script_proposes_the_continuation_for_every_request():

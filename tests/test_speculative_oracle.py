@@ -215,8 +215,11 @@ def test_ngram_rule_longest_n_most_recent_occurrence():
     ({"k": 2, "proposer": {"kind": "draft", "model": "goldens/models/tiny-sort"}}, "engine.speculative.proposer.model"),
     ({"k": 2, "proposer": {"kind": "draft", "model": "no/such/folder"}}, "engine.speculative.proposer.model"),
     ({"k": 2, "proposer": {"kind": "ngram", "min_n": 1, "max_n": 2}, "extra": 1}, "engine.speculative.extra"),
+    ({"k": 2, "proposer": {"kind": "ngram", "min_n": 1, "max_n": 2}, "backoff": -1}, "engine.speculative.backoff"),
+    ({"k": 2, "proposer": {"kind": "ngram", "min_n": 1, "max_n": 2}, "backoff": True}, "engine.speculative.backoff"),
+    ({"k": 2, "proposer": {"kind": "ngram", "min_n": 1, "max_n": 2}, "backoff": "8"}, "engine.speculative.backoff"),
 ], ids=["k0", "k_budget", "kind", "max_n", "oov", "unknown_request", "more_than_k", "bad_key", "draft_vocab",
-        "draft_missing", "unknown_field"])
+        "draft_missing", "unknown_field", "backoff_negative", "backoff_bool", "backoff_string"])
 def test_bad_speculative_config_names_the_field(bamba, spec, field):
     t = json.loads(json.dumps(BASE))
     t["engine"]["speculative"] = spec

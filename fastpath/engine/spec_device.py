@@ -78,8 +78,10 @@ class DeviceProposals:
 
     def row(self, r: int, st, slot: int) -> BatchRow:
         """A placeholder verify row laid out for its room; the real row (decode or verify) is logged in finalize."""
-        room = min(self.k, st.req.max_new_tokens - len(st.output))
-        return BatchRow(r, st.req.id, slot, "verify", len(st.req.prompt) + len(st.output) - 1, room + 1, proposals=[])
+        room, pos = self.sp.room(st), len(st.req.prompt) + len(st.output) - 1
+        if not room:                                       # paused by backoff: a plain decode row
+            return BatchRow(r, st.req.id, slot, "decode", pos, 1)
+        return BatchRow(r, st.req.id, slot, "verify", pos, room + 1, proposals=[])
 
     def launch(self, batch: list[BatchRow], rec):
         """Drafts on the device, the verify forward (graph replay or eager), one non-blocking copy of tokens, drafts

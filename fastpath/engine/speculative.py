@@ -57,7 +57,36 @@ def engine_key(spec):
     if spec is None:
         return None
     p = spec.proposer
-    return (spec.k, p.kind, p.min_n, p.max_n, p.model)
+    return (spec.k, p.kind, p.min_n, p.max_n, p.model, spec.backoff)
+
+
+class Backoff:
+    """Drafting less while drafts miss (DESIGN §13 backoff, cap > 0): after a request's n-th consecutive verify row
+    that accepted nothing, its next min(2^(n-1), cap) decode rows propose nothing; an accepted draft resets it."""
+
+    def __init__(self, cap: int):
+        self.cap, self.misses, self.pause = cap, {}, {}
+
+    def paused(self, rid: str) -> bool:
+        """Whether the next decode row of `rid` proposes nothing (read only: the draft pass asks before rows)."""
+        return self.pause.get(rid, 0) > 0
+
+    def take(self, rid: str) -> bool:
+        """Once per decode row built: paused() and count the paused row off."""
+        if not self.paused(rid):
+            return False
+        self.pause[rid] -= 1
+        return True
+
+    def record(self, rid: str, accepted: int) -> None:
+        """A verify row of `rid` accepted `accepted` drafts."""
+        if not self.cap:
+            return
+        if accepted:
+            self.misses.pop(rid, None)
+            return
+        n = self.misses[rid] = self.misses.get(rid, 0) + 1
+        self.pause[rid] = min(2 ** min(n - 1, 62), self.cap)
 
 
 @dataclass
@@ -107,6 +136,7 @@ class Speculator:
                                     engine.model.dtype, getattr(engine.model, "options", None),
                                     None if g is None else "capture" if g.capture else "eager", self.k)
         self._drafts: dict[str, list[int]] = {}
+        self.backoff = Backoff(spec.backoff)
         self.device_drafts = None                       # drafts on the device in the decode loop (spec_device.py)
         if g is not None and p.kind in ("ngram", "draft") and \
                 getattr(getattr(engine.model, "options", None), "spec_device_drafts", False):
@@ -129,6 +159,7 @@ class Speculator:
     def reset(self) -> None:
         """Forget per-request state (a new run)."""
         self.verified, self._drafts, self._on_device = [], {}, False
+        self.backoff = Backoff(self.spec.backoff)
         if self.device_drafts is not None:
             self.device_drafts.reset()
         if self.draft is not None:
@@ -143,16 +174,29 @@ class Speculator:
             return
         from .draft import DraftRow
         slot = self.engine.rows.row_to_slot
-        rows = [DraftRow(st.req.id, slot[r], st.req.prompt, st.output,
-                         min(self.k, st.req.max_new_tokens - len(st.output))) for r, st in live if not st.prefilling]
+        rows = [DraftRow(st.req.id, slot[r], st.req.prompt, st.output, self.room(st, peek=True))
+                for r, st in live if not st.prefilling]
+        if rows and not any(d.room for d in rows):     # every row paused (backoff): no pass, draft states kept
+            self._drafts = {}
+            return
         if self._on_device:                            # drafts stay on the device (spec_device.py)
             self.device_drafts.drafts = (self.draft.propose_device(rows), [d.rid for d in rows])
             return
         self._drafts = self.draft.propose(rows)
 
+    def room(self, st, peek: bool = False) -> int:
+        """Most proposals this decode row may take: min(k, tokens left), 0 while backoff pauses the request (counted
+        off unless `peek`)."""
+        rid = st.req.id
+        if self.backoff.paused(rid) if peek else self.backoff.take(rid):
+            return 0
+        return min(self.k, st.req.max_new_tokens - len(st.output))
+
     def proposals(self, st) -> list[int]:
-        """At most min(k, tokens left) proposals for a decoding request."""
-        room = min(self.k, st.req.max_new_tokens - len(st.output))
+        """At most room(st) proposals for a decoding request (called once per decode row)."""
+        room = self.room(st)
+        if not room:
+            return []
         p = self.spec.proposer
         if p.kind == "ngram":
             props = ngram(list(st.req.prompt) + st.output, room, p.min_n, p.max_n)
@@ -227,6 +271,7 @@ class Speculator:
             a = 0
             while a < len(b.proposals) and b.proposals[a] == choices[a]:
                 a += 1
+            self.backoff.record(b.request, a)
             rec.verify.append({"request": b.request, "accepted": a})
             self.verified.append((b, Verified(choices, a, r, inputs[r])))
             for i in range(len(choices)):                  # emitted: c_0..c_a (accepted drafts, then the bonus)

@@ -329,8 +329,11 @@ def main() -> None:
                     "an upper bound (scripted drafts = the run's own tokens) vs a 4-layer draft (32 tokens, time cap), "
                     "k in --spec-k, async + graphs; acceptance, ratio, verify vs k+1 decode step times")
     ap.add_argument("--spec-k", default="1,2,4,8", help="k values for --spec (comma-separated)")
-    ap.add_argument("--spec-rows", default="ngram,upper_bound,draft,self_draft,last_wrong",
+    ap.add_argument("--spec-rows", default="ngram,upper_bound,draft,draft_backoff,self_draft,last_wrong",
                     help="row groups for --spec besides the baseline (comma-separated; e.g. draft)")
+    ap.add_argument("--spec-backoff", type=int, default=16,
+                    help="engine.speculative.backoff of the draft_backoff rows (most decode steps a missing request "
+                         "pauses drafting)")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="only: TTFT of a 100-token suffix after a 32k shared prefix, prefix-cache hit vs cold")
     ap.add_argument("--gemv-variants", action="store_true",
@@ -391,7 +394,7 @@ def main() -> None:
     if args.spec:
         from hybridqual.bench.spec import spec_bench
         report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl,
-                                                groups=tuple(args.spec_rows.split(",")))
+                                                groups=tuple(args.spec_rows.split(",")), backoff=args.spec_backoff)
         lines += spec_lines
         cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
     for mode, graphs, fused, gv in cases:

@@ -231,21 +231,22 @@ def _line(r: dict, base: dict) -> str:
             + ("" if r is base else f"; tokens == no-spec: {'yes' if same else 'NO (near tie?)'}"))
 
 
-ROW_GROUPS = ("ngram", "upper_bound", "draft", "self_draft", "last_wrong")
+ROW_GROUPS = ("ngram", "upper_bound", "draft", "draft_backoff", "self_draft", "last_wrong")
 
 
 def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", graphs: bool = True,
                draft_layers: int = 4, prompt_len: int = 256, draft_osl: int = 32,
                draft_budget_s: float = 90.0, n_req: int = 2, budget_s: float = 150.0,
                rollbacks: tuple[str, ...] = ("snapshots", "replay"),
-               groups: tuple[str, ...] = ROW_GROUPS) -> tuple[list[dict], list[str]]:
+               groups: tuple[str, ...] = ROW_GROUPS, backoff: int = 16) -> tuple[list[dict], list[str]]:
     """Baseline, then at each k: ngram, upper bound, draft, self-draft (the target as its own draft, beside the upper
     bound at the same length: self_draft_rows), the upper bound with its last draft wrong under each
     rollback (per-position snapshots, replay: FastOptions.spec_replay) — only the `groups` named. Draft rows, per k:
     the engine's default (short catch-ups through the draft's decode graphs, drafts read on the host), every catch-up
     as the packed prefill (the reference), and drafts kept on the device (FastOptions.spec_device_drafts); each with
-    the draft proposer's time per step by phase. Rows after `budget_s` (draft rows: after `draft_budget_s` of them)
-    are skipped; returns (rows, printable lines)."""
+    the draft proposer's time per step by phase. draft_backoff: the draft at the full length without and with
+    `engine.speculative.backoff` = `backoff` (what wrong drafts cost once the request drafts less while they miss).
+    Rows after `budget_s` (draft rows: after `draft_budget_s` of them) are skipped; returns (rows, printable lines)."""
     unknown = sorted(set(groups) - set(ROW_GROUPS))
     if unknown:
         raise ValueError(f"spec rows: unknown groups {unknown}; expected some of {ROW_GROUPS}")
@@ -282,7 +283,7 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
         one(f"upper bound k={k} (drafts=own)", "upper_bound", upper_bound_spec(k, base["tokens"], n_req),
             own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
     with tempfile.TemporaryDirectory() as d:
-        if "draft" in groups:
+        if "draft" in groups or "draft_backoff" in groups:
             try:
                 write_draft(model, draft_layers, d)
             except Exception as e:
@@ -298,6 +299,11 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
                     emit(f"spec {label}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
                     continue
                 one(label, kind, SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, m=m, eager=eager)
+        for k in ks if d and "draft_backoff" in groups else ():
+            for b in (0, backoff):
+                one(f"draft{draft_layers} k={k}{f' backoff {b}' if b else ''} ({osl} tok)",
+                    "draft_backoff" if b else "draft_full_length",
+                    SpecConfig(k, ProposerConfig("draft", model=d), backoff=b))
     if "self_draft" in groups:
         self_draft_rows(model, ks, base, n_req, draft_osl, one, emit)
     for name in rollbacks if "last_wrong" in groups else ():
