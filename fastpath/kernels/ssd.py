@@ -20,17 +20,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
-                      dt_limits, host_ints, next_pow2)
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, INTERPRET, KernelInputError, check, check_slots,
+                      dot_precision, dt_limits, host_ints, next_pow2)
 from .ssd_bmm import ssd_bmm_kernel
 from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
 from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
 from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel,
                               ssd_state_passing_kernel)
 from .ssd_fused import launch_ssd_fused
+from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
+from .ssd_scan_mh import launch_ssd_scan_mh
 
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
+_SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
+SCAN_KINDS = ("rec", "blocked", "rec_mh", "blocked_mh")
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,9 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # S32 +0.8 ms, S128 +4.3, 8 warps +2.6, 3 stages +2.4, P-tile 32 +2.3, 2 warps 84 ms.
         scan=dict(kind="rec", BLOCK_S=min(bq, 64), BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64),
                   BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=4, num_stages=2),
+        # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
+        # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
+        # (a register cap per thread). Options for benches, not the default.
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
         use_cb=False,
@@ -308,22 +315,30 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         else:
             ck = table.ckpt_slot
-            ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles)
+            ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles,
+                                         **_reg_cap(r))
     mark("state")
-    if nc > 0 and rec:
+    kind = rule["scan"].get("kind", "blocked")
+    if kind not in SCAN_KINDS:
+        raise KernelInputError(f"{OP}: scan kind {kind!r} is not one of {SCAN_KINDS}")
+    if nc > 0 and kind == "rec_mh" and not use_cb:
+        _SCAN_LAUNCH[0] = launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
+    elif nc > 0 and kind == "blocked_mh" and not use_cb:
+        _SCAN_LAUNCH[0] = launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], BQ, prec)
+    elif nc > 0 and rec:
         r = rule["scan"]
-        ssd_chunk_scan_rec_kernel[(nc * H * triton_cdiv(P, r["BLOCK_P"]),)](
+        _SCAN_LAUNCH[0] = ssd_chunk_scan_rec_kernel[(nc * H * triton_cdiv(P, r["BLOCK_P"]),)](
             x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
             table.chunk_start, table.chunk_len, H, P, N, H // G,
             *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            num_warps=r["num_warps"], num_stages=r["num_stages"])
+            num_warps=r["num_warps"], num_stages=r["num_stages"], **_reg_cap(r))
     elif nc > 0:
         r = rule["scan"]
         grid = (nc * H * (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]),)
         cbt = cb if cb is not None else prev
-        ssd_chunk_scan_kernel[grid](
+        _SCAN_LAUNCH[0] = ssd_chunk_scan_kernel[grid](
             x, B, C, cbt, dt_p, dacs, prev, D if D is not None else A, out,
             table.chunk_start, table.chunk_len, H, P, N, H // G,
             *x.stride(), *B.stride(), *C.stride(),
@@ -331,9 +346,14 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
             BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            num_warps=r["num_warps"], num_stages=r["num_stages"])
+            num_warps=r["num_warps"], num_stages=r["num_stages"], **_reg_cap(r))
     mark("scan")
     return out
+
+
+def _reg_cap(r: dict) -> dict:
+    """The launch option capping registers per thread (rule key maxnreg; CUDA only, absent by default)."""
+    return {} if INTERPRET or r.get("maxnreg") is None else dict(maxnreg=int(r["maxnreg"]))
 
 
 def triton_cdiv(a: int, b: int) -> int:
