@@ -1,0 +1,214 @@
+"""SSD prefill variants on one GPU: the staged path with its scan (and chunk-state) stage swapped for the
+multi-head scans (fastpath/kernels/ssd_scan_mh.py, ssd_scan_blk_mh.py) and launch options, beside the default
+staged path, the fused path, mamba_ssm (when importable from .peer) and the byte floor, in one run.
+
+    PYTHONPATH=.:.peer python3 tools/bench/ssd_variants.py [--out v.json] [--lengths 65536,8192] [--budget-s 300]
+        [--only NAME,NAME]
+
+Shape: H128 P64 G1 N128, chunk 256, bf16 x/B/C, fp32 dt and state (tools/bench/ssd_fused.py's inputs). Per
+length and variant: end-to-end median (do_bench), per-stage medians (CUDA events around each stage), the
+scan kernel's registers / spills, ‖Δ‖/‖ref‖ of y and of the final state vs the default staged path, and whether
+two runs are bitwise equal. Variants run longest length first, in the order of VARIANTS, until the time budget
+is spent; then the best scan and the best state variant at the first length are timed together. The table
+printed last is the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+
+import torch
+
+from fastpath.kernels import ssd as _ssd
+from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen
+
+try:
+    from .ssd_fused import DEV, G, H, N, P, Q, bench, copy_tbps, inputs, peer, rel
+except ImportError:                      # run as a script: tools/bench is on sys.path
+    from ssd_fused import DEV, G, H, N, P, Q, bench, copy_tbps, inputs, peer, rel
+
+STAGES = ("cumsum", "bmm", "state", "scan")
+# name -> (scan entry updates, state entry updates); "" = the launch rule as it is
+VARIANTS: dict[str, tuple[dict, dict]] = {
+    "staged": ({}, {}),
+    "rec_r128": (dict(maxnreg=128), {}),
+    "rec_r168": (dict(maxnreg=168), {}),
+    "rmh2_w4": (dict(kind="rec_mh", HEADS=2), {}),
+    "rmh2_w8": (dict(kind="rec_mh", HEADS=2, num_warps=8), {}),
+    "rmh2_w4_s1": (dict(kind="rec_mh", HEADS=2, num_stages=1), {}),
+    "rmh4_w8": (dict(kind="rec_mh", HEADS=4, num_warps=8), {}),
+    "rmh4_w8_s1": (dict(kind="rec_mh", HEADS=4, num_warps=8, num_stages=1), {}),
+    "rmh2_p32": (dict(kind="rec_mh", HEADS=2, BLOCK_P=32), {}),
+    "rmh4_p32_w8": (dict(kind="rec_mh", HEADS=4, BLOCK_P=32, num_warps=8), {}),
+    "rmh2_s32": (dict(kind="rec_mh", HEADS=2, BLOCK_S=32), {}),
+    "bmh2_w4": (dict(kind="blocked_mh", HEADS=2), {}),
+    "bmh4_w4": (dict(kind="blocked_mh", HEADS=4), {}),
+    "bmh4_w8": (dict(kind="blocked_mh", HEADS=4, num_warps=8), {}),
+    "bmh4_k32_s3": (dict(kind="blocked_mh", HEADS=4, BLOCK_K=32, num_stages=3), {}),
+    "bmh4_m128_w8": (dict(kind="blocked_mh", HEADS=4, BLOCK_M=128, num_warps=8), {}),
+    "bmh2_r128": (dict(kind="blocked_mh", HEADS=2, maxnreg=128), {}),
+    "bmh1_w4": (dict(kind="blocked_mh", HEADS=1), {}),
+    "state_p32": ({}, dict(BLOCK_P=32)),
+    "state_p32_n32": ({}, dict(BLOCK_P=32, BLOCK_N=32)),
+    "state_par": ({}, dict(mode="parallel")),
+}
+
+
+def rule_for(scan: dict, state: dict) -> dict:
+    r = copy.deepcopy(ssd_launch_rule(H, G, P, N, Q, torch.bfloat16))
+    r["scan"].update(scan)
+    r["state"].update(state)
+    return r
+
+
+def kinfo(k) -> str:
+    md = getattr(k, "metadata", None)
+    return f"regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} smem {getattr(md, 'shared', '?')}"
+
+
+def stage_ms(fn, reps: int = 20) -> dict:
+    """Median per-stage times (ms) over `reps` runs, from CUDA events recorded at each stage mark."""
+    times: dict[str, list[float]] = {s: [] for s in STAGES}
+    for _ in range(reps):
+        evs = [("start", torch.cuda.Event(enable_timing=True))]
+        evs[0][1].record()
+
+        def mark(stage, evs=evs):
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            evs.append((stage, e))
+        fn(mark)
+        torch.cuda.synchronize()
+        for (_, a), (s, b) in zip(evs, evs[1:]):
+            if s in times:
+                times[s].append(a.elapsed_time(b))
+    return {s: sorted(v)[len(v) // 2] for s, v in times.items() if v}
+
+
+class Case:
+    """One packed batch of one sequence of L tokens (initial state from its bank slot), reused by every variant."""
+
+    def __init__(self, L: int):
+        self.L = L
+        self.inp = inputs([L])
+        self.cu = [0, L]
+        self.bank0 = torch.randn(2, H, P, N, device=DEV) * 0.1
+        self.bank = self.bank0.clone()
+        self.slot, self.init = torch.tensor([1], device=DEV), torch.tensor([True], device=DEV)
+        self.table = ssd_chunk_table(self.cu, [0], Q, DEV, slot=[1], n_slots=2)
+        self.out = torch.empty_like(self.inp["x"])
+
+    def run(self, rule=None, fused=False, mark=None):
+        i = self.inp
+        return ssd_varlen(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dtb"], self.bank, self.cu, self.slot,
+                          [0], self.init, Q, out=self.out, table=self.table, fused=fused, _rule=rule, _mark=mark)
+
+    def result(self, rule=None, fused=False):
+        self.bank.copy_(self.bank0)
+        self.run(rule, fused)
+        return self.out.clone(), self.bank[1].clone()
+
+
+def time_variant(case: Case, name: str, rule: dict, ref) -> dict:
+    row = dict(variant=name, L=case.L)
+    try:
+        y, h = case.result(rule)
+        y2, h2 = case.result(rule)
+        row.update(rel_y=rel(y, ref[0]), rel_h=rel(h, ref[1]),
+                   bitwise=bool(torch.equal(y, y2) and torch.equal(h, h2)))
+        row["scan_kernel"] = kinfo(_ssd._SCAN_LAUNCH[0])
+        row["ms"] = bench(lambda: case.run(rule))
+        row["stages"] = stage_ms(lambda m: case.run(rule, mark=m))
+    except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--lengths", default="65536,8192")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting variants after this many seconds")
+    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    a = ap.parse_args()
+    t0 = time.time()
+    import triton
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[], base=[])
+    res["copy_TBps"] = copy_tbps()
+    print(f"[ssd_variants] copy {res['copy_TBps']:.2f} TB/s", flush=True)
+    mamba = peer()
+    names = [v for v in (a.only.split(",") if a.only else VARIANTS) if v]
+    lengths = [int(v) for v in a.lengths.split(",") if v]
+    for li, L in enumerate(lengths):
+        case = Case(L)
+        ref = case.result(rule_for({}, {}))
+        T = L
+        base = dict(L=L, floor_ms=(2 * T * H * P * 2 + 2 * T * G * N * 2 + T * H * 4 + H * P * N * 4)
+                    / (res["copy_TBps"] * 1e12) * 1e3)
+        base["fused_ms"] = bench(lambda: case.run(fused=True))
+        yf, hf = case.result(fused=True)
+        base["rel_y_fused"] = rel(yf, ref[0])
+        if mamba is not None:
+            i = case.inp
+            f = lambda: mamba(i["x"][None], i["dt"][None], i["A"], i["B"][None], i["C"][None], Q, D=i["D"],  # noqa: E731
+                              dt_bias=i["dtb"], dt_softplus=True, initial_states=case.bank0[1:2],
+                              return_final_states=True)
+            ym, hm = f()
+            base["rel_y_mamba"], base["rel_h_mamba"] = rel(ym[0], ref[0]), rel(hm[0], ref[1])
+            base["mamba_ms"] = bench(f)
+        res["base"].append(base)
+        print(json.dumps(base), flush=True)
+        for vn in names:
+            if time.time() - t0 > a.budget_s:
+                print(f"[ssd_variants] budget spent: {vn} at L{L} skipped", flush=True)
+                continue
+            res["rows"].append(time_variant(case, vn, rule_for(*VARIANTS[vn]), ref))
+        if li == 0 and time.time() - t0 < a.budget_s:
+            ok = [r for r in res["rows"] if r["L"] == L and "ms" in r and r["rel_y"] < 5e-3 and r["bitwise"]]
+            best = lambda pick: min((r for r in ok if pick(VARIANTS[r["variant"]])), key=lambda r: r["ms"],  # noqa: E731
+                                    default=None)
+            bs, bt = best(lambda v: not v[1]), best(lambda v: not v[0])
+            if bs and bt and bs["variant"] != "staged" and bt["variant"] != "staged":
+                combo = (bs["variant"], bt["variant"])
+                VARIANTS["+".join(combo)] = (VARIANTS[combo[0]][0], VARIANTS[combo[1]][1])
+                names.append("+".join(combo))
+                res["rows"].append(time_variant(case, "+".join(combo), rule_for(*VARIANTS["+".join(combo)]), ref))
+        del case
+        torch.cuda.empty_cache()
+    res["wall_s"] = time.time() - t0
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    summary(res)
+
+
+def summary(res: dict) -> None:
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, {res['date']}, "
+          f"copy {res['copy_TBps']:.2f} TB/s, wall {res['wall_s']:.0f} s")
+    for b in res["base"]:
+        m = b.get("mamba_ms")
+        print(f"L{b['L']}: floor {b['floor_ms']:.3f} ms, fused {b['fused_ms']:.3f} ms "
+              f"(rel y {b['rel_y_fused']:.1e}), "
+              f"mamba_ssm {'%.3f ms' % m if m else '-'}"
+              + (f" (rel y/h vs staged {b['rel_y_mamba']:.1e}/{b['rel_h_mamba']:.1e})" if m else ""))
+    print("| L | variant | ms | x mamba | cumsum | state | scan | rel y | rel h | bitwise | scan kernel |")
+    print("|" + "---|" * 11)
+    mam = {b["L"]: b.get("mamba_ms") for b in res["base"]}
+    for r in sorted(res["rows"], key=lambda r: (-r["L"], r.get("ms", 1e9))):
+        if "error" in r:
+            print(f"| {r['L']} | {r['variant']} | failed: {r['error'][:80]} |")
+            continue
+        st, m = r["stages"], mam.get(r["L"])
+        print(f"| {r['L']} | {r['variant']} | {r['ms']:.3f} | {'%.2f' % (m / r['ms']) if m else '-'} | "
+              f"{st.get('cumsum', 0):.3f} | {st.get('state', 0):.3f} | {st.get('scan', 0):.3f} | {r['rel_y']:.1e} | "
+              f"{r['rel_h']:.1e} | {r['bitwise']} | {r['scan_kernel']} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
