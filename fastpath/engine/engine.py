@@ -62,13 +62,19 @@ class Engine:
     """Batched engine over one StateBank; `run_trace` or `add_request` + `step` (streaming)."""
 
     def __init__(self, model, engine_config: EngineConfig, max_len: int = 2048, graphs: bool = False,
-                 pad_decode: bool = False, prefill_graphs: bool = False):
+                 pad_decode: bool = False, prefill_graphs: bool = False,
+                 prefill_buckets: tuple[int, ...] | None = None):
         """graphs: decode-only steps replay CUDA graphs at bucket sizes (on CUDA); pad_decode: run those padded
         bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU); prefill_graphs: a
         short prefill-only step shape seen before (a prefix-cache hit's suffix) replays a CUDA graph
-        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly)."""
+        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly); prefill_buckets (None: off; a
+        batch-invariant model only): one-piece prefill-only steps padded to these token counts, built (captured)
+        here, so a hit of any suffix length below the largest, at any start and slot, is never eager
+        (fastpath/engine/prefill_buckets.py)."""
         engine_config = check_engine_args(model, engine_config, max_len, graphs, pad_decode)  # before allocating
         _flag("prefill_graphs", prefill_graphs)
+        from .prefill_buckets import check_buckets
+        prefill_buckets = check_buckets(prefill_buckets, model, engine_config, max_len, prefill_graphs)
         self.model, self.config, self.ec = model, model.config, engine_config
         self.device = model.device
         self.R = engine_config.max_requests
@@ -94,7 +100,8 @@ class Engine:
         self.prefill_graphs = None
         if prefill_graphs:
             from .prefill_graphs import PrefillGraphs
-            self.prefill_graphs = PrefillGraphs(model, self.bank)
+            self.prefill_graphs = PrefillGraphs(model, self.bank, buckets=prefill_buckets)
+            self.prefill_graphs.prepare()
         self.spec = None                               # speculative decoding (DESIGN §13): verify rows, rollback
         if engine_config.speculative is not None:
             from .speculative import Speculator
@@ -104,7 +111,8 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | Path, engine_config: EngineConfig, device=None, dtype=None,
                         max_len: int = 2048, graphs: bool = False, pad_decode: bool = False,
-                        options: FastOptions | None = None, prefill_graphs: bool = False) -> "Engine":
+                        options: FastOptions | None = None, prefill_graphs: bool = False,
+                        prefill_buckets: tuple[int, ...] | None = None) -> "Engine":
         """Load an HF-format folder (config.json + safetensors) into a FastModel run with `options` (kernel backend,
         fusions, batch invariance: fastpath/options.py) and build an engine (batch-invariant: its piece rule)."""
         from oracle.checkpoint import load_checkpoint
@@ -117,7 +125,7 @@ class Engine:
         check_weights_fit(tensors, dtype, device)
         cls = engine_class(options) if cls is Engine else cls
         return cls(make_model(cfg, tensors, device, dtype, options), engine_config, max_len=max_len, graphs=graphs,
-                   pad_decode=pad_decode, prefill_graphs=prefill_graphs)
+                   pad_decode=pad_decode, prefill_graphs=prefill_graphs, prefill_buckets=prefill_buckets)
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def reset(self, mode: str | None = None) -> None:

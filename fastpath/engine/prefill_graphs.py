@@ -17,6 +17,10 @@ Every other input of the graph is the kept batch's device metadata (equal by key
 bitwise equal by construction (tests/test_prefix_cache_graphs.py). Without capture (CPU, or capture=False) the
 2nd-and-later path runs eagerly over the kept batch, so the kept-batch plumbing is tested on CPU too. At most
 `max_graphs` shapes are kept (LRU; an evicted shape must be seen twice again) and `max_seen` remembered once-seen.
+
+With `buckets` (fastpath/engine/prefill_buckets.py; a batch-invariant model only) a one-piece step of fewer tokens
+than the largest bucket never takes the path above: it is padded to its bucket, whose kept batch (and graph) was
+built ahead of time, whatever its length, start and slot — so a hit of a never-seen shape is not eager either.
 """
 from __future__ import annotations
 
@@ -32,27 +36,49 @@ class PrefillGraphs:
     """Kept StepBatches (+ captured graphs on CUDA) of repeated short prefill-only step shapes, LRU-bounded."""
 
     def __init__(self, model, bank, capture: bool = True, max_tokens: int = 512, max_graphs: int = 8,
-                 max_seen: int = 1024):
+                 max_seen: int = 1024, buckets: tuple[int, ...] | None = None):
         self.model, self.bank = model, bank
+        self.buckets = None
+        if buckets:
+            from .prefill_buckets import BucketGraphs
+            self.buckets = BucketGraphs(model, bank, buckets, capture)
         self.capture = capture and model.device.type == "cuda"
         self.max_tokens, self.max_graphs, self.max_seen = max_tokens, max_graphs, max_seen
         self.seen: OrderedDict[tuple, None] = OrderedDict()   # shapes seen once (LRU-bounded, host only)
         self.kept: OrderedDict[tuple, dict] = OrderedDict()   # key -> {"batch", "graph", "logits"}
         self.pool = None
         self.reuses = self.replays = self.captures = 0    # kept-batch steps, of them graph replays; captures
+        self.eager = 0                                    # taken steps run eagerly (unpadded)
+
+    def prepare(self) -> None:
+        """Build the buckets' kept batches (and capture their graphs on CUDA) ahead of the first step."""
+        if self.buckets is not None:
+            self.buckets.prepare()
 
     def key(self, n_dec: int, pieces: list[tuple[int, int, int]], checkpoints, tokens: int) -> tuple | None:
         """The shape key of a step, or None when the step is not one this runner takes."""
         if n_dec or checkpoints or not pieces or tokens > self.max_tokens:
             return None
+        if self.buckets is not None and len(pieces) == 1 and pieces[0][2] >= 0:
+            b = self.buckets.bucket(pieces[0][1])
+            if b is not None:
+                return ("bucket", b, pieces[0])
         return tuple(pieces)
 
     def forward(self, key: tuple, ids: list[int], pack) -> Tensor:
         """The step's logits: eager on the first sight of `key`, eager + kept (+ captured) on the second, replayed
-        (ids copied into the kept batch) after that. `pack()` builds the step's StepBatch (pack_step)."""
+        (ids copied into the kept batch) after that; a bucket key: its bucket's kept batch (eager, unpadded, only if
+        the layout does not fit it). `pack()` builds the step's StepBatch (pack_step)."""
+        if key[0] == "bucket":
+            logits = self.buckets.forward(key[1], key[2], ids)
+            if logits is not None:
+                return logits
+            self.eager += 1
+            return self.model.forward(pack(), self.bank)
         entry = self.kept.get(key)
         if entry is None:
             sb = pack()
+            self.eager += 1
             logits = self.model.forward(sb, self.bank)
             if key not in self.seen:
                 self.seen[key] = None
