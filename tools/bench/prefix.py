@@ -201,9 +201,52 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
                 res[key] = fn()
             except Exception as e:  # noqa: BLE001 - the headline figure above must still be reported
                 res[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    try:
+        res["buckets"] = bucket_hits(model, prefix, tail, suffix, block, chunk, max_len, hits)
+    except Exception as e:  # noqa: BLE001 - reported as a failed section, the rows above stand
+        res["buckets"] = {"error": f"{type(e).__name__}: {e}"[:300]}
     res["cached_tokens"] = [a["cached_tokens"] for s in on.log.to_json()["steps"] for a in s["admit"]]
     res["cached_tokens_graphs"] = [a["cached_tokens"] for s in on_g.log.to_json()["steps"] for a in s["admit"]]
     del on, off, on_g
+    free_cache(model.device)
+    return res
+
+
+def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, block: int, chunk: int, max_len: int,
+                hits: int = 3) -> dict:
+    """The first hit of a never-seen suffix length vs a warm hit (the same length again), with bucketed prefill
+    graphs (prefill_buckets, captured at engine start) on the batch-invariant variant of `model` (same weights); beside
+    them that model's eager hit (cache on, no prefill graphs). Goal: first / warm <= 2."""
+    from fastpath.engine.engine import engine_class
+    from fastpath.engine.prefill_buckets import default_buckets
+    from oracle.trace import PrefixCacheConfig
+    bi = model.with_options(batch_invariant=True)
+    cls, cs = engine_class(bi.options), model.config.chunk_size
+    buckets = default_buckets(cs, min(512, chunk))
+    top = buckets[-1] - 1                                    # longest suffix a bucket serves
+    lengths = [n for n in dict.fromkeys((min(suffix + 7, top), max(1, suffix // 2 + 1), min(3 * suffix, top)))]
+    max_len = max(max_len, len(prefix) + max(lengths) + 8, buckets[-1] + cs)
+    ec = EngineConfig(1, chunk, chunk, "legacy", prefix_cache=PrefixCacheConfig(block, 2))
+    t0 = time.perf_counter()
+    eng = cls(bi, ec, max_len=max_len, prefill_graphs=True, prefill_buckets=buckets)
+    build_s = time.perf_counter() - t0
+    eager = cls(bi, ec, max_len=max_len)
+    for e in (eng, eager):
+        _ttft(e, "cold", prefix + tail(0))                   # stores the checkpoints; its last piece: `suffix`
+    cold_eager = eng.prefill_graphs.eager                   # the cold request's long pieces (no bucket)
+    pre = lambda i, n: prefix + (tail(i) * (n // len(tail(i)) + 1))[:n]   # noqa: E731
+    first = [_ttft(eng, f"first{n}", pre(10 + k, n)) for k, n in enumerate(lengths)]
+    warm = [_ttft(eng, f"warm{i}", pre(20 + i, lengths[0])) for i in range(hits)]
+    ehit = [_ttft(eager, f"eager{i}", pre(30 + i, lengths[0])) for i in range(hits)]
+    pg = eng.prefill_graphs
+    b = pg.buckets
+    med = lambda ts: sorted(ts)[len(ts) // 2]   # noqa: E731
+    res = {"buckets": list(buckets), "lengths": lengths, "build_s": build_s, "ttft_first_s": first,
+           "ttft_warm_s": warm, "ttft_warm_med_s": med(warm), "ttft_eager_s": ehit, "ttft_eager_med_s": med(ehit),
+           "counts": {"runs": b.runs, "replays": b.replays, "captures": b.captures, "fallbacks": b.fallbacks,
+                      "eager_hits": pg.eager - cold_eager}, "nbytes": b.nbytes()}
+    res["ratio"] = max(first) / res["ttft_warm_med_s"]
+    del eng, eager
     free_cache(model.device)
     return res
 
@@ -222,6 +265,16 @@ def prefix_lines(r: dict) -> list[str]:
            f"prefix cache: one checkpoint = Mamba state {mib(r['checkpoint_state_bytes'])} + prefix KV "
            f"{mib(r['checkpoint_kv_bytes'])} (pool slot {mib(r['pool_slot_bytes'])} at max_len); the same prefix's KV "
            f"in anchor-3b-attn: {mib(r['attn_only_prefix_kv_bytes'])}"]
+    _section(out, r.get("buckets", {}), "bucketed prefill graphs",
+             lambda d: f"bucketed prefill graphs (batch-invariant model, buckets {d['buckets']}, built + captured in "
+                       f"{d['build_s']:.2f} s, {mib(d['nbytes'])}): first hit of a never-seen suffix length vs a warm "
+                       f"hit -> {d['ratio']:.2f}x (goal <= 2x); counts {d['counts']}",
+             lambda d: [f"  first hit, suffix {n:5d} (never seen): {1e3 * t:9.2f} ms"
+                        for n, t in zip(d["lengths"], d["ttft_first_s"])]
+             + [f"  warm hit,  suffix {d['lengths'][0]:5d}: {1e3 * d['ttft_warm_med_s']:9.2f} ms (hits "
+                f"{ms(d['ttft_warm_s'])})",
+                f"  eager hit (no prefill graphs), suffix {d['lengths'][0]}: {1e3 * d['ttft_eager_med_s']:9.2f} ms "
+                f"(hits {ms(d['ttft_eager_s'])})"])
     _section(out, r.get("hit_stages", {}), "hit stages",
              lambda d: f"hit stages (one more hit, wall {d['wall_ms']:.2f} ms; host = wall time inside the call, "
                        f"device = between CUDA events around it):",
