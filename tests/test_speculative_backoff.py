@@ -156,3 +156,18 @@ def test_device_drafts_with_backoff_keep_the_oracles_log(models, proposer):
         assert eng.spec.device_drafts.steps > 0
         assert got.tokens == want.tokens == plain.tokens
         assert got.schedule_log.to_json() == want.schedule_log.to_json()
+
+
+def test_catch_up_after_a_pause_runs_through_the_draft_decode_graphs(models):
+    """pad_decode (the decode graphs' shapes, eager on CPU): the catch-up after a pause of up to B steps (k + 1 + B
+    new tokens at most) runs as decode replays, not as a packed prefill; only each request's first pass (its
+    prompt) is a prefill; log and tokens == the oracle's."""
+    oracle_model, fast = models
+    trace = _trace({"kind": "draft", "model": "goldens/models/zoo-mamba2"}, backoff=4)
+    eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=48, pad_decode=True)
+    got = eng.run_trace(trace, "legacy")
+    want = oracle_run(oracle_model, trace)
+    assert got.schedule_log.to_json() == want.schedule_log.to_json() and got.tokens == want.tokens
+    assert eng.spec.draft.replay_max == K + 1 + 4
+    c = eng.spec.draft.catch_ups
+    assert c["prefill"] <= 2 + 1 and c["graph"] > 2 * c["prefill"], c    # prompts (+ one pass joining a prefill)

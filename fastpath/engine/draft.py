@@ -5,7 +5,8 @@ request's draft state covers exactly the tokens the engine has accepted; a pass 
 since the previous pass, drafts on from there, and undoes the drafting from a snapshot taken after the catch-up.
 
 With decode graphs (the engine's `graphs` or `pad_decode`) a short catch-up (1..k+1 new tokens: the accepted drafts
-and the bonus, the decode loop's usual case) runs as one decode-graph replay per token, right-aligned across rows
+and the bonus, the decode loop's usual case; up to k+1+B after a backoff pause of at most B steps) runs as one
+decode-graph replay per token, right-aligned across rows
 (row r's n_r tokens in the last n_r replays, slot -1 before), so the last replay's greedy tokens are every row's
 first draft; the first catch-up after a prompt (long) runs as an eager packed prefill of every row. Drafts 2..k are
 further replays reading the tokens the replay before sampled. Positions and slots go up from pinned stage slices, one
@@ -80,9 +81,10 @@ class DraftModel:
     benchmarked against). `timing` (a dict, None = off): seconds per phase of each pass, the device synchronised at
     each phase boundary (benchmarks only)."""
 
-    def __init__(self, model, R: int, max_len: int, graphs: str | None = None, k: int = 1):
+    def __init__(self, model, R: int, max_len: int, graphs: str | None = None, k: int = 1, backoff: int = 0):
         from .graphs import DecodeGraphs
         self.model, self.R, self.k = model, R, k
+        self.replay_max = k + 1 + backoff          # longest catch-up through replays (a pause adds up to `backoff`)
         self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
         self.snap = Snapshot(self.bank, R)
         self.seen: dict[str, int] = {}            # request -> tokens its draft state covers
@@ -96,7 +98,8 @@ class DraftModel:
                                          sampled=torch.zeros(R, dtype=torch.int64, device=model.device))
             self.graphs = DecodeGraphs(host, capture=graphs == "capture")
             self.slice = 3 * R                     # a replay's positions, slots (bucket <= R) and ids
-            self.stage = torch.zeros(2 * k * self.slice, dtype=torch.int64, pin_memory=model.device.type == "cuda")
+            self.stage = torch.zeros((self.replay_max + k) * self.slice, dtype=torch.int64,
+                                     pin_memory=model.device.type == "cuda")
 
     def propose(self, rows: list[DraftRow]) -> dict[str, list[int]]:
         """Each row's `room` greedy drafts after catching its draft state up (one host read at the end)."""
@@ -114,7 +117,7 @@ class DraftModel:
         starts = [self.seen.get(r.rid, 0) for r in rows]
         self.seen = {r.rid: len(r) for r in rows}
         short = (g is not None and self.short_catch_up
-                 and all(s > 0 and 1 <= len(r) - s <= self.k + 1 for r, s in zip(rows, starts)))
+                 and all(s > 0 and 1 <= len(r) - s <= self.replay_max for r, s in zip(rows, starts)))
         if short:
             n = self._replay_catch_up(rows, starts)
             first = g.tok[:S]
@@ -201,7 +204,7 @@ class DraftModel:
 
 
 def load_draft(path, target_config, R: int, max_len: int, device, dtype, options=None, graphs: str | None = None,
-               k: int = 1) -> DraftModel:
+               k: int = 1, backoff: int = 0) -> DraftModel:
     """The draft folder as a FastModel on the target's device and dtype; another vocab is an error naming the field."""
     from oracle.checkpoint import load_checkpoint
     from fastpath.model import FastModel
@@ -209,4 +212,4 @@ def load_draft(path, target_config, R: int, max_len: int, device, dtype, options
     if cfg.vocab_size != target_config.vocab_size:
         raise TraceError("engine.speculative.proposer.model", f"draft vocab_size {cfg.vocab_size} != the target's "
                          f"{target_config.vocab_size}: a draft must share the target's vocabulary")
-    return DraftModel(FastModel(cfg, tensors, device, dtype, options), R, max_len, graphs, k)
+    return DraftModel(FastModel(cfg, tensors, device, dtype, options), R, max_len, graphs, k, backoff)

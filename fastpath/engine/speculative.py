@@ -134,7 +134,7 @@ class Speculator:
             from .draft import load_draft
             self.draft = load_draft(model_path(spec), engine.config, R, bank.max_len + self.k, engine.device,
                                     engine.model.dtype, getattr(engine.model, "options", None),
-                                    None if g is None else "capture" if g.capture else "eager", self.k)
+                                    None if g is None else "capture" if g.capture else "eager", self.k, spec.backoff)
         self._drafts: dict[str, list[int]] = {}
         self.backoff = Backoff(spec.backoff)
         self.device_drafts = None                       # drafts on the device in the decode loop (spec_device.py)
