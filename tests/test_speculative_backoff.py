@@ -160,14 +160,33 @@ def test_device_drafts_with_backoff_keep_the_oracles_log(models, proposer):
 
 def test_catch_up_after_a_pause_runs_through_the_draft_decode_graphs(models):
     """pad_decode (the decode graphs' shapes, eager on CPU): the catch-up after a pause of up to B steps (k + 1 + B
-    new tokens at most) runs as decode replays, not as a packed prefill; only each request's first pass (its
-    prompt) is a prefill; log and tokens == the oracle's."""
+    new tokens at most, within REPLAY_MAX) runs as decode replays, not as a packed prefill; only each request's
+    first pass (its prompt) is a prefill; log and tokens == the oracle's."""
     oracle_model, fast = models
     trace = _trace({"kind": "draft", "model": "goldens/models/zoo-mamba2"}, backoff=4)
     eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=48, pad_decode=True)
     got = eng.run_trace(trace, "legacy")
     want = oracle_run(oracle_model, trace)
     assert got.schedule_log.to_json() == want.schedule_log.to_json() and got.tokens == want.tokens
-    assert eng.spec.draft.replay_max == K + 1 + 4
+    assert eng.spec.draft.replay_max == K + 1 + 4                  # k + 1 + B <= REPLAY_MAX: every pause
     c = eng.spec.draft.catch_ups
     assert c["prefill"] <= 2 + 1 and c["graph"] > 2 * c["prefill"], c    # prompts (+ one pass joining a prefill)
+
+
+def test_a_catch_up_longer_than_replay_max_is_one_packed_prefill(models):
+    """backoff 40, one request of 44 tokens: verify at output lengths 1, 3, 6, 11, 20, 37; the catch-ups after the
+    pauses of up to 8 steps (at most REPLAY_MAX = 16 new tokens) are replays, the one after the 16-step pause (17
+    new tokens) a packed prefill (with the prompt's: 2); log == the oracle's."""
+    from fastpath.engine.draft import REPLAY_MAX
+    oracle_model, fast = models
+    t = json.loads(json.dumps(BASE))
+    t["requests"] = [dict(t["requests"][0], max_new_tokens=44)]
+    t["engine"]["speculative"] = {"k": K, "proposer": {"kind": "draft", "model": "goldens/models/zoo-mamba2"},
+                                  "backoff": 40}
+    trace = parse_trace(t)
+    eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=64, pad_decode=True)
+    got = eng.run_trace(trace, "legacy")
+    assert got.schedule_log.to_json() == oracle_run(oracle_model, trace).schedule_log.to_json()
+    assert eng.spec.draft.replay_max == REPLAY_MAX == 16
+    assert _verify_lengths(got, "a") == [1, 3, 6, 11, 20, 37]
+    assert eng.spec.draft.catch_ups == {"graph": 4, "prefill": 2}

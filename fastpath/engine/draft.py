@@ -5,8 +5,8 @@ request's draft state covers exactly the tokens the engine has accepted; a pass 
 since the previous pass, drafts on from there, and undoes the drafting from a snapshot taken after the catch-up.
 
 With decode graphs (the engine's `graphs` or `pad_decode`) a short catch-up (1..k+1 new tokens: the accepted drafts
-and the bonus, the decode loop's usual case; up to k+1+B after a backoff pause of at most B steps) runs as one
-decode-graph replay per token, right-aligned across rows
+and the bonus, the decode loop's usual case; after a backoff pause of B steps up to max(k+1, REPLAY_MAX) tokens) runs
+as one decode-graph replay per token, right-aligned across rows
 (row r's n_r tokens in the last n_r replays, slot -1 before), so the last replay's greedy tokens are every row's
 first draft; the first catch-up after a prompt (long) runs as an eager packed prefill of every row. Drafts 2..k are
 further replays reading the tokens the replay before sampled. Positions and slots go up from pinned stage slices, one
@@ -27,6 +27,9 @@ from oracle.trace import TraceError
 from . import ops
 from .bank import StateBank
 from .packing import Piece, backend_kw, pack
+
+
+REPLAY_MAX = 16     # docs/performance.md: a replay ~0.27 ms a token vs ~5 ms for an eager prefill (anchor-3b, H100)
 
 
 @dataclass
@@ -84,7 +87,9 @@ class DraftModel:
     def __init__(self, model, R: int, max_len: int, graphs: str | None = None, k: int = 1, backoff: int = 0):
         from .graphs import DecodeGraphs
         self.model, self.R, self.k = model, R, k
-        self.replay_max = k + 1 + backoff          # longest catch-up through replays (a pause adds up to `backoff`)
+        # longest catch-up through replays: k+1 (the decode loop's), after a backoff pause up to REPLAY_MAX (each
+        # replay runs the draft's LM head; a longer catch-up is one packed prefill, a flat host cost)
+        self.replay_max = k + 1 + min(backoff, max(0, REPLAY_MAX - k - 1))
         self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
         self.snap = Snapshot(self.bank, R)
         self.seen: dict[str, int] = {}            # request -> tokens its draft state covers
