@@ -289,7 +289,7 @@ class Scheduler:
         p = self.pending
         return (self.mode == "async" and p is not None and p.decode_only and self.active > 0
                 and not self.waiting(k)
-                and self.spec is None                            # speculative: never overlapped (§13)
+                and (self.spec is None or self.spec.overlappable(p.batch))   # §10: only steps backoff pauses
                 and not any(self.requests[rid].prefilling for rid in self.rows if rid is not None))
 
     def launch_overlapped(self, rec: StepRecord) -> None:
@@ -297,6 +297,8 @@ class Scheduler:
         prev = self.pending
         rec.overlap = 1
         rec.batch = self.overlap_batch(prev)
+        if self.spec is not None:
+            self.spec.overlapped(rec.batch)
         launched = Pending(self.k, rec.batch, rec, [])
         launched.row_tokens = self.forward_and_sample(rec.batch, {b.row: prev.row_tokens[b.row] for b in rec.batch})
         self.resolve(prev, inflight=launched)

@@ -269,6 +269,10 @@ class Backoff:
         self.misses: dict[str, int] = {}          # request -> verify rows in a row that accepted nothing
         self.pause: dict[str, int] = {}           # request -> decode rows left that propose nothing
 
+    def paused(self, rid: str) -> bool:
+        """Whether the next decode row of `rid` proposes nothing."""
+        return self.pause.get(rid, 0) > 0
+
     def take(self, rid: str) -> bool:
         """Called once per decode row built for `rid`: True when this row proposes nothing (a paused step)."""
         left = self.pause.get(rid, 0)
@@ -337,6 +341,16 @@ class SpecRunner:
         if not props:
             return BatchRow(r, req.id, slot, "decode", pos, 1)
         return BatchRow(r, req.id, slot, "verify", pos, len(props) + 1, proposals=list(props))
+
+    def overlappable(self, batch) -> bool:
+        """Async (docs/scheduler.md §10): the step after a decode-only `batch` may overlap it when every request
+        decoding in it is paused by backoff, so the next step proposes nothing and needs no resolved token."""
+        return all(self.backoff.paused(b.request) for b in batch if b.kind == "decode")
+
+    def overlapped(self, batch) -> None:
+        """An overlapped step's rows are decode rows built without row(): count their paused step off."""
+        for b in batch:
+            self.backoff.take(b.request)
 
     def forward(self, model, st, b, forced: tuple[int, ...] = ()) -> int:
         """Verify the row on the request's own state; returns the first choice (the row samples). `forced`: the

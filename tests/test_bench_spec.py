@@ -21,9 +21,9 @@ def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everythin
     assert "FAILED" not in text
     rows = json.loads(out.read_text())
     assert [r["kind"] for r in rows] == ["baseline", "ngram", "upper_bound", "draft", "draft_eager_catch_up",
-                                         "draft_device", "draft_full_length", "draft_backoff", "upper_bound_short",
-                                         "self_draft", "last_wrong_snapshots", "last_wrong_replay"]
-    ub, snap, rep = rows[2], rows[10], rows[11]
+                                         "draft_device", "draft_right", "draft_full_length", "draft_backoff",
+                                         "upper_bound_short", "self_draft", "last_wrong_snapshots", "last_wrong_replay"]
+    ub, snap, rep = rows[2], rows[11], rows[12]
     assert ub["accepted"] == ub["proposed"] > 0 and ub["verify_steps"] > 0
     assert snap["accepted"] == rep["accepted"] == 0 < snap["proposed"] == rep["proposed"]   # k=1: the one draft
     assert snap["tokens_equal_baseline"] and rep["tokens_equal_baseline"]
@@ -56,6 +56,18 @@ def test_bench_spec_backoff_row_verifies_less_than_the_same_draft_without_it(cap
     assert (base["kind"], full["kind"], back["kind"]) == ("baseline", "draft_full_length", "draft_backoff")
     assert full["accepted"] < full["proposed"] and back["proposed"] < full["proposed"]
     assert full["tokens_equal_baseline"] and back["tokens_equal_baseline"]
+
+
+def test_bench_spec_forced_right_drafts_are_all_accepted_beside_the_upper_bound(capsys, tmp_path):
+    """--spec-rows upper_bound,draft_right: the draft's passes run, their drafts replaced by the upper bound's, so
+    every draft is accepted; the row carries its ratio to the upper bound and the draft proposer's profile."""
+    out = tmp_path / "spec.json"
+    assert main(["--smoke", "--spec-k", "2", "--spec-rows", "upper_bound,draft_right", "--out", str(out)]) == 0
+    assert "forced right:" in capsys.readouterr().out
+    base, ub, right = json.loads(out.read_text())
+    assert (ub["kind"], right["kind"]) == ("upper_bound", "draft_right")
+    assert right["accepted"] == right["proposed"] == ub["proposed"] > 0 and right["tokens_equal_baseline"]
+    assert right["vs_upper_bound"] > 0 and right["draft_profile"]["draft_ms"] > 0
 
 
 def test_upper_bound_script_proposes_the_continuation_for_every_request():

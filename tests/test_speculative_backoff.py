@@ -190,3 +190,33 @@ def test_a_catch_up_longer_than_replay_max_is_one_packed_prefill(models):
     assert eng.spec.draft.replay_max == REPLAY_MAX == 16
     assert _verify_lengths(got, "a") == [1, 3, 6, 11, 20, 37]
     assert eng.spec.draft.catch_ups == {"graph": 4, "prefill": 2}
+
+
+@pytest.mark.parametrize("proposer", ["wrong", {"kind": "draft", "model": "goldens/models/zoo-mamba2"}],
+                         ids=["scripted_wrong", "draft"])
+def test_async_overlaps_the_steps_backoff_pauses_and_verifies_the_rows_legacy_verifies(models, proposer):
+    """Async: a decode-only step whose requests are all paused is followed by an overlapped step (it needs no
+    resolved token: nothing is proposed), never a verify step or the step after one; the same rows verify as in
+    legacy mode; each mode's log == the oracle's; tokens == no speculation."""
+    oracle_model, fast = models
+    plain = oracle_run(oracle_model, _trace(None))
+    if proposer == "wrong":
+        proposer = _wrong_everywhere(plain.tokens, fast.config.vocab_size)
+    trace = _trace(proposer, backoff=8)
+    runs, logs = {}, {}
+    for mode in ("legacy", "async"):
+        got, _ = _run(fast, trace, mode)
+        assert got.schedule_log.to_json() == oracle_run(oracle_model, trace, mode).schedule_log.to_json()
+        assert got.tokens == plain.tokens
+        runs[mode] = got.schedule_log.to_json()["steps"]
+        logs[mode] = got.schedule_log
+    over = [s for s in runs["async"] if s.get("overlap")]
+    assert over and all(b["kind"] in ("decode", "extra") for s in over for b in s["batch"])
+    after_verify = {s["step"] + 1 for s in runs["async"] if any(b["kind"] == "verify" for b in s["batch"])}
+    assert not after_verify & {s["step"] for s in over}
+    verifies = {m: [(v["request"], v["pos"], v["proposals"], v["accepted"]) for v in verify_rows(logs[m])]
+                for m in logs}
+    assert verifies["legacy"] == verifies["async"]               # the same rows verify, whatever overlaps
+    off = [s for s in oracle_run(oracle_model, _trace(proposer), "async").schedule_log.to_json()["steps"]
+           if s.get("overlap")]
+    assert off == []                                          # without backoff a speculative trace never overlaps

@@ -177,10 +177,10 @@ class Engine:
     # -------------------------------------------------------------------------------------------- steps
     def _overlappable(self, prev: Launched | None) -> bool:
         """The step after `prev` is one async mode overlaps: prev decode-only, live rows, nobody waiting, no prefill
-        in progress, no speculation (never overlapped: docs/scheduler.md §10). One predicate for both modes, so
-        legacy's shadow rows follow async's extra rows exactly."""
+        in progress, no speculation unless backoff pauses every row (docs/scheduler.md §10). One predicate for both
+        modes, so legacy's shadow rows follow async's extra rows exactly."""
         return (prev is not None and prev.decode_only and self.rows.active > 0 and not self.waiting(self.k)
-                and self.spec is None
+                and (self.spec is None or self.spec.overlappable(prev))
                 and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
 
     def can_overlap(self) -> bool:
@@ -196,6 +196,8 @@ class Engine:
             pos = {b.request: b.pos for b in prev.batch}
             batch = [BatchRow(r, rid, self.rows.row_to_slot[r], "decode", pos[rid] + 1, 1)
                      for r, rid in enumerate(self.rows.row_request[: self.rows.active])]
+            if self.spec is not None:
+                self.spec.overlapped(batch)
             launched = self.launch(batch, rec, tokens_on_device=True)
             self.resolve(prev, inflight=launched)
             gone = {f["request"] for f in prev.record.free}

@@ -1,15 +1,16 @@
 """Speculative decoding in the fast-path engine (DESIGN §13, docs/engine.md "Speculative decoding").
 
-A step with verify rows runs its decode and verify rows as one verify batch (fastpath/engine/verify.py): row r
-feeds [last token, d_1..d_m] at positions [p, p+m]; projections run once over every token, the Mamba layers'
-decode-step kernels and attention_decode position by position, and each Mamba layer's conv window and SSM state
-after every position but the last are kept as per-position snapshots in scratch allocated once. Rollback = copy
-snapshot a (the last accepted input) back into the slot: no second forward. Verify batches run at (rows, width)
-buckets as CUDA graphs when the engine has graphs (greedy rows), else eagerly (padded like the graphs under
-pad_decode: the bitwise reference). Prefill pieces of the same step run as a second, ordinary forward. Verify
-steps are synchronous (the host needs the tokens to decide acceptance), and a step with verify rows is never
-overlapped in async mode (the oracle's rule: speculative traces never overlap). The draft-model proposer is
-fastpath/engine/draft.py. Written independently of oracle/speculative.py: only oracle's trace/log types are imported.
+A step with verify rows runs its decode and verify rows as one verify batch (fastpath/engine/verify.py): row r feeds
+[last token, d_1..d_m] at positions [p, p+m]; projections run once over every token, the Mamba layers' decode-step
+kernels and attention_decode position by position, and each Mamba layer's conv window and SSM state after every
+position but the last are kept as per-position snapshots in scratch allocated once. Rollback = copy snapshot a (the
+last accepted input) back into the slot: no second forward. Verify batches run at (rows, width) buckets as CUDA
+graphs when the engine has graphs (greedy rows), else eagerly (padded like the graphs under pad_decode: the bitwise
+reference). Prefill pieces of the same step run as a second, ordinary forward. Verify steps are synchronous (the
+host needs the tokens to decide acceptance), and a step with verify rows is never overlapped in async mode (the
+oracle's rule: a speculative trace overlaps only steps backoff pauses). The draft-model proposer is
+fastpath/engine/draft.py. Written independently of oracle/speculative.py: only oracle's trace/log types are
+imported.
 """
 from __future__ import annotations
 
@@ -183,6 +184,16 @@ class Speculator:
             self.device_drafts.drafts = (self.draft.propose_device(rows), [d.rid for d in rows])
             return
         self._drafts = self.draft.propose(rows)
+
+    def overlappable(self, prev) -> bool:
+        """The step after `prev` may overlap it (async): prev had no verify row and every request decoding in it is
+        paused by backoff, so the next step proposes nothing (docs/scheduler.md §10)."""
+        return not prev.record.verify and all(self.backoff.paused(b.request) for b in prev.batch if b.kind == "decode")
+
+    def overlapped(self, batch: list[BatchRow]) -> None:
+        """An overlapped step's rows are decode rows built without row(): count their paused step off."""
+        for b in batch:
+            self.backoff.take(b.request)
 
     def room(self, st, peek: bool = False) -> int:
         """Most proposals this decode row may take: min(k, tokens left), 0 while backoff pauses the request (counted

@@ -329,7 +329,7 @@ def main() -> None:
                     "an upper bound (scripted drafts = the run's own tokens) vs a 4-layer draft (32 tokens, time cap), "
                     "k in --spec-k, async + graphs; acceptance, ratio, verify vs k+1 decode step times")
     ap.add_argument("--spec-k", default="1,2,4,8", help="k values for --spec (comma-separated)")
-    ap.add_argument("--spec-rows", default="ngram,upper_bound,draft,draft_backoff,self_draft,last_wrong",
+    ap.add_argument("--spec-rows", default="ngram,upper_bound,draft,draft_right,draft_backoff,self_draft,last_wrong",
                     help="row groups for --spec besides the baseline (comma-separated; e.g. draft)")
     ap.add_argument("--spec-backoff", type=int, default=16,
                     help="engine.speculative.backoff of the draft_backoff rows (most decode steps a missing request "

@@ -61,7 +61,7 @@ step_measure_tau() {
 }
 # Optional: prefix-cache TTFT (32k shared prefix, hit vs cold) and speculative bs1 (k sweep), anchor-3b.
 step_bench_prefix() { timeout "${BENCH_PREFIX_TIMEOUT:-240}" $PY -m hybridqual.bench.engine --prefix-cache --out "$OUT/bench_prefix.json" --summary "$OUT/bench_prefix.summary"; }
-step_bench_spec() { timeout "${BENCH_SPEC_TIMEOUT:-300}" $PY -m hybridqual.bench.engine --spec --spec-k "${SPEC_K:-1,2,4,8}" --spec-rows "${SPEC_ROWS:-ngram,upper_bound,draft,draft_backoff,self_draft,last_wrong}" --out "$OUT/bench_spec.json" --summary "$OUT/bench_spec.summary"; }
+step_bench_spec() { timeout "${BENCH_SPEC_TIMEOUT:-300}" $PY -m hybridqual.bench.engine --spec --spec-k "${SPEC_K:-1,2,4,8}" --spec-rows "${SPEC_ROWS:-ngram,upper_bound,draft,draft_right,draft_backoff,self_draft,last_wrong}" --out "$OUT/bench_spec.json" --summary "$OUT/bench_spec.summary"; }
 # Optional: batch-invariant mode at size (anchor-3b, bf16, graphs): speculative == not, prefix cache on == off, bitwise; its cost.
 step_bench_invariant() { timeout "${BENCH_INVARIANT_TIMEOUT:-300}" $PY -m hybridqual.bench.invariant ${BENCH_INVARIANT_ARGS:-} --out "$OUT/bench_invariant.json" --summary "$OUT/bench_invariant.summary"; }
 # Optional: the fast path on CPU (Triton interpreter of this image's triton) on a GPU machine, with a traceback.

@@ -77,15 +77,17 @@ def _step_kind(batch, *_) -> str:
 
 
 def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, prompt: tuple[int, ...],
-             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4, eager_catch_up: bool = False
-             ) -> dict:
+             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4, eager_catch_up: bool = False,
+             force: bool = False) -> dict:
     """n_req requests one at a time (the first is warm-up): tok/s (no per-step syncs), acceptance, and in one more
     pass with a sync after every launch: verify-step and decode-step times and the rollback time, and for a draft
     proposer its time per step (synchronised before and after) by phase (draft_profile). Verify graphs are
     captured before any timed request. own (the upper bound): scripted drafts `script(tokens)` start from these
     tokens and are refined (up to `passes` untimed runs) to the speculative run's own greedy tokens, since a verify
     batch's arithmetic may flip a near tie of the non-speculative run. eager_catch_up: the draft's every catch-up is
-    its packed prefill (the reference for the catch-up through its decode graphs)."""
+    its packed prefill (the reference for the catch-up through its decode graphs). force (a draft proposer with own
+    and script): the draft model runs every pass as usual, then its drafts are overwritten by the script's (the
+    draft path's whole cost with drafts that are right)."""
     C, k = model.config.chunk_size, spec.k if spec else 0
     B = max(C, len(prompt), k + 1)
     eng = Engine(model, EngineConfig(1, B, B, mode, spec), max_len=len(prompt) + osl + 8, graphs=graphs)
@@ -94,6 +96,10 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
         draft.short_catch_up = not eager_catch_up
     if eng.spec is not None:
         eng.spec.runner.capture_all()
+    table = {}
+    if force:
+        table.update(script(own).proposer.table())
+        _force_drafts(draft, table)
     refined = 0
     while own is not None and refined < passes:
         eng.reset(mode)
@@ -102,7 +108,11 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
         if out == own:
             break
         own, refined = out, refined + 1
-        eng.spec.use_trace(script(own))
+        if force:
+            table.clear()
+            table.update(script(own).proposer.table())
+        else:
+            eng.spec.use_trace(script(own))
     rates, acc, prop, tokens = [], 0, 0, []
     for i in range(n_req):
         eng.reset(mode)
@@ -148,6 +158,21 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
             "decode_steps": len(times.get("decode", [])), "tokens": tokens,
             "verify_graph_replays": eng.spec.runner.replays if eng.spec is not None else 0,
             "script_refinements": refined, "draft_profile": prof}
+
+
+def _force_drafts(draft, table: dict) -> None:
+    """The draft's passes run as usual; then each row's drafts are replaced by table[request][n generated] (one small
+    upload per row and pass, as a right proposer's drafts would cost nothing more to read)."""
+    orig = draft.propose_device
+
+    def forced(rows):
+        out = orig(rows)
+        for j, r in enumerate(rows):
+            d = table.get(r.rid, {}).get(len(r.output), ())[:out.shape[1]]
+            if d:
+                out[j, :len(d)].copy_(torch.tensor(d, dtype=out.dtype), non_blocking=True)
+        return out
+    draft.propose_device = forced
 
 
 def draft_profile(calls: list[float], phases: dict[str, float], loop_s: float, n_steps: int,
@@ -231,7 +256,7 @@ def _line(r: dict, base: dict) -> str:
             + ("" if r is base else f"; tokens == no-spec: {'yes' if same else 'NO (near tie?)'}"))
 
 
-ROW_GROUPS = ("ngram", "upper_bound", "draft", "draft_backoff", "self_draft", "last_wrong")
+ROW_GROUPS = ("ngram", "upper_bound", "draft", "draft_right", "draft_backoff", "self_draft", "last_wrong")
 
 
 def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", graphs: bool = True,
@@ -244,7 +269,8 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
     rollback (per-position snapshots, replay: FastOptions.spec_replay) — only the `groups` named. Draft rows, per k:
     the engine's default (short catch-ups through the draft's decode graphs, drafts read on the host), every catch-up
     as the packed prefill (the reference), and drafts kept on the device (FastOptions.spec_device_drafts); each with
-    the draft proposer's time per step by phase. draft_backoff: the draft at the full length without and with
+    the draft proposer's time per step by phase. draft_right: the draft's passes with their drafts replaced by the
+    upper bound's (the draft path's cost when drafts are right), beside the upper bound row. draft_backoff: the draft at the full length without and with
     `engine.speculative.backoff` = `backoff` (what wrong drafts cost once the request drafts less while they miss).
     Rows after `budget_s` (draft rows: after `draft_budget_s` of them) are skipped; returns (rows, printable lines)."""
     unknown = sorted(set(groups) - set(ROW_GROUPS))
@@ -259,12 +285,13 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
         print(text, flush=True)
 
     def one(label: str, kind: str, spec, osl_: int = osl, n: int = n_req, own=None, script=None,
-            m=model, eager: bool = False) -> dict | None:
+            m=model, eager: bool = False, force: bool = False) -> dict | None:
         if rows and time.perf_counter() - t_start > budget_s:
             emit(f"spec {label}: skipped (bench time cap {budget_s:.0f} s spent)")
             return None
         try:
-            r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script, eager_catch_up=eager)
+            r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script, eager_catch_up=eager,
+                         force=force)
         except Exception as e:                        # one GPU run reports every case it can
             emit(f"spec {label}: FAILED {type(e).__name__}: {e}"[:300])
             return None
@@ -283,7 +310,7 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
         one(f"upper bound k={k} (drafts=own)", "upper_bound", upper_bound_spec(k, base["tokens"], n_req),
             own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
     with tempfile.TemporaryDirectory() as d:
-        if "draft" in groups or "draft_backoff" in groups:
+        if {"draft", "draft_right", "draft_backoff"} & set(groups):
             try:
                 write_draft(model, draft_layers, d)
             except Exception as e:
@@ -299,6 +326,16 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
                     emit(f"spec {label}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
                     continue
                 one(label, kind, SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, m=m, eager=eager)
+        for k in ks if d and "draft_right" in groups else ():
+            ub = next((r for r in rows if r["kind"] == "upper_bound" and r["k"] == k), None)
+            dr = one(f"draft{draft_layers} k={k} drafts forced right ({osl} tok)", "draft_right",
+                     SpecConfig(k, ProposerConfig("draft", model=d)), own=base["tokens"],
+                     script=lambda t, k=k: upper_bound_spec(k, t, n_req), force=True)
+            if ub is not None and dr is not None:
+                dr["vs_upper_bound"] = dr["tok_s"] / ub["tok_s"]
+                emit(f"spec draft{draft_layers} k={k} forced right: {dr['vs_upper_bound']:.2f}x of the upper bound at "
+                     f"the same k and length (acceptance {dr['accepted']}/{dr['proposed']} vs "
+                     f"{ub['accepted']}/{ub['proposed']}; goal >= 0.90x)")
         for k in ks if d and "draft_backoff" in groups else ():
             for b in (0, backoff):
                 one(f"draft{draft_layers} k={k}{f' backoff {b}' if b else ''} ({osl} tok)",

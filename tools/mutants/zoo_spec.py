@@ -111,8 +111,14 @@ SPECULATIVE: list[Mutant] = [
     Mutant("oracle_spec_overlapped", "spec: speculative async",
            "the truth overlaps speculative async steps like plain ones, launching decode rows from unresolved "
            "tokens (no proposals) so async and legacy schedules part",
-           ORACLE_SCHED, "                and self.spec is None                            # speculative: never "
-                         "overlapped (§13)\n", "",
+           ORACLE_SCHED, "                and (self.spec is None or self.spec.overlappable(p.batch))   # §10: only "
+                         "steps backoff pauses\n", "",
            ("tests/test_speculative_oracle.py::test_zero_draft_steps_follow_accepting_steps_and_are_plain_decode_rows",
             )),
+    Mutant("spec_backoff_overlap_keeps_pause", "speculative backoff",
+           "async overlaps a step that backoff pauses but builds its rows without counting the paused step off: the "
+           "request stays paused one step longer per overlapped step, so its next verify row comes late (tokens are "
+           "right; the schedule is not the one the policy defines)",
+           ENGINE, "            if self.spec is not None:\n                self.spec.overlapped(batch)\n", "",
+           ("tests/test_speculative_backoff.py::test_backoff_pauses_one_two_four_then_the_cap_after_misses",)),
 ]
