@@ -101,7 +101,8 @@ class BucketGraphs:
         return next((b for b in self.buckets if b > count), None)
 
     def nbytes(self) -> int:
-        """Device bytes held: the shared attention workspace and the graphs' pool growth measured at capture."""
+        """Device bytes held: the shared attention workspace and the growth of reserved memory at each capture (a lower
+        bound: a capture that reuses blocks the allocator had cached adds nothing)."""
         ws = sum(t.numel() * t.element_size() for t in self.workspace) if self.workspace else 0
         return ws + self.graph_bytes
 
@@ -196,7 +197,7 @@ class BucketGraphs:
         self.pool = graph.pool()
         entry["graph"] = graph
         self.captures += 1
-        self.graph_bytes += torch.cuda.memory_reserved(self.model.device) - before
+        self.graph_bytes += max(0, torch.cuda.memory_reserved(self.model.device) - before)   # reused cache: 0
 
     # ------------------------------------------------------------------------------------------------- run
     def forward(self, b: int, piece: tuple[int, int, int], ids: list[int]) -> Tensor | None:
