@@ -117,7 +117,7 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
 DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn", "prefix_pinned")),
     ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget",
-                                  "spec_device")),
+                                  "spec_device", "spec_backoff")),
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 
