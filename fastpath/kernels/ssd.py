@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, INTERPRET, KernelInputError, check, check_slots,
-                      dot_precision, dt_limits, host_ints, next_pow2)
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
+                      dt_limits, host_ints, next_pow2, reg_cap)
 from .ssd_bmm import ssd_bmm_kernel
 from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
 from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
@@ -316,7 +316,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         else:
             ck = table.ckpt_slot
             ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles,
-                                         **_reg_cap(r))
+                                         **reg_cap(r))
     mark("state")
     kind = rule["scan"].get("kind", "blocked")
     if kind not in SCAN_KINDS:
@@ -333,7 +333,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            num_warps=r["num_warps"], num_stages=r["num_stages"], **_reg_cap(r))
+            num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     elif nc > 0:
         r = rule["scan"]
         grid = (nc * H * (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]),)
@@ -346,14 +346,9 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
             BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            num_warps=r["num_warps"], num_stages=r["num_stages"], **_reg_cap(r))
+            num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     mark("scan")
     return out
-
-
-def _reg_cap(r: dict) -> dict:
-    """The launch option capping registers per thread (rule key maxnreg; CUDA only, absent by default)."""
-    return {} if INTERPRET or r.get("maxnreg") is None else dict(maxnreg=int(r["maxnreg"]))
 
 
 def triton_cdiv(a: int, b: int) -> int:

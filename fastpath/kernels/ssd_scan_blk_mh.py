@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET
+from ._common import reg_cap
 from .ssd_scan_mh import heads_per_program
 
 
@@ -133,7 +133,6 @@ def launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, cfg: dic
     G, N = B.shape[1], B.shape[2]
     heads = heads_per_program(int(cfg.get("HEADS", 1)), H // G)
     n_tiles = (block_q // cfg["BLOCK_M"]) * -(-P // cfg["BLOCK_P"])
-    extra = {} if INTERPRET or cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     return ssd_chunk_scan_blk_mh_kernel[(table.n_chunks * (H // heads) * n_tiles,)](
         x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
         table.chunk_start, table.chunk_len, H, P, N, H // G,
@@ -141,4 +140,4 @@ def launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, cfg: dic
         prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
         HEADS=heads, HAS_D=D is not None, BLOCK_Q=block_q, BLOCK_M=cfg["BLOCK_M"], BLOCK_K=cfg["BLOCK_K"],
         BLOCK_P=cfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], DOT_PREC=dot_prec, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **extra)
+        num_stages=cfg["num_stages"], **reg_cap(cfg))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, KernelInputError
+from ._common import KernelInputError, reg_cap
 
 
 @triton.jit
@@ -134,11 +134,10 @@ def launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, cfg: dict, d
         raise KernelInputError(f"ssd_varlen: scan BLOCK_N={cfg['BLOCK_N']} must cover N={N}")
     nc = table.n_chunks
     n_pb = -(-P // cfg["BLOCK_P"])
-    extra = {} if INTERPRET or cfg.get("maxnreg") is None else dict(maxnreg=int(cfg["maxnreg"]))
     return ssd_chunk_scan_mh_kernel[(nc * (H // heads) * n_pb,)](
         x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
         table.chunk_start, table.chunk_len, H, P, N, H // G,
         *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
         prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
         HEADS=heads, HAS_D=D is not None, BLOCK_S=cfg["BLOCK_S"], BLOCK_P=cfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"],
-        DOT_PREC=dot_prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra)
+        DOT_PREC=dot_prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **reg_cap(cfg))
