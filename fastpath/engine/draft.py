@@ -89,7 +89,7 @@ class DraftModel:
         self.model, self.R, self.k = model, R, k
         # longest catch-up through replays: k+1 (the decode loop's), after a backoff pause up to REPLAY_MAX (each
         # replay runs the draft's LM head; a longer catch-up is one packed prefill, a flat host cost)
-        self.replay_max = k + 1 + min(backoff, max(0, REPLAY_MAX - k - 1))
+        self.replay_max = min(k + 1 + backoff, max(k + 1, REPLAY_MAX))
         self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
         self.snap = Snapshot(self.bank, R)
         self.seen: dict[str, int] = {}            # request -> tokens its draft state covers

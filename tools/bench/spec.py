@@ -331,11 +331,7 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
             dr = one(f"draft{draft_layers} k={k} drafts forced right ({osl} tok)", "draft_right",
                      SpecConfig(k, ProposerConfig("draft", model=d)), own=base["tokens"],
                      script=lambda t, k=k: upper_bound_spec(k, t, n_req), force=True)
-            if ub is not None and dr is not None:
-                dr["vs_upper_bound"] = dr["tok_s"] / ub["tok_s"]
-                emit(f"spec draft{draft_layers} k={k} forced right: {dr['vs_upper_bound']:.2f}x of the upper bound at "
-                     f"the same k and length (acceptance {dr['accepted']}/{dr['proposed']} vs "
-                     f"{ub['accepted']}/{ub['proposed']}; goal >= 0.90x)")
+            beside_upper_bound(dr, ub, f"draft{draft_layers} k={k} forced right", emit, "; goal >= 0.90x")
         for k in ks if d and "draft_backoff" in groups else ():
             for b in (0, backoff):
                 one(f"draft{draft_layers} k={k}{f' backoff {b}' if b else ''} ({osl} tok)",
@@ -375,10 +371,16 @@ def self_draft_rows(model, ks, base: dict, n_req: int, osl: int, one, emit) -> N
                      osl_=osl, own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
             sd = one(f"self-draft k={k} ({osl} tok)", "self_draft", SpecConfig(k, ProposerConfig("draft", model=d)),
                      osl_=osl)
-            if ub is not None and sd is not None:
-                sd["vs_upper_bound"] = sd["tok_s"] / ub["tok_s"]
-                emit(f"spec self-draft k={k}: {sd['vs_upper_bound']:.2f}x of the upper bound at the same k and length "
-                     f"(acceptance {sd['accepted']}/{sd['proposed']} vs {ub['accepted']}/{ub['proposed']})")
+            beside_upper_bound(sd, ub, f"self-draft k={k}", emit)
+
+
+def beside_upper_bound(r: dict | None, ub: dict | None, label: str, emit, note: str = "") -> None:
+    """Row r's tok/s as a ratio to the upper bound's at the same k and length (r["vs_upper_bound"]), printed."""
+    if r is None or ub is None:
+        return
+    r["vs_upper_bound"] = r["tok_s"] / ub["tok_s"]
+    emit(f"spec {label}: {r['vs_upper_bound']:.2f}x of the upper bound at the same k and length (acceptance "
+         f"{r['accepted']}/{r['proposed']} vs {ub['accepted']}/{ub['proposed']}{note})")
 
 
 def smoke_model(triton: bool = False):
