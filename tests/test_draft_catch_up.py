@@ -1,7 +1,7 @@
-"""The draft proposer's catch-up through the decode graphs (fastpath/engine/draft.py): a short catch-up (the accepted
-drafts and the bonus) runs as decode-graph replays instead of a packed prefill, and proposes exactly what the prefill
-catch-up proposes, and what a draft state built from scratch on the accepted tokens proposes, under every acceptance
-pattern; the engine with it keeps the oracle's log on the shipped draft trace."""
+"""The draft proposer's catch-up through its graphs (fastpath/engine/draft.py): a short catch-up (the accepted
+drafts and the bonus) runs as one decode-graph replay or one catch-up forward instead of a packed prefill, and
+proposes exactly what the prefill catch-up proposes, and what a draft state built from scratch on the accepted tokens
+proposes, under every acceptance pattern; the engine with it keeps the oracle's log on the shipped draft trace."""
 from __future__ import annotations
 
 import os
@@ -98,6 +98,7 @@ def _drive(model: FastModel, steps: int, seed: int, props: dict[str, DraftModel]
                 seen["room_lt_k_continued"] += 1
         seen["mixed_lengths"] += len(news) > 1
     seen["catch_ups"] = dict(props["graph"].catch_ups)
+    seen["forward_widths"] = sorted({w for _, w in props["graph"].catch_up.runs})
     return seen
 
 
@@ -111,6 +112,7 @@ def test_graph_catch_up_proposes_what_the_prefill_catch_up_and_a_fresh_state_pro
     assert seen["passes"] >= 12 and seen["finished"] >= 4 and seen["slot_reused"] >= 2, seen
     assert seen["mixed_lengths"] >= 3 and seen["room_lt_k_continued"] >= 1, seen
     assert seen["catch_ups"]["graph"] >= 20 and seen["catch_ups"]["prefill"] >= 7, seen
+    assert seen["forward_widths"] == [2, 3, 4], seen          # catch-ups of 2..k+1 tokens: one forward each
 
 
 def test_graph_catch_up_on_the_triton_kernels_proposes_what_the_prefill_catch_up_proposes():

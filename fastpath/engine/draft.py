@@ -6,11 +6,11 @@ since the previous pass, drafts on from there, and undoes the drafting from a sn
 
 With decode graphs (the engine's `graphs` or `pad_decode`) a short catch-up (1..k+1 new tokens: the accepted drafts
 and the bonus, the decode loop's usual case; after a backoff pause of B steps up to max(k+1, REPLAY_MAX) tokens) runs
-as one decode-graph replay per token, right-aligned across rows
-(row r's n_r tokens in the last n_r replays, slot -1 before), so the last replay's greedy tokens are every row's
-first draft; the first catch-up after a prompt (long) runs as an eager packed prefill of every row. Drafts 2..k are
-further replays reading the tokens the replay before sampled. Positions and slots go up from pinned stage slices, one
-per replay of a pass: no host read until the caller wants the drafts (propose) or none at all (propose_device).
+as one forward: a single new token per row is one decode-graph replay; more is one catch-up forward
+(fastpath/engine/catch_up.py: rows right-aligned over 2..W positions, the LM head on the last only), whose greedy
+tokens are every row's first draft. The first catch-up after a prompt (long) runs as an eager packed prefill of every
+row. Drafts 2..k are decode replays reading the tokens the replay before sampled. Positions and slots go up from
+pinned stage slices: no host read until the caller wants the drafts (propose) or none at all (propose_device).
 """
 from __future__ import annotations
 
@@ -29,7 +29,13 @@ from .bank import StateBank
 from .packing import Piece, backend_kw, pack
 
 
-REPLAY_MAX = 16     # docs/performance.md: a replay ~0.27 ms a token vs ~5 ms for an eager prefill (anchor-3b, H100)
+REPLAY_MAX = 16     # widest catch-up forward; docs/performance.md: ~5 ms for an eager prefill (anchor-3b, H100)
+
+
+def catch_up_width(k: int, backoff: int) -> int:
+    """The longest catch-up through the graphs: k+1 (the decode loop's), after a backoff pause up to REPLAY_MAX (a
+    longer catch-up is one packed prefill, a flat host cost)."""
+    return min(k + 1 + backoff, max(k + 1, REPLAY_MAX))
 
 
 @dataclass
@@ -85,11 +91,10 @@ class DraftModel:
     each phase boundary (benchmarks only)."""
 
     def __init__(self, model, R: int, max_len: int, graphs: str | None = None, k: int = 1, backoff: int = 0):
+        from .catch_up import CatchUp
         from .graphs import DecodeGraphs
         self.model, self.R, self.k = model, R, k
-        # longest catch-up through replays: k+1 (the decode loop's), after a backoff pause up to REPLAY_MAX (each
-        # replay runs the draft's LM head; a longer catch-up is one packed prefill, a flat host cost)
-        self.replay_max = min(k + 1 + backoff, max(k + 1, REPLAY_MAX))
+        self.replay_max = catch_up_width(k, backoff)
         self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
         self.snap = Snapshot(self.bank, R)
         self.seen: dict[str, int] = {}            # request -> tokens its draft state covers
@@ -102,9 +107,15 @@ class DraftModel:
             host = types.SimpleNamespace(model=model, bank=self.bank, device=model.device, R=R,
                                          sampled=torch.zeros(R, dtype=torch.int64, device=model.device))
             self.graphs = DecodeGraphs(host, capture=graphs == "capture")
+            self.catch_up = CatchUp(model, self.bank, R, self.replay_max, graphs == "capture")
             self.slice = 3 * R                     # a replay's positions, slots (bucket <= R) and ids
-            self.stage = torch.zeros((self.replay_max + k) * self.slice, dtype=torch.int64,
-                                     pin_memory=model.device.type == "cuda")
+            self.stage = torch.zeros(k * self.slice, dtype=torch.int64, pin_memory=model.device.type == "cuda")
+
+    def capture_all(self) -> None:
+        """Capture every decode and catch-up bucket of the draft now (benchmarks: no capture inside a timed run)."""
+        if self.graphs is not None:
+            self.graphs.capture_all()
+            self.catch_up.capture_all()
 
     def propose(self, rows: list[DraftRow]) -> dict[str, list[int]]:
         """Each row's `room` greedy drafts after catching its draft state up (one host read at the end)."""
@@ -123,9 +134,12 @@ class DraftModel:
         self.seen = {r.rid: len(r) for r in rows}
         short = (g is not None and self.short_catch_up
                  and all(s > 0 and 1 <= len(r) - s <= self.replay_max for r, s in zip(rows, starts)))
-        if short:
-            n = self._replay_catch_up(rows, starts)
-            first = g.tok[:S]
+        in_tok = short and all(len(r) - s == 1 for r, s in zip(rows, starts))
+        if in_tok:                                 # one token a row: one decode replay, its tokens in g.tok
+            g.run(starts, [r.slot for r in rows], [r.tail(s)[0] for r, s in zip(rows, starts)], self.stage[:self.slice])
+            n, first = 1, g.tok[:S]
+        elif short:
+            n, first = 0, self.catch_up.run([r.tail(s) for r, s in zip(rows, starts)], starts, [r.slot for r in rows])
         else:
             n, first = 0, self._prefill_catch_up(rows, starts)
         self.catch_ups["graph" if short else "prefill"] += S
@@ -136,7 +150,7 @@ class DraftModel:
         if kmax > 1:
             self.snap.save([r.slot for r in rows])
             if g is not None:
-                if not short:
+                if not in_tok:
                     g.tok[:S].copy_(first)
                 self._graph_steps(rows, kmax, out, n)
             else:
@@ -145,22 +159,6 @@ class DraftModel:
             self.snap.restore()
             self._tick("restore", t2)
         return out
-
-    def _replay_catch_up(self, rows: list[DraftRow], starts: list[int]) -> int:
-        """Every row's new tokens through the decode buckets, right-aligned (row r's n_r tokens in the last n_r
-        replays, slot -1 before them); the greedy tokens of the last replay are the first drafts. Returns the
-        replays run (stage slices used)."""
-        new = [r.tail(s) for r, s in zip(rows, starts)]
-        N = max(len(x) for x in new)
-        for i in range(N):
-            pos, slot, ids = [], [], []
-            for r, s, x in zip(rows, starts, new):
-                j = i - (N - len(x))
-                pos.append(s + j if j >= 0 else 0)
-                slot.append(r.slot if j >= 0 else -1)
-                ids.append(x[j] if j >= 0 else 0)
-            self.graphs.run(pos, slot, ids, self.stage[i * self.slice:(i + 1) * self.slice])
-        return N
 
     def _prefill_catch_up(self, rows: list[DraftRow], starts: list[int]) -> Tensor:
         """Every row's new tokens as one packed prefill (a piece from position 0 starts from no state); the greedy

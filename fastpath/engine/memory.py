@@ -70,8 +70,9 @@ def predict(engine, step_tokens: int | None = None) -> dict[str, int]:
         parts = spec_bytes(engine.config, engine.ec, engine.bank.max_len, engine.model.dtype,
                            replay=sp.runner.replaying, padded=sp.runner.padded,
                            device_drafts=sp.device_drafts is not None, draft=sp.draft.model.config if sp.draft is not None else None)
+        graphed = sp.draft.model.config if sp.draft is not None and sp.draft.graphs is not None else None
         out["activations"] = max(out["activations"], verify_activation_bytes(engine.config, engine.ec,
-                                                                                engine.model.dtype))
+                                                                                engine.model.dtype, graphed))
         out["speculative"] = sum(parts.values())
     out["total"] = sum(out.values())
     return out
@@ -82,10 +83,17 @@ def _state_elems(c) -> int:
     return c.conv_dim * (c.mamba_d_conv - 1) + c.mamba_n_heads * c.mamba_head_dim * c.mamba_d_state
 
 
-def verify_activation_bytes(config, ec, dtype: torch.dtype) -> int:
-    """Activations of the largest verify step: R*(k+1) tokens, logits at every one."""
-    T = ec.max_requests * (ec.speculative.k + 1)
-    return activation_bytes(config, T, dtype, sequences=T)
+def verify_activation_bytes(config, ec, dtype: torch.dtype, draft=None) -> int:
+    """Activations of the largest verify step: R*(k+1) tokens, logits at every one; with `draft` (its HybridConfig,
+    decode graphs on) at least the draft's widest catch-up forward: R*W tokens, logits at the last position of each
+    row (fastpath/engine/catch_up.py)."""
+    from .draft import catch_up_width
+    sp, R = ec.speculative, ec.max_requests
+    T = R * (sp.k + 1)
+    out = activation_bytes(config, T, dtype, sequences=T)
+    if draft is not None:
+        out = max(out, activation_bytes(draft, R * catch_up_width(sp.k, sp.backoff), dtype, sequences=R))
+    return out
 
 
 def spec_bytes(config, ec, max_len: int, dtype: torch.dtype, replay: bool = False, padded: bool = False,
@@ -203,7 +211,7 @@ def _check_spec_fits(config, ec, max_len: int, dtype, device, replay: bool, padd
         from oracle.speculative import model_path
         draft = from_hf_config(model_path(ec.speculative))
     parts = spec_bytes(config, ec, max_len, dtype, replay, padded, draft, device_drafts)
-    v_act = verify_activation_bytes(config, ec, dtype)
+    v_act = verify_activation_bytes(config, ec, dtype, draft if padded else None)
     need = bank + max(act, v_act) + sum(parts.values())
     if need > have:
         what = ", ".join(f"{k} {_gib(v)}" for k, v in parts.items())

@@ -115,6 +115,13 @@ class VerifyBatch:
 def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,
                    log: InputLog | None = None) -> Tensor:
     """FastModel.forward's layer loop over a verify batch with sequential mixers; logits [w*nb, V] at every token."""
+    return model._logits(verify_hidden(model, vb, bank, snaps, log))
+
+
+def verify_hidden(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,
+                  log: InputLog | None = None) -> Tensor:
+    """verify_forward up to the LM head: the final-normed hidden states [w*nb, hidden] (the draft's catch-up takes
+    the head of its last position only: fastpath/engine/catch_up.py)."""
     c, w = model.config, model.w
     h = F.embedding(vb.ids, w["embed.weight"])
     if c.embedding_multiplier != 1.0:
@@ -131,7 +138,7 @@ def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnaps
             p = f"layers.{i}."
             out = model.mlp(u, p + "mlp.") if spec.ffn == "mlp" else model.moe(u, p + "moe.")
     _, h = model._add_norm(h, out, "final_norm.weight")
-    return model._logits(h)
+    return h
 
 
 def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,

@@ -96,6 +96,8 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
         draft.short_catch_up = not eager_catch_up
     if eng.spec is not None:
         eng.spec.runner.capture_all()
+    if draft is not None:
+        draft.capture_all()
     table = {}
     if force:
         table.update(script(own).proposer.table())
