@@ -75,8 +75,8 @@ def test_predicted_speculative_scratch_equals_what_the_engine_allocates(fast, pr
     assert got["speculative"] == sum(parts.values())
     assert got["activations"] >= memory.verify_activation_bytes(model.config, trace.engine, model.dtype)
     if sp.draft is not None:                       # and the draft's widest catch-up forward (R*W tokens)
-        catch_up = memory.activation_bytes(sp.draft.model.config, R * sp.draft.replay_max, model.dtype, sequences=R)
-        assert got["activations"] >= catch_up and sp.draft.catch_up.widths[-1] == sp.draft.replay_max
+        catch_up = memory.activation_bytes(sp.draft.model.config, R * sp.draft.catch_up_max, model.dtype, sequences=R)
+        assert got["activations"] >= catch_up and sp.draft.catch_up.widths[-1] == sp.draft.catch_up_max
     plain = memory.predict(Engine(model, _trace(None).engine, max_len=16))
     assert "speculative" not in plain and got["total"] > plain["total"]
 

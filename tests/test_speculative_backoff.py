@@ -160,24 +160,35 @@ def test_device_drafts_with_backoff_keep_the_oracles_log(models, proposer):
 
 def test_catch_up_after_a_pause_runs_through_the_draft_decode_graphs(models):
     """pad_decode (the decode graphs' shapes, eager on CPU): the catch-up after a pause of up to B steps (k + 1 + B
-    new tokens at most, within REPLAY_MAX) runs as decode replays, not as a packed prefill; only each request's
-    first pass (its prompt) is a prefill; log and tokens == the oracle's."""
+    new tokens at most, within catch_up_width) runs through the draft's graphs (a decode replay or one catch-up
+    forward), not as a packed prefill; only each request's first pass (its prompt) is a prefill; log and tokens ==
+    the oracle's."""
     oracle_model, fast = models
     trace = _trace({"kind": "draft", "model": "goldens/models/zoo-mamba2"}, backoff=4)
     eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=48, pad_decode=True)
     got = eng.run_trace(trace, "legacy")
     want = oracle_run(oracle_model, trace)
     assert got.schedule_log.to_json() == want.schedule_log.to_json() and got.tokens == want.tokens
-    assert eng.spec.draft.replay_max == K + 1 + 4                  # k + 1 + B <= REPLAY_MAX: every pause
+    assert eng.spec.draft.catch_up_max == K + 1 + 4                  # k + 1 + B <= CATCH_UP_MAX: every pause
     c = eng.spec.draft.catch_ups
     assert c["prefill"] <= 2 + 1 and c["graph"] > 2 * c["prefill"], c    # prompts (+ one pass joining a prefill)
 
 
-def test_a_catch_up_longer_than_replay_max_is_one_packed_prefill(models):
-    """backoff 40, one request of 44 tokens: verify at output lengths 1, 3, 6, 11, 20, 37; the catch-ups after the
-    pauses of up to 8 steps (at most REPLAY_MAX = 16 new tokens) are replays, the one after the 16-step pause (17
-    new tokens) a packed prefill (with the prompt's: 2); log == the oracle's."""
-    from fastpath.engine.draft import REPLAY_MAX
+def test_catch_up_width_is_k_plus_1_plus_backoff_within_the_width_and_token_caps():
+    """catch_up_width(k, B, R) = min(k+1+B, max(k+1, min(CATCH_UP_MAX, CATCH_UP_TOKENS // R))), values by hand."""
+    from fastpath.engine.draft import CATCH_UP_MAX, CATCH_UP_TOKENS, catch_up_width
+    assert (CATCH_UP_MAX, CATCH_UP_TOKENS) == (64, 2048)
+    cases = {(2, 0, 1): 3, (2, 4, 1): 7, (2, 61, 1): 64, (2, 64, 1): 64, (2, 100, 1): 64, (2, 64, 64): 32,
+             (2, 64, 256): 8, (8, 64, 1024): 9, (1, 3, 2048): 2}
+    assert {key: catch_up_width(*key) for key in cases} == cases
+
+
+def test_a_catch_up_longer_than_catch_up_max_is_one_packed_prefill(models, monkeypatch):
+    """CATCH_UP_MAX at 16, backoff 40, one request of 44 tokens: verify at output lengths 1, 3, 6, 11, 20, 37; the
+    catch-ups after the pauses of up to 8 steps (at most 16 new tokens) go through the graphs, the one after the
+    16-step pause (17 new tokens) is a packed prefill (with the prompt's: 2); log == the oracle's."""
+    from fastpath.engine import draft
+    monkeypatch.setattr(draft, "CATCH_UP_MAX", 16)
     oracle_model, fast = models
     t = json.loads(json.dumps(BASE))
     t["requests"] = [dict(t["requests"][0], max_new_tokens=44)]
@@ -187,7 +198,7 @@ def test_a_catch_up_longer_than_replay_max_is_one_packed_prefill(models):
     eng = Engine(fast.with_options(backend="torch"), trace.engine, max_len=64, pad_decode=True)
     got = eng.run_trace(trace, "legacy")
     assert got.schedule_log.to_json() == oracle_run(oracle_model, trace).schedule_log.to_json()
-    assert eng.spec.draft.replay_max == REPLAY_MAX == 16
+    assert eng.spec.draft.catch_up_max == 16 and eng.spec.draft.catch_up.widths == [2, 3, 5, 9, 16]
     assert _verify_lengths(got, "a") == [1, 3, 6, 11, 20, 37]
     assert eng.spec.draft.catch_ups == {"graph": 4, "prefill": 2}
 

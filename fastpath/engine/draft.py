@@ -5,7 +5,7 @@ request's draft state covers exactly the tokens the engine has accepted; a pass 
 since the previous pass, drafts on from there, and undoes the drafting from a snapshot taken after the catch-up.
 
 With decode graphs (the engine's `graphs` or `pad_decode`) a short catch-up (1..k+1 new tokens: the accepted drafts
-and the bonus, the decode loop's usual case; after a backoff pause of B steps up to max(k+1, REPLAY_MAX) tokens) runs
+and the bonus, the decode loop's usual case; after a backoff pause of B steps up to catch_up_width's tokens) runs
 as one forward: a single new token per row is one decode-graph replay; more is one catch-up forward
 (fastpath/engine/catch_up.py: rows right-aligned over 2..W positions, the LM head on the last only), whose greedy
 tokens are every row's first draft. The first catch-up after a prompt (long) runs as an eager packed prefill of every
@@ -29,13 +29,14 @@ from .bank import StateBank
 from .packing import Piece, backend_kw, pack
 
 
-REPLAY_MAX = 16     # widest catch-up forward; docs/performance.md: ~5 ms for an eager prefill (anchor-3b, H100)
+CATCH_UP_MAX = 64         # widest catch-up forward (its positions step one by one: ~6 us a position and Mamba layer)
+CATCH_UP_TOKENS = 2048    # ... and at most this many tokens over the rows (its activations; k+1 a row always fits)
 
 
-def catch_up_width(k: int, backoff: int) -> int:
-    """The longest catch-up through the graphs: k+1 (the decode loop's), after a backoff pause up to REPLAY_MAX (a
-    longer catch-up is one packed prefill, a flat host cost)."""
-    return min(k + 1 + backoff, max(k + 1, REPLAY_MAX))
+def catch_up_width(k: int, backoff: int, R: int) -> int:
+    """The longest catch-up through the graphs for R rows: k+1 (the decode loop's), after a backoff pause up to
+    CATCH_UP_MAX and CATCH_UP_TOKENS / R (a longer catch-up is one packed prefill, a flat host cost of ~6 ms)."""
+    return min(k + 1 + backoff, max(k + 1, min(CATCH_UP_MAX, CATCH_UP_TOKENS // R)))
 
 
 @dataclass
@@ -94,7 +95,7 @@ class DraftModel:
         from .catch_up import CatchUp
         from .graphs import DecodeGraphs
         self.model, self.R, self.k = model, R, k
-        self.replay_max = catch_up_width(k, backoff)
+        self.catch_up_max = catch_up_width(k, backoff, R)
         self.bank = StateBank(model.config, R, max_len, model.device, kv_dtype=model.dtype)
         self.snap = Snapshot(self.bank, R)
         self.seen: dict[str, int] = {}            # request -> tokens its draft state covers
@@ -107,7 +108,7 @@ class DraftModel:
             host = types.SimpleNamespace(model=model, bank=self.bank, device=model.device, R=R,
                                          sampled=torch.zeros(R, dtype=torch.int64, device=model.device))
             self.graphs = DecodeGraphs(host, capture=graphs == "capture")
-            self.catch_up = CatchUp(model, self.bank, R, self.replay_max, graphs == "capture")
+            self.catch_up = CatchUp(model, self.bank, R, self.catch_up_max, graphs == "capture")
             self.slice = 3 * R                     # a replay's positions, slots (bucket <= R) and ids
             self.stage = torch.zeros(k * self.slice, dtype=torch.int64, pin_memory=model.device.type == "cuda")
 
@@ -133,7 +134,7 @@ class DraftModel:
         starts = [self.seen.get(r.rid, 0) for r in rows]
         self.seen = {r.rid: len(r) for r in rows}
         short = (g is not None and self.short_catch_up
-                 and all(s > 0 and 1 <= len(r) - s <= self.replay_max for r, s in zip(rows, starts)))
+                 and all(s > 0 and 1 <= len(r) - s <= self.catch_up_max for r, s in zip(rows, starts)))
         in_tok = short and all(len(r) - s == 1 for r, s in zip(rows, starts))
         if in_tok:                                 # one token a row: one decode replay, its tokens in g.tok
             g.run(starts, [r.slot for r in rows], [r.tail(s)[0] for r, s in zip(rows, starts)], self.stage[:self.slice])

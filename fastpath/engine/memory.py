@@ -92,7 +92,7 @@ def verify_activation_bytes(config, ec, dtype: torch.dtype, draft=None) -> int:
     T = R * (sp.k + 1)
     out = activation_bytes(config, T, dtype, sequences=T)
     if draft is not None:
-        out = max(out, activation_bytes(draft, R * catch_up_width(sp.k, sp.backoff), dtype, sequences=R))
+        out = max(out, activation_bytes(draft, R * catch_up_width(sp.k, sp.backoff, R), dtype, sequences=R))
     return out
 
 
