@@ -177,9 +177,9 @@ def test_catch_up_after_a_pause_runs_through_the_draft_decode_graphs(models):
 def test_catch_up_width_is_k_plus_1_plus_backoff_within_the_width_and_token_caps():
     """catch_up_width(k, B, R) = min(k+1+B, max(k+1, min(CATCH_UP_MAX, CATCH_UP_TOKENS // R))), values by hand."""
     from fastpath.engine.draft import CATCH_UP_MAX, CATCH_UP_TOKENS, catch_up_width
-    assert (CATCH_UP_MAX, CATCH_UP_TOKENS) == (64, 2048)
-    cases = {(2, 0, 1): 3, (2, 4, 1): 7, (2, 61, 1): 64, (2, 64, 1): 64, (2, 100, 1): 64, (2, 64, 64): 32,
-             (2, 64, 256): 8, (8, 64, 1024): 9, (1, 3, 2048): 2}
+    assert (CATCH_UP_MAX, CATCH_UP_TOKENS) == (128, 2048)
+    cases = {(2, 0, 1): 3, (2, 4, 1): 7, (2, 64, 1): 67, (2, 125, 1): 128, (2, 200, 1): 128, (2, 64, 16): 67,
+             (2, 64, 64): 32, (2, 64, 256): 8, (8, 64, 1024): 9, (1, 3, 2048): 2}
     assert {key: catch_up_width(*key) for key in cases} == cases
 
 

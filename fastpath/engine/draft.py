@@ -29,7 +29,7 @@ from .bank import StateBank
 from .packing import Piece, backend_kw, pack
 
 
-CATCH_UP_MAX = 64         # widest catch-up forward (its positions step one by one: ~6 us a position and Mamba layer)
+CATCH_UP_MAX = 128        # widest catch-up forward (its positions step one by one: ~6 us a position and Mamba layer)
 CATCH_UP_TOKENS = 2048    # ... and at most this many tokens over the rows (its activations; k+1 a row always fits)
 
 
