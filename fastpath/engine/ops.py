@@ -17,11 +17,13 @@ from fastpath.kernels.attention import attention_prefill_plan  # noqa: F401  (re
 from fastpath.kernels.attention import attention_prefill_varlen as _attn_prefill
 from fastpath.kernels.attention_decode import attention_decode as _attn_decode
 from fastpath.kernels.conv1d import causal_conv1d_varlen as _conv_varlen, conv1d_step as _conv_step
+from fastpath.kernels.conv1d_steps import conv1d_steps as _conv_steps
 from fastpath.kernels.gated_norm import rms_norm_gated as _rms_norm_gated
 from fastpath.kernels.rope import rope as _rope
 from fastpath.kernels.sampling import greedy_sample as _greedy_sample
 from fastpath.kernels.ssd import ssd_chunk_table as _ssd_chunk_table, ssd_varlen as _ssd_varlen
 from fastpath.kernels.ssm_step import ssm_step as _ssm_step
+from fastpath.kernels.ssm_steps import ssm_steps as _ssm_steps
 from fastpath.options import BACKENDS  # noqa: F401  (re-exported: the backend names)
 
 from . import torch_ops
@@ -53,6 +55,19 @@ def conv1d_step(x, weight, bias, conv_bank, slot, silu=True, out=None, backend="
     return _into(out, F.silu(y.float()).to(x.dtype) if silu else y)
 
 
+def conv1d_steps(x, weight, bias, conv_bank, slot, silu=True, out=None, backend="triton", snap=None):
+    """W decode convs per row in one launch (see fastpath.kernels.conv1d_steps.conv1d_steps): x [W,R,D], slot
+    [W,R], snap [W-1,R,D,K-1]; the torch backend runs conv1d_step position by position."""
+    if backend == "triton":
+        return _conv_steps(x, weight, bias, conv_bank, slot, silu=silu, out=out, snap=snap)
+    if out is None:
+        out = torch.empty_like(x)
+    for j in range(x.shape[0]):
+        conv1d_step(x[j], weight, bias, conv_bank, slot[j], silu=silu, out=out[j], backend=backend,
+                    snap=snap[j] if snap is not None and j < x.shape[0] - 1 else None)
+    return out
+
+
 def causal_conv1d_varlen(x, weight, bias, conv_bank, cu_seqlens, slot, has_initial_state, silu=True, out=None,
                          validate=True, backend="triton", tok_seq=None):
     """Prefill conv (see fastpath.kernels.conv1d.causal_conv1d_varlen)."""
@@ -71,6 +86,20 @@ def ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=None, dt_limit=(0.0, 
         return _ssm_step(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, z=z, dt_limit=dt_limit, out=out, snap=snap)
     y = torch_ops.ssm_step(x, _dt(dt, dt_bias, dt_limit), A, B, C, D, ssm_bank, slot, snap=snap)
     return _into(out, y)
+
+
+def ssm_steps(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, dt_limit=(0.0, math.inf), out=None, backend="triton",
+              snap=None):
+    """W decode state updates per row in one launch (see fastpath.kernels.ssm_steps.ssm_steps): x [W,R,H,P], slot
+    [W,R], snap [W-1,R,H,P,N]; the torch backend runs ssm_step position by position."""
+    if backend == "triton":
+        return _ssm_steps(ssm_bank, x, dt, A, B, C, D, dt_bias, slot, dt_limit=dt_limit, out=out, snap=snap)
+    if out is None:
+        out = torch.empty_like(x)
+    for j in range(x.shape[0]):
+        ssm_step(ssm_bank, x[j], dt[j], A, B[j], C[j], D, dt_bias, slot[j], dt_limit=dt_limit, out=out[j],
+                 backend=backend, snap=snap[j] if snap is not None and j < x.shape[0] - 1 else None)
+    return out
 
 
 def ssd_chunk_table(cu_seqlens, start_pos, chunk_size, device, slot=None, n_slots=None, backend="triton",

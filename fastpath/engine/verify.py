@@ -2,9 +2,10 @@
 
 A verify batch is nb rows x w positions, laid out position-major: token t = j*nb + r is row r's input j at position
 pos_r + j. Every projection, norm and MLP runs once over all T = nb*w tokens (one pass over the weights); each Mamba
-layer runs the decode-step kernels (conv1d_step, ssm_step) position by position on the slot, and at position
-j < w-1 those kernels also store each live row's new conv window and SSM state into scratch snapshot j (per-position
-snapshots, from the registers that write the bank: no copy kernel); attention
+layer runs the decode steps of all w positions in one launch each (conv1d_steps, ssm_steps: the bits of w
+conv1d_step / ssm_step calls, the SSM state kept in registers across positions), and after each position
+j < w-1 those kernels also store each live row's new conv window and SSM state into scratch snapshot j
+(per-position snapshots, the bank's bits: no copy kernel); attention
 runs attention_decode position by position (position j's K/V is written before position j+1 reads it). A row's
 positions past its own m drafts, and padding rows, carry slot -1: no kernel reads or writes their state. So after
 the forward each slot holds the state after its last real input, and a row that accepted a < m drafts only needs
@@ -60,6 +61,10 @@ class PositionSnapshots:
         each live row's new window and state there as they write the bank (no copy kernel). A row's position j is
         live up to its own last input, and rollback only restores positions before it."""
         return self.conv[m, j, :n], self.ssm[m, j, :n]
+
+    def position_views(self, m: int, w: int, n: int) -> tuple[Tensor, Tensor]:
+        """(conv, ssm) snapshots [w, n, ...] of Mamba layer index m after positions 0..w-1 (views)."""
+        return self.conv[m, :w, :n], self.ssm[m, :w, :n]
 
     def restore(self, j: int, r: int, slot: int) -> None:
         """bank[:, slot] := snapshot[:, j, r]: row r's state after its input j, in every Mamba layer."""
@@ -143,8 +148,9 @@ def verify_hidden(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapsh
 
 def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,
            log: InputLog | None = None) -> Tensor:
-    """FastModel.mamba with the conv and SSM updates as w decode steps, snapshots after positions 0..w-2 (or, for
-    the replay rollback, the pre-verify state and the inputs logged first)."""
+    """FastModel.mamba with the conv and SSM updates as w decode steps (one conv1d_steps and one ssm_steps launch:
+    bits of w conv1d_step / ssm_step calls), snapshots after positions 0..w-2 (or, for the replay rollback, the
+    pre-verify state and the inputs logged first)."""
     c, p, nb, be = model.config, f"layers.{i}.mamba.", vb.nb, model.backend
     conv_w, conv_b = model.w[p + "conv1d.weight"], model.w.get(p + "conv1d.bias")
     zxbcdt = model._linear(u, p + "in_proj")
@@ -155,13 +161,13 @@ def _mamba(model, i: int, u: Tensor, vb: VerifyBatch, bank: StateBank, snaps: Po
     A, D, dt_bias, m = model.A[i], model.w[p + "D"], model.w[p + "dt_bias"], bank.mamba_index[i]
     if log is not None:
         log.save(m, vb.src, xBC, dt)
-    for j in range(vb.w):
-        s = slice(j * nb, (j + 1) * nb)
-        sc, ss = snaps.views(m, j, nb) if snaps is not None and j < vb.w - 1 else (None, None)
-        ops.conv1d_step(xBC[s], conv_w, conv_b, bank.conv(i), vb.slot[j], out=xbc[s], backend=be, snap=sc)
-        x, B, C = torch.split(xbc[s], [c.d_inner, G * N, G * N], dim=-1)
-        ops.ssm_step(bank.ssm(i), x.reshape(nb, H, P), dt[s], A, B.reshape(nb, G, N), C.reshape(nb, G, N), D,
-                     dt_bias, vb.slot[j], dt_limit=c.dt_limit, out=y[s], backend=be, snap=ss)
+    w = vb.w
+    sc, ss = snaps.position_views(m, w - 1, nb) if snaps is not None and w > 1 else (None, None)
+    ops.conv1d_steps(xBC.view(w, nb, c.conv_dim), conv_w, conv_b, bank.conv(i), vb.slot,
+                     out=xbc.view(w, nb, c.conv_dim), backend=be, snap=sc)
+    x, B, C = torch.split(xbc, [c.d_inner, G * N, G * N], dim=-1)
+    ops.ssm_steps(bank.ssm(i), x.view(w, nb, H, P), dt.view(w, nb, H), A, B.view(w, nb, G, N), C.view(w, nb, G, N),
+                  D, dt_bias, vb.slot, dt_limit=c.dt_limit, out=y.view(w, nb, H, P), backend=be, snap=ss)
     y = model._gated_norm(y.reshape(T, c.d_inner), z, model.w[p + "norm.weight"])
     return model._linear(y, p + "out_proj")
 

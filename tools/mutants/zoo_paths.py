@@ -5,6 +5,7 @@ ENGINE, ROWS, MODEL = "fastpath/engine/engine.py", "fastpath/engine/rows.py", "f
 GRAPHS, TORCH_OPS = "fastpath/engine/graphs.py", "fastpath/engine/torch_ops.py"
 ORACLE_SCHED = "oracle/scheduler.py"
 K = "fastpath/kernels/"
+OPS = "fastpath/engine/ops.py"
 PC, BANK, ORACLE_PC = "fastpath/engine/prefix_cache.py", "fastpath/engine/bank.py", "oracle/prefix_cache.py"
 SPEC, ORACLE_SPEC, VERIFY = "fastpath/engine/speculative.py", "oracle/speculative.py", "fastpath/engine/verify.py"
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hybridqual.mutants.runner import Mutant
-from hybridqual.mutants.zoo_paths import (ENGINE, ROWS, PC, SPEC, VERIFY, T_ROWS, T_SPEC_STATE, T_TAILS, T_COBATCH,
+from hybridqual.mutants.zoo_paths import (ENGINE, K, OPS, ROWS, PC, SPEC, T_ROWS, T_SPEC_STATE, T_TAILS, T_COBATCH,
                                          T_PC_LRU, T_SPEC_ACCEPT)
 from hybridqual.mutants.zoo_spec import _RESTORE           # the rollback's restore line, as zoo_spec patches it
 
@@ -92,12 +92,22 @@ PUBLIC_REPORTS: list[Mutant] = [
            "                samples.append(i <= a and (i < a or a < len(b.proposals)))\n",
            (T_SPEC_ACCEPT,)),
     Mutant("spec_no_snapshot_last_draft", "speculative rollback",
-           "the verify forward keeps no snapshot after the last draft position (only after positions 0..w-3), so a "
-           "row of full width rejected at its last draft is restored from a stale snapshot; a defect that passed "
-           "qualify before spec_accept",
-           VERIFY, "        sc, ss = snaps.views(m, j, nb) if snaps is not None and j < vb.w - 1 else (None, None)\n",
-           "        sc, ss = snaps.views(m, j, nb) if snaps is not None and j < vb.w - 2 else (None, None)\n",
-           (T_SPEC_ACCEPT, T_SPEC_STATE)),
+           "the verify forward's conv and SSM steps keep no snapshot after the last draft position (only after "
+           "positions 0..w-3), so a row of full width rejected at its last draft is restored from a stale snapshot; "
+           "a defect that passed qualify before spec_accept",
+           K + "ssm_steps.py", "                     mask=m3 & live & (j < W - 1))\n",
+           "                     mask=m3 & live & (j < W - 2))\n",
+           (T_SPEC_ACCEPT, T_SPEC_STATE),
+           more=((K + "conv1d_steps.py", "            ms = tl.where(j < W - 1, ml, False)",
+                  "            ms = tl.where(j < W - 2, ml, False)"),
+                 (OPS, "dt_limit=dt_limit, out=out[j],\n                 backend=backend, snap=snap[j] if snap is not "
+                       "None and j < x.shape[0] - 1 else None)",
+                  "dt_limit=dt_limit, out=out[j],\n                 backend=backend, snap=snap[j] if snap is not "
+                  "None and j < x.shape[0] - 2 else None)"),
+                 (OPS, "backend=backend,\n                    snap=snap[j] if snap is not None and j < x.shape[0] - 1 "
+                       "else None)",
+                  "backend=backend,\n                    snap=snap[j] if snap is not None and j < x.shape[0] - 2 "
+                  "else None)"))),
     Mutant("pc_lru_not_touched_on_hit", "prefix cache",
            "a hit does not update the entry's last use, so LRU evicts by store order: an older entry hit after a newer "
            "store is evicted before the newer one; a defect that passed qualify before prefix_lru",
