@@ -27,6 +27,13 @@ def _slot(dev) -> torch.Tensor:
     return torch.tensor(SLOTS, dtype=torch.int64, device=dev)
 
 
+def _apart(dev) -> None:
+    """Between two reference one-position launches on CUDA: each reads its state before its PDL wait, safe in the
+    engine, where other kernels sit between two steps of a layer, but a race when they run back to back."""
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _ssm_case(dev, dtype, H=4, P=8, N=16, G=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     R = len(SLOTS[0])
@@ -46,6 +53,7 @@ def _ssm_both(dev, dtype, **shape):
     for j in range(W):
         ssm_step(one, c["x"][j], c["dt"][j], c["A"], c["B"][j], c["C"][j], c["D"], c["bias"], slot[j],
                  dt_limit=(0.0, 8.0), out=y1[j], snap=s1[j] if j < W - 1 else None)
+        _apart(dev)
     ssm_steps(many, c["x"], c["dt"], c["A"], c["B"], c["C"], c["D"], c["bias"], slot, dt_limit=(0.0, 8.0), out=y2,
               snap=s2)
     return c, (one, y1, s1), (many, y2, s2)
@@ -73,6 +81,7 @@ def _conv_both(dev, dtype, D=24, K=4, seed=1):
     s1, s2 = torch.full((W - 1, R, D, K - 1), 7.0, device=dev), torch.full((W - 1, R, D, K - 1), 7.0, device=dev)
     for j in range(W):
         conv1d_step(x[j], w, b, one, slot[j], out=y1[j], snap=s1[j] if j < W - 1 else None)
+        _apart(dev)
     conv1d_steps(x, w, b, many, slot, out=y2, snap=s2)
     return bank, (one, y1, s1), (many, y2, s2)
 
