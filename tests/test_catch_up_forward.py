@@ -18,7 +18,7 @@ from fastpath.engine.draft import DraftModel, DraftRow  # noqa: E402
 from fastpath.options import FastOptions  # noqa: E402
 from oracle import zoo  # noqa: E402
 
-R, MAX_LEN, W = 4, 64, 9
+R, MAX_LEN, W = 4, 96, 9
 
 
 def _model(backend: str) -> FastModel:
@@ -26,9 +26,10 @@ def _model(backend: str) -> FastModel:
     return FastModel(cfg, zoo.random_weights(cfg, seed=7), "cpu", torch.float32, FastOptions(backend=backend))
 
 
-def _prefilled(model: FastModel, prompts: list[list[int]], slots: list[int]) -> DraftModel:
-    """A draft whose bank holds each prompt in its slot (one packed prefill), the free slot filled with noise."""
-    d = DraftModel(model, R, MAX_LEN, "eager", k=W - 1)
+def _prefilled(model: FastModel, prompts: list[list[int]], slots: list[int], width: int = W) -> DraftModel:
+    """A draft (widest catch-up `width`) whose bank holds each prompt in its slot (one packed prefill), the free
+    slot filled with noise."""
+    d = DraftModel(model, R, MAX_LEN, "eager", k=width - 1)
     g = torch.Generator().manual_seed(1)
     for t in (d.bank.conv_state, d.bank.ssm_state, d.bank.k_cache, d.bank.v_cache):
         t.copy_(torch.randn(t.shape, generator=g))
@@ -37,21 +38,25 @@ def _prefilled(model: FastModel, prompts: list[list[int]], slots: list[int]) -> 
     return d
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_catch_up_forward_leaves_the_state_and_token_a_packed_prefill_of_the_same_tokens_leaves(backend):
-    """Three rows of 1, 6 and 2 new tokens (width bucket 9, right-aligned, slot -1 before each row's first token) in
-    slots 2, 0, 3: every Mamba layer's conv window and SSM state, the K/V at the new positions and the next greedy
-    token equal the packed prefill's (fp32); slot 1, in no row, is bitwise untouched."""
+@pytest.mark.parametrize("backend,lengths,width,bucket", [("torch", (1, 6, 2), W, 9), ("triton", (1, 6, 2), W, 9),
+                                                          ("torch", (40, 65, 3), 70, 65)],
+                         ids=["torch-9", "triton-9", "torch-65"])
+def test_catch_up_forward_leaves_the_state_and_token_a_packed_prefill_of_the_same_tokens_leaves(backend, lengths,
+                                                                                                  width, bucket):
+    """Three rows of new tokens (1, 6, 2: width bucket 9; 40, 65, 3: bucket 65 of the widths up to 70), right-aligned
+    (slot -1 before each row's first token), in slots 2, 0, 3: every Mamba layer's conv window and SSM state, the
+    K/V at the new positions and the next greedy token equal the packed prefill's (fp32); slot 1, in no row, is
+    bitwise untouched."""
     model = _model(backend)
     rng = random.Random(0)
     V = model.config.vocab_size
     prompts = [[rng.randrange(3, V) for _ in range(n)] for n in (11, 5, 9)]
     slots = [2, 0, 3]
-    new = [[rng.randrange(3, V) for _ in range(n)] for n in (1, 6, 2)]
-    fwd, ref = _prefilled(model, prompts, slots), _prefilled(model, prompts, slots)
+    new = [[rng.randrange(3, V) for _ in range(n)] for n in lengths]
+    fwd, ref = _prefilled(model, prompts, slots, width), _prefilled(model, prompts, slots, width)
     untouched = [t[:, 1].clone() for t in (fwd.bank.conv_state, fwd.bank.ssm_state)]
     tok = fwd.catch_up.run(new, [len(p) for p in prompts], slots)
-    assert fwd.catch_up.runs == {(4, 9): 1}
+    assert fwd.catch_up.runs == {(4, bucket): 1} and fwd.catch_up.widths[-1] == width
     want = ref._prefill_catch_up([DraftRow(f"r{j}", s, p, list(x), 0) for j, (p, s, x) in
                                   enumerate(zip(prompts, slots, new))], [len(p) for p in prompts])
     assert tok.tolist() == want.tolist()
