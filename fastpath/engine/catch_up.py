@@ -16,7 +16,7 @@ from torch import Tensor
 
 from . import ops
 from .bank import StateBank
-from .graphs import buckets, capture
+from .graphs import buckets, warm_capture
 from .verify import VerifyBatch, verify_hidden, width_buckets
 
 
@@ -64,15 +64,7 @@ class CatchUp:
         T = key[0] * key[1]
         saved = meta.clone()
         meta[2 * T:3 * T].fill_(-1)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._body(key)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with capture(g, self.pool):
-            self._body(key)
+        g, _ = warm_capture(lambda: self._body(key), self.pool)
         self.pool = g.pool()
         self.graphs[key] = g
         meta.copy_(saved)

@@ -11,7 +11,8 @@ tokens) from a pinned staging buffer, and the sampled tokens back. The input tok
 greedy tokens written to — the engine's one token buffer `sampled` itself, so an overlapped async step needs no
 device-side copy at all.
 
-Every capture (decode, verify and prefill graphs) goes through `capture()`: Python's cyclic garbage collector is off
+Every capture (decode, verify, draft catch-up and prefill graphs) goes through `capture()` (the warmed-up ones through
+`warm_capture()`, which wraps it): Python's cyclic garbage collector is off
 while a stream captures. torch.cuda.graph no longer collects before a capture (torch >= 2.9: gc.collect() only under
 TORCH_CUDAGRAPH_GC), and a speculative Engine is a reference cycle (Engine.spec <-> Speculator.engine), so an earlier,
 unreachable engine keeps its CUDAGraphs until a collection; one that ran during a capture destroyed them there
@@ -42,6 +43,22 @@ def capture(graph, pool=None):
     finally:
         if was_enabled:
             gc.enable()
+
+
+def warm_capture(body, pool=None):
+    """Every graph's capture: body() twice on a side stream (kernels compiled, the allocator warm), then once
+    captured into a new CUDAGraph in `pool` (capture(): the collector off). Returns (graph, what the captured body
+    returned: its static output, which every replay refills)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with capture(graph, pool):
+        out = body()
+    return graph, out
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -98,15 +115,7 @@ class DecodeGraphs:
         bucket's positions/slots and the token buffer are restored afterwards (the warm-up samples into it)."""
         saved_meta, saved_tok = self.meta[nb].clone(), self.tok.clone()
         self.meta[nb][nb:].fill_(-1)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._body(nb)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with capture(g, self.pool):
-            self._body(nb)
+        g, _ = warm_capture(lambda: self._body(nb), self.pool)
         self.pool = g.pool()
         self.graphs[nb] = g
         self.meta[nb].copy_(saved_meta)

@@ -27,7 +27,7 @@ from torch import Tensor
 from fastpath.kernels.attention import (SPLIT_MAX_QUERIES, AttentionPlan, attention_launch_rule, attention_split_rule,
                                         split_plan)
 
-from .graphs import capture
+from .graphs import warm_capture
 from .packing import pack_step
 from .validate import ArgumentError
 
@@ -185,15 +185,7 @@ class BucketGraphs:
     def _capture(self, entry: dict) -> None:
         sb = entry["batch"]
         before = torch.cuda.memory_reserved(self.model.device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.model.forward(sb, self.bank)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with capture(graph, self.pool):
-            entry["logits"] = self.model.forward(sb, self.bank)
+        graph, entry["logits"] = warm_capture(lambda: self.model.forward(sb, self.bank), self.pool)
         self.pool = graph.pool()
         entry["graph"] = graph
         self.captures += 1

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from . import ops
 from .bank import StateBank
-from .graphs import buckets, capture
+from .graphs import buckets, warm_capture
 from .sample import sample_rows
 
 
@@ -277,15 +277,7 @@ class VerifyRunner:
         body = (lambda: self._device_body(key[:2])) if len(key) == 3 else (lambda: self._body(key))
         saved = meta.clone()
         meta[2 * T:3 * T].fill_(-1)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with capture(g, self.pool):
-            self._logits[key] = body()              # the graph's static output, which every replay refills
+        g, self._logits[key] = warm_capture(body, self.pool)     # the logits: the graph's static output
         self.pool = g.pool()
         self.graphs[key] = g
         meta.copy_(saved)
