@@ -38,6 +38,20 @@ def reference(inp, lo, hi, h0, limit):
                           None if h0 is None else h0.double().cpu())
 
 
+def assert_matches_reference(inp, out, bank, bank0, cu, slots, has_init, dtype, limit=(0.0, math.inf), what="",
+                             skip_empty=False) -> None:
+    """Each sequence's output, and its final state where it has a slot, within REL[dtype] of the fp64 recurrence
+    from its entering state (bank0[slot] where has_init); skip_empty: sequences of no tokens are not checked."""
+    for s, slot in enumerate(slots):
+        if skip_empty and cu[s] == cu[s + 1]:
+            continue
+        h0 = bank0[slot] if has_init[s] and slot >= 0 else None
+        y, hf = reference(inp, cu[s], cu[s + 1], h0, limit)
+        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"{what}sequence {s} output"
+        if slot >= 0:
+            assert rel(bank[slot], hf) < REL[dtype], f"{what}sequence {s} final state"
+
+
 def cumulative(lens):
     cu = [0]
     for n in lens:
@@ -82,14 +96,7 @@ def test_fused_mixed_batch_matches_recurrence_and_staged_path(device, dtype, tab
     bank0 = inp["bank"].clone()
     rule = small_rule(H, G, P, N, Q, dtype, BLOCK_S=8 if device == "cpu" else 16)   # CPU: two sub-chunks a chunk
     cu, out = run(inp, inp["bank"], LENS, START, SLOTS, INIT, Q, limit, device, True, rule, table)
-    for s, slot in enumerate(SLOTS):
-        if LENS[s] == 0:
-            continue
-        h0 = bank0[slot] if INIT[s] and slot >= 0 else None
-        y, hf = reference(inp, cu[s], cu[s + 1], h0, limit)
-        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output"
-        if slot >= 0:
-            assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} final state"
+    assert_matches_reference(inp, out, inp["bank"], bank0, cu, SLOTS, INIT, dtype, limit, skip_empty=True)
     assert torch.equal(inp["bank"][5], torch.zeros_like(bank0[5])), "zero-length piece: its final state is zero"
     assert torch.equal(inp["bank"][[2, 7]], bank0[[2, 7]]), "bank entries of unused slots changed"
     bank_s = bank0.clone()
@@ -136,12 +143,7 @@ def test_fused_non_power_of_two_chunk_and_precomputed_cb(device, dtype):
         bank0 = inp["bank"].clone()
         rule = small_rule(H, G, P, N, Q, dtype, BLOCK_S=16, use_cb=use_cb, ticket=ticket, pre_dt=pre_dt)
         cu, out = run(inp, inp["bank"], lens, start_pos, slots, has_init, Q, (0.0, math.inf), device, True, rule)
-        for s, slot in enumerate(slots):
-            h0 = bank0[slot] if has_init[s] and slot >= 0 else None
-            y, hf = reference(inp, cu[s], cu[s + 1], h0, (0.0, math.inf))
-            assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output (use_cb={use_cb})"
-            if slot >= 0:
-                assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} state (use_cb={use_cb})"
+        assert_matches_reference(inp, out, inp["bank"], bank0, cu, slots, has_init, dtype, what=f"use_cb={use_cb}: ")
         assert torch.equal(inp["bank"][[1, 4]], bank0[[1, 4]]), "bank entries of unused slots changed"
 
 
@@ -198,12 +200,7 @@ def test_fused_bf16_at_model_shape_matches_staged_and_repeats_bitwise():
     for i in range(1, 5):
         assert torch.equal(outs[i], outs[0]) and torch.equal(banks[i], banks[0]), f"run {i} differs"
     out, bank = outs[0], banks[0]
-    for s, slot in enumerate(slots):
-        h0 = bank0[slot] if has_init[s] and slot >= 0 else None
-        y, hf = reference(inp, cu[s], cu[s + 1], h0, (0.0, math.inf))
-        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output"
-        if slot >= 0:
-            assert rel(bank[slot], hf) < REL[dtype], f"sequence {s} final state"
+    assert_matches_reference(inp, out, bank, bank0, cu, slots, has_init, dtype)
     bank_s = bank0.clone()
     _, out_s = run(inp, bank_s, lens, start_pos, slots, has_init, Q, (0.0, math.inf), dev, False)
     assert rel(out, out_s) < 5e-3 and rel(bank, bank_s) < 5e-3, "fused vs staged path"

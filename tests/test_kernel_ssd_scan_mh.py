@@ -12,7 +12,7 @@ import torch
 from kernel_tiers import GPU, NO_CUDA, TIERS, skip_cpu_without_interpreter as _skip_cpu_without_interpreter  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen  # noqa: E402
-from test_kernel_ssd_fused import REL, cumulative, make_inputs, reference, rel  # noqa: E402
+from test_kernel_ssd_fused import REL, assert_matches_reference, cumulative, make_inputs, reference, rel  # noqa: E402
 
 LENS, START = [2 * 48 + 3, 5, 48 + 22, 3], [48 + 7, 0, 2, 1]
 INIT, SLOTS = [True, False, True, False], [2, 0, 3, -1]
@@ -62,12 +62,7 @@ def test_multihead_scan_matches_recurrence_and_one_head_scan(device, dtype, kind
         outs.append(out)
     assert torch.equal(outs[0], outs[1]) and torch.equal(banks[0], banks[1]), "two runs differ"
     out, bank = outs[0], banks[0]
-    for s, slot in enumerate(SLOTS):
-        h0 = bank0[slot] if INIT[s] and slot >= 0 else None
-        y, hf = reference(inp, cu[s], cu[s + 1], h0, (0.0, math.inf))
-        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output"
-        if slot >= 0:
-            assert rel(bank[slot], hf) < REL[dtype], f"sequence {s} final state"
+    assert_matches_reference(inp, out, bank, bank0, cu, SLOTS, INIT, dtype)
     _, hck = reference(inp, cu[0], cu[0] + 2 * Q - START[0], bank0[SLOTS[0]], (0.0, math.inf))
     assert rel(bank[5], hck) < REL[dtype], "checkpoint state"
     assert torch.equal(bank[1], bank0[1]) and torch.equal(bank[4], bank0[4]), "bank entries of unused slots changed"
