@@ -56,14 +56,10 @@ class PositionSnapshots:
         self.ssm = torch.zeros((n_m, k, R) + tuple(bank.ssm_state.shape[2:]), dtype=bank.ssm_state.dtype,
                                device=bank.device)
 
-    def views(self, m: int, j: int, n: int) -> tuple[Tensor, Tensor]:
-        """(conv, ssm) snapshot rows [n, ...] of Mamba layer index m after position j: the decode-step kernels store
-        each live row's new window and state there as they write the bank (no copy kernel). A row's position j is
-        live up to its own last input, and rollback only restores positions before it."""
-        return self.conv[m, j, :n], self.ssm[m, j, :n]
-
     def position_views(self, m: int, w: int, n: int) -> tuple[Tensor, Tensor]:
-        """(conv, ssm) snapshots [w, n, ...] of Mamba layer index m after positions 0..w-1 (views)."""
+        """(conv, ssm) snapshots [w, n, ...] of Mamba layer index m after positions 0..w-1: the multi-step kernels
+        store each live row's new window and state there as they write the bank (no copy kernel). A row's position
+        j is live up to its own last input, and rollback only restores positions before it."""
         return self.conv[m, :w, :n], self.ssm[m, :w, :n]
 
     def restore(self, j: int, r: int, slot: int) -> None:
