@@ -1,5 +1,5 @@
-"""fastpath.kernels.gemv_rows (2..8-row projections) vs F.linear, and a row's bits not depending on the call's
-other rows (the tile is keyed on (N, K) only)."""
+"""fastpath.kernels.gemv_rows (1..8-row projections) vs F.linear; a row's bits are the one-row GEMV's and do not
+depend on the call's other rows (the tile is the one-row GEMV's, keyed on (N, K) only)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from kernel_tiers import TIERS  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
-from fastpath.kernels.gemv_rows import MAX_ROWS, gemv_rows  # noqa: E402
+from fastpath.kernels.gemv import gemv  # noqa: E402
+from fastpath.kernels.gemv_rows import MAX_ROWS, ROWS_PER_PROGRAM, gemv_rows  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -35,6 +36,21 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows_of_the_call(device, dtype):
     for m in range(1, MAX_ROWS + 1):
         assert torch.equal(gemv_rows(x[:m].contiguous(), w), full[:m]), m
     assert torch.equal(gemv_rows(x[5:7].contiguous(), w), full[5:7])
+
+
+@pytest.mark.parametrize("M,N,K", [(3, 37, 4096 + 24), (MAX_ROWS, 9, 8192), (5, 130, 1000), (2, 6, 16)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_each_row_has_the_bits_of_the_one_row_gemv(device, dtype, M, N, K, bias):
+    """Row r of a few-row call == gemv(x[r]) bitwise: the verify's k+1 positions get the decode step's bits."""
+    g = torch.Generator().manual_seed(M * 100 + K)
+    x = torch.randn(M, K, generator=g).to(device, dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(device, dtype)
+    b = torch.randn(N, generator=g).to(device, dtype) if bias else None
+    got = gemv_rows(x, w, b)
+    for r in range(M):
+        assert torch.equal(got[r:r + 1], gemv(x[r:r + 1], w, b)), r
+    assert M <= ROWS_PER_PROGRAM or torch.equal(got[ROWS_PER_PROGRAM:], gemv_rows(x[ROWS_PER_PROGRAM:], w, b))
 
 
 def test_bad_inputs_are_refused_naming_the_field():

@@ -1,11 +1,13 @@
-"""Few-row projection y = x · Wᵀ (+ b) for 2..8 rows: a bs1 speculative verify's k+1 positions, a small decode
-batch, a short prefill piece. The one-row GEMV's weight streaming (fastpath/kernels/gemv.py), with the dot products
-of up to BLOCK_M rows from one read of each weight tile; fp32 accumulation.
+"""Few-row projection y = x · Wᵀ (+ b) for 1..8 rows: a bs1 speculative verify's k+1 positions, a small decode
+batch, a short prefill piece. The one-row GEMV (fastpath/kernels/gemv.py) with up to ROWS_PER_PROGRAM rows sharing
+each weight tile it reads: every row keeps its own accumulator, so a row's arithmetic is the one-row GEMV's.
 
-x [M, K], W [N, K] (row-major, K contiguous), y [M, N]. Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)): a program owns
-BLOCK_N output columns of BLOCK_M rows and walks K in BLOCK_K tiles. A row's arithmetic does not depend on the other
-rows of its block (per-lane FMAs, then the same [BLOCK_M, BLOCK_N, BLOCK_K] reduction whatever M is), and the tile
-is keyed on (N, K) only, so a row's bits do not depend on how many rows the call has.
+x [M, K], W [N, K] (row-major, K contiguous), y [M, N]. A program owns BLOCK_N output columns of one block of rows
+and walks K in BLOCK_K tiles with the one-row GEMV's tile (`gemv_launch_rule`, keyed on (N, K) only), so row r's
+bits are those of `gemv(x[r:r+1])` and do not depend on the call's other rows. Each row's x tile is loaded already
+broadcast over the program's columns, in the weight tile's own register layout, so the product needs no layout
+conversion (no shared-memory round trip or barrier per K tile). Row blocks of one column tile are neighbours in
+the grid, so a weight tile read twice (M > ROWS_PER_PROGRAM) comes from L2.
 """
 from __future__ import annotations
 
@@ -14,66 +16,91 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, KernelInputError, check, next_pow2, pdl_enter, pdl_meta
-from .gemv import _w_tile, check_projection
+from ._common import FLOAT_DTYPES, KernelInputError, check, pdl_enter, pdl_meta
+from .gemv import _w_tile, check_projection, gemv_launch_rule, interpreter_tile
 
 OP = "gemv_rows"
-MAX_ROWS = 8           # above this, the row blocks would re-read W more than a GEMM tile does
-BLOCK_M = 4
+MAX_ROWS = 8               # above this, the row blocks would re-read W more than a GEMM tile does
+ROWS_PER_PROGRAM = 3       # accumulators a program keeps: a k = 2 verify in one block; 4 would need 134 registers
+                           # a thread at the 1024-wide tile (sm_90), one CTA an SM
 
 
 @triton.jit
-def gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x_m, stride_w_n, stride_y_m,
-                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x_m, stride_w_n, stride_y_m, ROW_BLOCKS,
+                     HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN_K: tl.constexpr, PDL: tl.constexpr):
-    """Program (i, j): columns [i·BLOCK_N, ...) of rows [j·BLOCK_M, ...). The first weight tile is loaded before
-    the PDL wait (weights are never written by a predecessor)."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mn, mm = n < N, m < M
+    """Program p: rows [ROWS·(p % ROW_BLOCKS), +ROWS) ∩ [0, M), columns of tile p // ROW_BLOCKS. The first weight
+    tile is loaded before the PDL wait (weights are never written by a predecessor)."""
+    pid = tl.program_id(0)
+    m0 = (pid % ROW_BLOCKS) * ROWS
+    n = (pid // ROW_BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
     k0 = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    zn = n * 0                                               # an x row's index repeated over the columns
+    xr = x_ptr + m0.to(tl.int64) * stride_x_m
     wrow = w_ptr + n.to(tl.int64)[:, None] * stride_w_n
-    xrow = x_ptr + m.to(tl.int64)[:, None] * stride_x_m
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if ROWS > 1:
+        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if ROWS > 2:
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     wv = _w_tile(wrow, k0, K, mn, EVEN_K)
     pdl_enter(PDL)
     for k in range(0, K - BLOCK_K, BLOCK_K):                 # every tile but the last: a next tile exists
         kk = k + k0
-        xv = _x_rows(xrow, kk, K, mm)
         wn = _w_tile(wrow, kk + BLOCK_K, K, mn, EVEN_K)
-        acc += wv.to(tl.float32)[None, :, :] * xv[:, None, :]
+        w = wv.to(tl.float32)
+        acc0 += w * _x_bcast(xr, kk, K, zn + m0, M)
+        if ROWS > 1:
+            acc1 += w * _x_bcast(xr + stride_x_m, kk, K, zn + m0 + 1, M)
+        if ROWS > 2:
+            acc2 += w * _x_bcast(xr + 2 * stride_x_m, kk, K, zn + m0 + 2, M)
         wv = wn
     kk = ((K - 1) // BLOCK_K) * BLOCK_K + k0                  # the last tile (wv holds it)
-    xv = _x_rows(xrow, kk, K, mm)
-    acc += wv.to(tl.float32)[None, :, :] * xv[:, None, :]
-    y = tl.sum(acc, axis=2)                                  # [BLOCK_M, BLOCK_N]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + n, mask=mn, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + m.to(tl.int64)[:, None] * stride_y_m + n[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mm[:, None] & mn[None, :])
+    w = wv.to(tl.float32)
+    acc0 += w * _x_bcast(xr, kk, K, zn + m0, M)
+    if ROWS > 1:
+        acc1 += w * _x_bcast(xr + stride_x_m, kk, K, zn + m0 + 1, M)
+    if ROWS > 2:
+        acc2 += w * _x_bcast(xr + 2 * stride_x_m, kk, K, zn + m0 + 2, M)
+    yr = y_ptr + m0.to(tl.int64) * stride_y_m + n
+    _store_row(yr, acc0, b_ptr, n, mn & (zn + m0 < M), HAS_BIAS)
+    if ROWS > 1:
+        _store_row(yr + stride_y_m, acc1, b_ptr, n, mn & (zn + m0 + 1 < M), HAS_BIAS)
+    if ROWS > 2:
+        _store_row(yr + 2 * stride_y_m, acc2, b_ptr, n, mn & (zn + m0 + 2 < M), HAS_BIAS)
 
 
 @triton.jit
-def _x_rows(xrow, kk, K, mm):
-    """The [BLOCK_M, BLOCK_K] tile of x's rows at columns kk, in fp32 (zeros past K and past the last row)."""
-    return tl.load(xrow + kk[None, :], mask=mm[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+def _x_bcast(xrow, kk, K, row, M):
+    """x[row, kk] in fp32 as a [BLOCK_N, BLOCK_K] tile (`row`: the row index repeated over the program's columns,
+    so every column loads the same row), in the weight tile's layout; zeros past K, and everywhere past row M."""
+    return tl.load(xrow + (row * 0)[:, None] + kk[None, :], mask=(row < M)[:, None] & (kk < K)[None, :],
+                   other=0.0).to(tl.float32)
 
 
-def gemv_rows_launch_rule(N: int, K: int, interpret: bool = False) -> dict:
-    """Keyed on (N, K) only: the one-row GEMV's tiles with K tiles halved (BLOCK_M rows of accumulators: 32 fp32
-    registers per thread at K >= 4096, 64 below). In the interpreter (CPU), up to 256 columns per program; a
-    column's sum does not depend on how many columns its program owns."""
-    if K >= 4096:
-        r = dict(BLOCK_N=4, BLOCK_K=512, num_warps=8, num_stages=3)
-    else:
-        r = dict(BLOCK_N=2, BLOCK_K=min(512, next_pow2(K, 16)), num_warps=2, num_stages=1)
+@triton.jit
+def _store_row(yr, acc, b_ptr, n, mask, HAS_BIAS: tl.constexpr):
+    """y[row, n] = Σ_k acc[n, k] (+ b[n]), rounded to y's dtype: the one-row GEMV's reduction and epilogue."""
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(yr, y.to(yr.dtype.element_ty), mask=mask)
+
+
+def gemv_rows_launch_rule(N: int, K: int, M: int, interpret: bool = False) -> dict:
+    """The one-row GEMV's tile (keyed on (N, K) only: a row's bits do not depend on M), ROWS = min(M,
+    ROWS_PER_PROGRAM) accumulators a program; in the interpreter (CPU), up to 256 columns a program."""
+    r = {k: v for k, v in gemv_launch_rule(N, K).items() if k != "SPLIT"}
+    r["ROWS"] = min(M, ROWS_PER_PROGRAM)
     if interpret:
-        r["BLOCK_N"] = min(256, next_pow2(N, 2))
+        r.update(interpreter_tile(N))
     return r
 
 
 def gemv_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
-    """x [M, K] (1 <= M <= MAX_ROWS) · weight[N, K]ᵀ (+ bias [N]) -> [M, N] in x's dtype."""
+    """x [M, K] (1 <= M <= MAX_ROWS) · weight[N, K]ᵀ (+ bias [N]) -> [M, N] in x's dtype; row r has the bits of
+    the one-row GEMV of x[r]."""
     check(OP, "x", x, (None, None), FLOAT_DTYPES)
     M, K = x.shape
     if not 1 <= M <= MAX_ROWS:
@@ -89,10 +116,11 @@ def gemv_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor
         return out
     if K == 0:                                  # an empty sum: y = bias (or 0)
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    r = gemv_rows_launch_rule(N, K, interpret=dev.type == "cpu")
-    grid = (triton.cdiv(N, r["BLOCK_N"]), triton.cdiv(M, BLOCK_M))
+    r = gemv_rows_launch_rule(N, K, M, interpret=dev.type == "cpu")
+    row_blocks = triton.cdiv(M, r["ROWS"])
+    grid = (triton.cdiv(N, r["BLOCK_N"]) * row_blocks,)
     gemv_rows_kernel[grid](x, weight, bias if bias is not None else weight, out, M, N, K, x.stride(0),
-                           weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M,
+                           weight.stride(0), out.stride(0), row_blocks, HAS_BIAS=bias is not None, ROWS=r["ROWS"],
                            BLOCK_N=r["BLOCK_N"], BLOCK_K=r["BLOCK_K"], EVEN_K=K % r["BLOCK_K"] == 0,
                            num_warps=r["num_warps"], num_stages=r["num_stages"], **pdl_meta(dev))
     return out

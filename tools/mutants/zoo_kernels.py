@@ -176,9 +176,9 @@ GEMV_FOLDS: list[Mutant] = [
            "fastpath/model.py", "            w[norm] = torch.ones_like(w[norm])\n", "",
            (T_GAINS,)),
     Mutant("gemv_rows_last_row_dropped", "row blocks",
-           "the few-row GEMV masks its rows with m < M - 1: the last row of every call is never stored and keeps "
+           "the few-row GEMV is launched with M - 1 rows: the last row of every call is never stored and keeps "
            "whatever the output buffer held (a verify's last position, a small batch's last request)",
-           K + "gemv_rows.py", "    mn, mm = n < N, m < M\n", "    mn, mm = n < N, m < M - 1\n",
+           K + "gemv_rows.py", "out, M, N, K, x.stride(0)", "out, M - 1, N, K, x.stride(0)",
            ("tests/test_kernel_gemv_rows.py",)),
     Mutant("attn_decode_merge_drops_last_split", "split-KV merge",
            "the decode attention's merge counts the splits up to pos exclusive: the split holding the newest keys "
