@@ -2,7 +2,7 @@
 bandwidth and bf16 GEMM rate measured in the same run, and mamba_ssm's Triton ops (peer) when importable.
 
     PYTHONPATH=.:.peer python3 tools/bench/kernels.py [--out bench.json] [--summary bench.summary] [--quick]
-        [--only ssd,ssm_step,rest]
+        [--only ssd,ssm_step,rest,proj]
 
 Byte counts are the fewest bytes each op must move (inputs read once, outputs written once); FLOP counts
 are stated next to each case. Every time is the median of triton.testing.do_bench (CUDA events).
@@ -15,12 +15,15 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 from triton.testing import do_bench
 
 from fastpath.kernels.attention import attention_prefill_varlen
 from fastpath.kernels.attention_decode import attention_decode
 from fastpath.kernels.conv1d import causal_conv1d_varlen, conv1d_step
 from fastpath.kernels.gated_norm import rms_norm_gated
+from fastpath.kernels.gemv import gemv
+from fastpath.kernels.gemv_rows import gemv_rows
 from fastpath.kernels.sampling import greedy_sample
 from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen
 from fastpath.kernels.ssm_step import ssm_step, ssm_step_launch_rule
@@ -263,12 +266,40 @@ def bench_rest(ceil: dict) -> None:
     record("greedy_sample R256 V32000 bf16", ms, logits.numel() * 2, 0, ceil)
 
 
+def bench_proj(ceil: dict, copies: int = 8) -> None:
+    """anchor-3b's projections at 1..4 rows (a bs1 decode, a k = 1..3 verify): cuBLAS, the one-row GEMV (row by
+    row beyond one) and the few-row GEMV, each over `copies` distinct weights so a call reads its weight from HBM;
+    floor = the weight bytes at the copy bandwidth (what every row count must read once)."""
+    from hybridqual.anchor import anchor_config
+    c = anchor_config()
+    shapes = {"in_proj": (2 * c.d_inner + 2 * c.mamba_n_groups * c.mamba_d_state + c.mamba_n_heads, c.hidden_size),
+              "out_proj": (c.hidden_size, c.d_inner), "gate_up": (2 * c.mlp_intermediate_size, c.hidden_size),
+              "down_proj": (c.hidden_size, c.mlp_intermediate_size), "lm_head": (c.vocab_size, c.hidden_size)}
+    g = torch.Generator(device=DEV).manual_seed(3)
+    for name, (N, K) in shapes.items():
+        ws = [torch.randn(N, K, device=DEV, dtype=torch.bfloat16, generator=g) / K ** 0.5 for _ in range(copies)]
+        it = [0]
+
+        def w():
+            it[0] += 1
+            return ws[it[0] % copies]
+        for M in (1, 2, 3, 4):
+            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16, generator=g)
+            runs = {"cublas": lambda: F.linear(x, w()), "gemv_rows": lambda: gemv_rows(x, w()),
+                    "gemv": (lambda: gemv(x, w())) if M == 1 else (lambda: [gemv(x[r:r + 1], w()) for r in range(M)])}
+            for kind, fn in runs.items():
+                record(f"proj {name} N{N} K{K} M{M} {kind}", bench(fn), N * K * 2, 2 * M * N * K, ceil,
+                       note="one weight read per row" if kind == "gemv" and M > 1 else "")
+        del ws
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--summary", default=None)
     ap.add_argument("--quick", action="store_true", help="no launch-config variants")
-    ap.add_argument("--only", default="ssd,ssm_step,rest", help="comma list of groups: ssd, ssm_step, rest")
+    ap.add_argument("--only", default="ssd,ssm_step,rest,proj",
+                    help="comma list of groups: ssd, ssm_step, rest, proj")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs CUDA")
@@ -285,6 +316,8 @@ def main() -> int:
         bench_ssm_step(ceil, peer_ssu, variants=not a.quick)
     if "rest" in only:
         bench_rest(ceil)
+    if "proj" in only:
+        bench_proj(ceil)
     lines = [f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | copy {ceil['copy_TBps']:.2f} TB/s"
              f" | bf16 gemm {ceil['bf16_gemm_TFLOPs']:.0f} TFLOP/s | {time.time() - t0:.0f} s",
              f"{'kernel':44s} {'ms':>8s} {'TB/s':>6s} {'TFLOP/s':>8s} {'floor ms':>9s} {'peer ms':>8s}"]
