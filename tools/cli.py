@@ -9,7 +9,8 @@
     hybridqual mutants [ARGS]          # = python -m hybridqual.mutants (needs a source checkout: it mutates the sources)
     hybridqual bench NAME [ARGS]       # = python -m hybridqual.bench.NAME (NAME: engine, kernels, gemm, chain, account,
                                        #   ablation, spec, ssd_fused, invariant, tp — run tp under torchrun:
-                                       #   torchrun --nproc_per_node 2 -m hybridqual.bench.tp)
+                                       #   torchrun --nproc_per_node 2 -m hybridqual.bench.tp; sass: static
+                                       #   sm_90 register/spill/loop report of kernels, runs without a GPU)
 
 `hybridqual SUBCOMMAND --help` prints that tool's own options.
 """
@@ -24,7 +25,8 @@ from hybridqual import paths
 
 TOOLS = {"qualify": "qualify.runner", "replay": "replay", "goldens": "goldens.regen", "mutants": "mutants.__main__",
          "scenarios": "scenarios.plan", "convert": "adapters.llamacpp.convert"}
-BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "account", "spec", "ssd_fused", "invariant", "tp")
+BENCHES = ("engine", "kernels", "gemm", "chain", "ablation", "account", "spec", "ssd_fused", "invariant", "tp",
+           "sass")
 
 
 def _usage() -> str:

@@ -34,7 +34,7 @@ from .ssd_scan_mh import launch_ssd_scan_mh
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 _SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
-SCAN_KINDS = ("rec", "blocked", "rec_mh", "blocked_mh")
+SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh")
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,10 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # S32 +0.8 ms, S128 +4.3, 8 warps +2.6, 3 stages +2.4, P-tile 32 +2.3, 2 warps 84 ms.
         scan=dict(kind="rec", BLOCK_S=min(bq, 64), BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64),
                   BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=4, num_stages=2),
+        # kind "walk": blocked's arithmetic (its bits) with one program per (chunk, head, P-tile) walking the row
+        # blocks and the entering state loaded once; with use_cb it reads a group's C·Bᵀ instead of recomputing it
+        # per head, and carries no state. sm_90 at BLOCK_M 64, BLOCK_K 32, 1 stage: 208 B of spill a thread with
+        # triton 3.6 (none with 3.9) vs rec's 1320 (`hybridqual bench sass`). For benches: not yet timed.
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
         # (a register cap per thread). Options for benches, not the default.
@@ -274,7 +278,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             H, lo, hi, dt.stride(0), dt.stride(1), dt_p.stride(0),
             HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
     mark("cumsum")
-    rec = rule["scan"].get("kind", "blocked") == "rec" and not use_cb     # a precomputed C·B needs "blocked"
+    rec = rule["scan"].get("kind", "blocked") == "rec" and not use_cb     # a precomputed C·B: blocked / walk
     cb = None
     if use_cb and nc > 0:
         cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32 if rule.get("cb_fp32", True) else x.dtype, device=dev)
@@ -336,7 +340,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     elif nc > 0:
         r = rule["scan"]
-        grid = (nc * H * (BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]),)
+        walk = kind == "walk"                  # one program walks its chunk's row blocks
+        grid = (nc * H * (1 if walk else BQ // r["BLOCK_M"]) * triton_cdiv(P, r["BLOCK_P"]),)
         cbt = cb if cb is not None else prev
         _SCAN_LAUNCH[0] = ssd_chunk_scan_kernel[grid](
             x, B, C, cbt, dt_p, dacs, prev, D if D is not None else A, out,
@@ -345,7 +350,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             cbt.stride(0), cbt.stride(1), cbt.stride(2), dt_p.stride(0),
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
-            BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+            BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec, WALK=walk,
             num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     mark("scan")
     return out

@@ -1,5 +1,6 @@
 """Benchmarks on a GPU (`hybridqual bench NAME`): kernels, the engine, GEMMs, the dependent chain, ablations, TP,
-prefix-cache TTFT and speculation, each printing its figures beside a roofline or a peer measured in the same run.
+prefix-cache TTFT and speculation, each printing its figures beside a roofline or a peer measured in the same run;
+and `sass`, which needs no GPU: each kernel compiled for sm_90, its registers, spills and loop contents.
 
 Owns every benchmark, `peak` (wall time and peak memory of a command) and `gpu_run.sh` (one command on a GPU machine: build,
 check, bench). May import oracle, fastpath and `hybridqual.qualify` / `hybridqual.paths` (for smoke runs); nothing

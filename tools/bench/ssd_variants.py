@@ -34,6 +34,10 @@ STAGES = ("cumsum", "bmm", "state", "scan")
 # name -> (scan entry updates, state entry updates); "" = the launch rule as it is
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "staged": ({}, {}),
+    "walk_cb_k32_s1": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
+    "walk_cb_k32_s2": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=2), {}),
+    "walk_cb_k64": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=64), {}),
+    "walk_k32_s1": (dict(kind="walk", BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "rec_r128": (dict(maxnreg=128), {}),
     "rec_r168": (dict(maxnreg=168), {}),
     "rmh2_w4": (dict(kind="rec_mh", HEADS=2), {}),
@@ -58,7 +62,10 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 
 
 def rule_for(scan: dict, state: dict) -> dict:
+    """The launch rule with a variant's scan and state entries (a scan entry's `use_cb` is the rule's own key)."""
     r = copy.deepcopy(ssd_launch_rule(H, G, P, N, Q, torch.bfloat16))
+    scan = dict(scan)
+    r["use_cb"] = scan.pop("use_cb", r["use_cb"])
     r["scan"].update(scan)
     r["state"].update(state)
     return r

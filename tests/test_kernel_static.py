@@ -1,0 +1,41 @@
+"""Static properties of compiled kernels, checked on a CPU machine (tools/bench/sass.py: sm_90 SASS from Triton's
+own ptxas): the few-row GEMV streams its weights with no spill and no shared-memory round trip or barrier in its
+K loop, at every row count and both launch rules — and the checker does see such a round trip where one exists."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = ("BAR", "STS", "LDS", "STSM", "LDSM", "LDL", "STL")
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sass_probe.py")], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    if isinstance(out, dict):
+        pytest.skip(f"no sm_90 compile here: {out['skip']}")
+    return {r["kernel"]: r for r in out}
+
+
+def test_few_row_gemv_k_loop_has_no_spill_barrier_or_shared_memory_op(reports):
+    rows = [r for name, r in reports.items() if name.startswith("gemv_rows")]
+    assert len(rows) == 6, sorted(reports)
+    for r in rows:
+        assert r["spill_stack"] == 0 and r["totals"]["LDL"] == 0, r
+        inner = r["loops"][0]
+        assert all(inner[o] == 0 for o in SHARED), (r["kernel"], inner)
+        assert inner["LDG"] > 0, (r["kernel"], inner)          # it is the streaming loop
+
+
+def test_the_checker_sees_the_layout_round_trip_of_a_3d_product(reports):
+    inner = reports["product_3d"]["loops"][0]
+    assert inner["BAR"] > 0 and inner["LDG"] > 0, inner

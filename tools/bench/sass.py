@@ -1,0 +1,204 @@
+"""Static inspection of the fast path's kernels, no GPU needed: each kernel compiled for sm_90 by Triton (its own
+ptxas) at its launch rule, reporting registers, spill stack, and what its loops execute per iteration (barriers,
+shared-memory and local-memory ops). A spill or a shared-memory round trip in a streaming loop is a cost the GPU
+figures show later; this finds it on a CPU machine.
+
+    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state] [--arch 90] [--out sass.json]
+
+The figures depend on the Triton version that compiles (the GPU image's may differ from this machine's: a venv
+with that version's wheel first on PYTHONPATH compiles with it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+import triton
+
+OPS = ("BAR", "STS", "LDS", "LDSM", "STSM", "LDL", "STL", "LDG", "SHFL")
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?\s*([^;]*);")
+
+
+class SassError(RuntimeError):
+    """The kernel could not be compiled or disassembled here (no NVIDIA backend, no ptxas/cuobjdump)."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One kernel at one launch rule: `types` names the pointer dtypes (every other non-constexpr is i32),
+    `div16` the integer arguments the launcher sees divisible by 16 (pointers always are)."""
+    name: str
+    fn: object
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    types: dict = field(default_factory=dict)
+    div16: tuple = ()
+
+
+def _tool(name: str) -> str:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise SassError(f"{name} not found in this Triton ({triton.__version__}): no NVIDIA backend")
+    return path
+
+
+def compile_sass(spec: Spec, arch: int = 90) -> tuple[str, str]:
+    """(SASS text, cuobjdump -res-usage text) of `spec` compiled for sm_<arch>."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    fn = spec.fn
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise SassError(f"{spec.name}: {type(fn).__name__} is not compilable (imported under TRITON_INTERPRET=1; "
+                        "run with TRITON_INTERPRET=0)")
+    params = fn.params
+    sig, attrs = {}, {}
+    for i, p in enumerate(params):
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+        elif p.name.endswith("_ptr"):
+            sig[p.name] = spec.types.get(p.name, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[p.name] = spec.types.get(p.name, "i32")
+            if p.name in spec.div16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    ce = {p.name: spec.constexprs.get(p.name, p.default) for p in params if p.is_constexpr}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=ce, attrs=attrs),
+                           target=GPUTarget("cuda", arch, 32),
+                           options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+    except Exception as e:                     # a Triton without the NVIDIA backend, or a kernel that fails to lower
+        raise SassError(f"{spec.name}: compile for sm_{arch} failed: {type(e).__name__}: {e}"[:400]) from e
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        dump = _tool("cuobjdump")
+        sass = subprocess.run([dump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([dump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return sass, res
+
+
+def _instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every instruction."""
+    return [(int(m.group(1), 16), m.group(3), m.group(5)) for m in _INSTR.finditer(sass)]
+
+
+def loops(sass: str) -> list[dict]:
+    """Each loop (a backward branch: body = [target, branch]) with the count of each OPS opcode in its body,
+    innermost first (shortest body)."""
+    ins = _instructions(sass)
+    out = []
+    for addr, op, args in ins:
+        if op != "BRA":
+            continue
+        m = re.search(r"0x([0-9a-f]+)", args)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        lo = int(m.group(1), 16)
+        body = [o for a, o, _ in ins if lo <= a <= addr]
+        out.append({"start": lo, "end": addr, "instructions": len(body), **{o: body.count(o) for o in OPS}})
+    return sorted(out, key=lambda r: r["instructions"])
+
+
+def report(spec: Spec, arch: int = 90) -> dict:
+    """Registers, spill stack (bytes a thread), opcode totals and per-loop counts of `spec` on sm_<arch>."""
+    sass, res = compile_sass(spec, arch)
+    usage = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res))
+    ops = [o for _, o, _ in _instructions(sass)]
+    return {"kernel": spec.name, "triton": triton.__version__, "arch": arch, "num_warps": spec.num_warps,
+            "registers": int(usage.get("REG", 0)), "spill_stack": int(usage.get("STACK", 0)),
+            "totals": {o: ops.count(o) for o in OPS}, "loops": loops(sass)}
+
+
+def specs(names: set[str] | None = None) -> list[Spec]:
+    """The inspected kernels at anchor-3b's shapes (bf16 inputs): the decode GEMV and the few-row GEMV at both
+    launch rules (K < 4096: in_proj, K >= 4096: down_proj), the SSD chunk scan and chunk state at their rules."""
+    from fastpath.kernels.gemv import gemv_kernel, gemv_launch_rule
+    from fastpath.kernels.gemv_rows import ROWS_PER_PROGRAM, gemv_rows_kernel, gemv_rows_launch_rule
+    from fastpath.kernels.ssd import ssd_launch_rule
+    from fastpath.kernels.ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
+    from fastpath.kernels.ssd_chunk_state import ssd_chunk_state_kernel
+    out: list[Spec] = []
+    for N, K in ((10576, 2560), (2560, 6144)):
+        r = gemv_launch_rule(N, K)
+        out.append(Spec(f"gemv K{K}", gemv_kernel, dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=r["BLOCK_K"], EVEN_K=True,
+                        HAS_BIAS=False, PARTIAL=False, ACT=0, CONV=False, KC=1, KW=1, HAS_CBIAS=False, RMS=False,
+                        RES=False, HAS_MULT=False, PDL=0), r["num_warps"], r["num_stages"],
+                        {"eps": "fp32", "mult": "fp32"}, ("K", "K_SPLIT", "stride_w_n")))
+        for rows in range(1, ROWS_PER_PROGRAM + 1):
+            rr = gemv_rows_launch_rule(N, K, rows)
+            out.append(Spec(f"gemv_rows K{K} ROWS{rows}", gemv_rows_kernel,
+                            dict(HAS_BIAS=False, ROWS=rr["ROWS"], BLOCK_N=rr["BLOCK_N"], BLOCK_K=rr["BLOCK_K"],
+                                 EVEN_K=True, PDL=0), rr["num_warps"], rr["num_stages"],
+                            div16=("K", "stride_x_m", "stride_w_n", "stride_y_m")))
+    rule = ssd_launch_rule(128, 1, 64, 128, 256, None)
+    sc, st = rule["scan"], rule["state"]
+    f32 = {"dt_ptr": "*fp32", "dacs_ptr": "*fp32", "D_ptr": "*fp32", "bank_ptr": "*fp32", "prev_ptr": "*bf16",
+           "chunk_start_ptr": "*i32", "chunk_len_ptr": "*i32", "seq_chunk_ptr": "*i64", "slot_ptr": "*i32",
+           "has_init_ptr": "*i8", "ckpt_ptr": "*i32"}
+    strides = lambda fn: tuple(n for n in fn.arg_names if n.startswith("stride") and not n.endswith(("_p", "_n")))
+    out.append(Spec("ssd_chunk_scan_rec", ssd_chunk_scan_rec_kernel,
+                    dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
+                         DOT_PREC="tf32"), sc["num_warps"], sc["num_stages"], f32,
+                    strides(ssd_chunk_scan_rec_kernel) + ("H", "P", "N")))
+    for stages in (1, 2):                      # the walk kind with a precomputed C·Bᵀ (fp32), a bench variant
+        out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}", ssd_chunk_scan_kernel,
+                        dict(USE_CB=True, HAS_D=True, BLOCK_Q=256, BLOCK_M=64, BLOCK_K=32, BLOCK_P=sc["BLOCK_P"],
+                             BLOCK_N=sc["BLOCK_N"], DOT_PREC="tf32", WALK=True), 4, stages,
+                        {**f32, "cb_ptr": "*fp32"}, strides(ssd_chunk_scan_kernel) + ("H", "P", "N")))
+    out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
+                    dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
+                    st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))
+    groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state"}
+    if names is None:
+        return out
+    unknown = names - set(groups)
+    if unknown:
+        raise ValueError(f"--kernels: unknown {sorted(unknown)}; choose from {sorted(groups)}")
+    return [s for s in out if any(s.name.startswith(groups[n]) for n in names)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", default=None, help="comma list: gemv, gemv_rows, ssd_scan, ssd_state (default all)")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--out", default=None, help="write the reports as JSON here")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") != "0":
+        # kernels imported under the interpreter cannot be compiled: run again in a process that compiles
+        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        args = sys.argv[1:] if argv is None else argv
+        return subprocess.run([sys.executable, "-m", "hybridqual.bench.sass", *args], env=env).returncode
+    try:
+        chosen = specs(set(a.kernels.split(",")) if a.kernels else None)
+    except ValueError as e:
+        ap.error(str(e))
+    rows = []
+    print(f"triton {triton.__version__}, sm_{a.arch}")
+    print(f"{'kernel':28s} {'warps':>5s} {'regs':>5s} {'spill B':>7s}  innermost loop: instr BAR STS LDS LDL STL")
+    for s in chosen:
+        try:
+            r = report(s, a.arch)
+        except SassError as e:
+            print(f"{s.name:28s} {e}")
+            return 2
+        rows.append(r)
+        lp = r["loops"][0] if r["loops"] else None
+        loop = (f"{lp['instructions']:5d} {lp['BAR']:3d} {lp['STS'] + lp['STSM']:3d} {lp['LDS'] + lp['LDSM']:3d} "
+                f"{lp['LDL']:3d} {lp['STL']:3d}") if lp else "no loop"
+        print(f"{s.name:28s} {s.num_warps:5d} {r['registers']:5d} {r['spill_stack']:7d}  {loop}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
