@@ -46,9 +46,9 @@ def gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x_m, stride_w_n
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     wv = _w_tile(wrow, k0, K, mn, EVEN_K)
     pdl_enter(PDL)
-    for k in range(0, K - BLOCK_K, BLOCK_K):                 # every tile but the last: a next tile exists
+    for k in range(0, K, BLOCK_K):
         kk = k + k0
-        wn = _w_tile(wrow, kk + BLOCK_K, K, mn, EVEN_K)
+        wn = _w_tile(wrow, kk + BLOCK_K, K, mn & (zn + k + BLOCK_K < K), EVEN_K)   # the next tile, if any
         w = wv.to(tl.float32)
         acc0 += w * _x_bcast(xr, kk, K, zn + m0, M)
         if ROWS > 1:
@@ -56,13 +56,6 @@ def gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x_m, stride_w_n
         if ROWS > 2:
             acc2 += w * _x_bcast(xr + 2 * stride_x_m, kk, K, zn + m0 + 2, M)
         wv = wn
-    kk = ((K - 1) // BLOCK_K) * BLOCK_K + k0                  # the last tile (wv holds it)
-    w = wv.to(tl.float32)
-    acc0 += w * _x_bcast(xr, kk, K, zn + m0, M)
-    if ROWS > 1:
-        acc1 += w * _x_bcast(xr + stride_x_m, kk, K, zn + m0 + 1, M)
-    if ROWS > 2:
-        acc2 += w * _x_bcast(xr + 2 * stride_x_m, kk, K, zn + m0 + 2, M)
     yr = y_ptr + m0.to(tl.int64) * stride_y_m + n
     _store_row(yr, acc0, b_ptr, n, mn & (zn + m0 < M), HAS_BIAS)
     if ROWS > 1:
