@@ -132,6 +132,35 @@ def test_gemv_residual_epilogue_is_add_rms_norms_residual_add(device, dtype, mul
             assert torch.equal(res.stream, h_want) and torch.equal(res.x, h_want.to(dtype)), (N, K, sdt)
 
 
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_gemv_broadcast_x_load_keeps_every_epilogues_bits(device, dtype):
+    """Launch-rule key XB (x loaded in the weight tile's layout): the product, act fold, conv epilogue and residual
+    epilogue keep their bits; the RMS fold, whose Σx² is then reduced per column, matches within rounding."""
+    skip_cpu_without_interpreter(device)
+    from fastpath.kernels.gemv import ConvStep, ResidualAdd
+    for N, K, rule in ((37, 100, dict(BLOCK_K=64)), (9, 2100, dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8))):
+        gen = torch.Generator().manual_seed(N + K)
+        x = torch.randn(1, 2 * K, generator=gen).to(dtype).to(device)
+        w = torch.randn(N, K, generator=gen).to(dtype).to(device)
+        b = torch.randn(N, generator=gen).to(dtype).to(device)
+        xb = {**rule, "XB": True}
+        assert torch.equal(gemv(x[:, :K], w, b, rule=xb), gemv(x[:, :K], w, b, rule=rule))
+        assert torch.equal(gemv(x[:, :K], w, rule={**xb, "SPLIT": 2}), gemv(x[:, :K], w, rule={**rule, "SPLIT": 2}))
+        assert torch.equal(gemv(x, w, rule=xb, act="silu"), gemv(x, w, rule=rule, act="silu"))
+        got, want = gemv(x[:, :K], w, b, rule=xb, rms_eps=1e-5), gemv(x[:, :K], w, b, rule=rule, rms_eps=1e-5)
+        assert rel(got, want) < REL[dtype]
+        cw, bank = torch.randn(4, 4, generator=gen).to(dtype).to(device), torch.randn(2, 4, 3, generator=gen)
+        outs = []
+        for r in (rule, xb):
+            c_out, bk = torch.empty(1, 4, dtype=dtype, device=device), bank.clone().to(device)
+            stream = torch.ones(1, N, device=device)
+            res = ResidualAdd(stream, torch.empty(1, N, dtype=dtype, device=device))
+            gemv(x[:, :K], w, rule=r, residual=res)
+            y = gemv(x[:, :K], w, rule=r, conv=ConvStep(cw, None, bk, torch.tensor([1], device=device), c_out, 2))
+            outs.append((y, c_out, bk, stream, res.x))
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), (N, K)
+
+
 def test_gemv_rejects_bad_inputs_naming_the_field():
     """Two rows, a K mismatch, a mis-shaped bias raise KernelInputError naming them."""
     with pytest.raises(KernelInputError, match="`x`"):

@@ -66,16 +66,21 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 EVEN_K: tl.constexpr, ACT: tl.constexpr, CONV: tl.constexpr, KC: tl.constexpr, KW: tl.constexpr,
                 HAS_CBIAS: tl.constexpr, RMS: tl.constexpr, RES: tl.constexpr, HAS_MULT: tl.constexpr,
-                PDL: tl.constexpr):
+                PDL: tl.constexpr, XB: tl.constexpr = False):
     """Grid (cdiv(N, BLOCK_N), SPLIT); program s reduces K in [s·K_SPLIT, (s+1)·K_SPLIT) (PARTIAL: fp32 at y[s]).
     Before the PDL wait (nothing read from x or written yet): the first weight tile and the conv window part.
-    RMS (SPLIT 1): Σx² over the row, in every program in the same order, so all programs scale by the same bits."""
+    RMS (SPLIT 1): Σx² over the row, in every program in the same order, so all programs scale by the same bits.
+    XB (a launch-rule key, benches): x loaded already broadcast over the columns in the weight tile's layout
+    (gemv_rows' load: no per-tile layout conversion); the same products and sums, Σx² reduced per column."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ps = tl.program_id(1)
     mn = n < N
     k0 = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    if XB:
+        ss = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     wrow = w_ptr + n.to(tl.int64)[:, None] * stride_w_n
     k_lo = ps * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
@@ -90,18 +95,22 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
     pdl_enter(PDL)
     for k in range(k_lo, k_hi - BLOCK_K, BLOCK_K):          # every tile but the last: a next tile exists
         kk = k + k0
-        xv = _x_tile(x_ptr, kk, K, kk < k_hi, ACT)
+        xv = _x_load(x_ptr, kk, K, k_hi, n, ACT, XB)
         wn = _w_tile(wrow, kk + BLOCK_K, k_hi, mn, EVEN_K)
-        acc += wv.to(tl.float32) * xv[None, :]
+        acc += _w_times_x(wv, xv, XB)
         if RMS:
             ss += xv * xv
         wv = wn
     kk = k_lo + ((k_hi - k_lo - 1) // BLOCK_K) * BLOCK_K + k0   # the last tile (wv holds it)
-    xv = _x_tile(x_ptr, kk, K, kk < k_hi, ACT)
-    acc += wv.to(tl.float32) * xv[None, :]
+    xv = _x_load(x_ptr, kk, K, k_hi, n, ACT, XB)
+    acc += _w_times_x(wv, xv, XB)
     if RMS:
         ss += xv * xv
-        y = tl.sum(acc, axis=1) * (1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps))
+        if XB:
+            ssum = tl.sum(ss, axis=1)           # [BLOCK_N], every column the row's Σx²
+        else:
+            ssum = tl.sum(ss, axis=0)
+        y = tl.sum(acc, axis=1) * (1.0 / tl.sqrt(ssum / K + eps))
     else:
         y = tl.sum(acc, axis=1)
     if PARTIAL:
@@ -126,6 +135,27 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
             cacc = cacc * (1.0 / (1.0 + tl.exp(-cacc)))
             tl.store(cout_ptr + c, tl.where(ml, cacc, 0.0).to(cout_ptr.dtype.element_ty), mask=mc)
             conv_roll(cbase, xq, ml, s_bank_k, KC, KW, cbase, s_bank_k, False)   # this program's columns only
+
+
+@triton.jit
+def _x_load(x_ptr, kk, K, k_hi, n, ACT: tl.constexpr, XB: tl.constexpr):
+    """x[kk] in fp32 (act applied): [BLOCK_K], or with XB a [BLOCK_N, BLOCK_K] tile, every column the same row."""
+    if XB:
+        k2 = (n * 0)[:, None] + kk[None, :]
+        xv = _x_tile(x_ptr, k2, K, k2 < k_hi, ACT)
+    else:
+        xv = _x_tile(x_ptr, kk, K, kk < k_hi, ACT)
+    return xv
+
+
+@triton.jit
+def _w_times_x(wv, xv, XB: tl.constexpr):
+    """The tile's products w[n, k] · x[k] in fp32."""
+    if XB:
+        p = wv.to(tl.float32) * xv
+    else:
+        p = wv.to(tl.float32) * xv[None, :]
+    return p
 
 
 @triton.jit
@@ -253,7 +283,8 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | No
         raise KernelInputError(f"{OP}: `rms_eps` must be a number >= 0, got {rms_eps!r}")
     b_arg = bias if bias is not None else weight
     meta = dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=bk, EVEN_K=K % bk == 0, ACT=ACTS[act], **cmeta, **rmeta,
-                RMS=rms_eps is not None, num_warps=r["num_warps"], num_stages=r["num_stages"], **pdl_meta(dev))
+                XB=bool(r.get("XB", False)), RMS=rms_eps is not None, num_warps=r["num_warps"],
+                num_stages=r["num_stages"], **pdl_meta(dev))
     grid = (triton.cdiv(N, r["BLOCK_N"]), split)
     head = (x, weight, b_arg)
     tail = (N, K, k_split, weight.stride(0), *cargs, float(rms_eps or 0.0), *rargs)

@@ -279,6 +279,8 @@ GEMV_VARIANTS = {      # name -> rule(N, K); None = the code's rule
                                                   num_warps=8, num_stages=1),
     "1024-wide K, 4 rows, 8 warps": lambda N, K: dict(BLOCK_N=4, BLOCK_K=1024, SPLIT=1, num_warps=8, num_stages=3),
     "2048-wide K, 2 rows, 8 warps": lambda N, K: dict(BLOCK_N=2, BLOCK_K=2048, SPLIT=1, num_warps=8, num_stages=1),
+    "rule now, x in the weight tile's layout (XB)": lambda N, K: {**gemv_launch_rule(N, K), "XB": True},
+    "XB at K >= 4096 only (where the rule converts x)": lambda N, K: {**gemv_launch_rule(N, K), "XB": K >= 4096},
 }
 
 

@@ -128,10 +128,12 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out: list[Spec] = []
     for N, K in ((10576, 2560), (2560, 6144)):
         r = gemv_launch_rule(N, K)
-        out.append(Spec(f"gemv K{K}", gemv_kernel, dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=r["BLOCK_K"], EVEN_K=True,
-                        HAS_BIAS=False, PARTIAL=False, ACT=0, CONV=False, KC=1, KW=1, HAS_CBIAS=False, RMS=False,
-                        RES=False, HAS_MULT=False, PDL=0), r["num_warps"], r["num_stages"],
-                        {"eps": "fp32", "mult": "fp32"}, ("K", "K_SPLIT", "stride_w_n")))
+        for xb, rms in ((False, False), (True, False), (False, True), (True, True)):
+            out.append(Spec(f"gemv K{K}{' rms' if rms else ''}{' XB' if xb else ''}", gemv_kernel,
+                            dict(BLOCK_N=r["BLOCK_N"], BLOCK_K=r["BLOCK_K"], EVEN_K=True, HAS_BIAS=False,
+                                 PARTIAL=False, ACT=0, CONV=False, KC=1, KW=1, HAS_CBIAS=False, RMS=rms, RES=rms,
+                                 HAS_MULT=False, PDL=0, XB=xb), r["num_warps"], r["num_stages"],
+                            {"eps": "fp32", "mult": "fp32", "rs_ptr": "*fp32"}, ("K", "K_SPLIT", "stride_w_n")))
         for rows in range(1, ROWS_PER_PROGRAM + 1):
             rr = gemv_rows_launch_rule(N, K, rows)
             out.append(Spec(f"gemv_rows K{K} ROWS{rows}", gemv_rows_kernel,
