@@ -34,9 +34,12 @@ STAGES = ("cumsum", "bmm", "state", "scan")
 # name -> (scan entry updates, state entry updates); "" = the launch rule as it is
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "staged": ({}, {}),
+    # spill-free at sm_90 with triton 3.6 (`hybridqual bench sass`, docs/performance.md "Kernels, compiled")
+    "walk_cb_k32_w8": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_warps=8, num_stages=1), {}),
+    "rec_s32_w8": (dict(BLOCK_S=32, num_warps=8, num_stages=1), {}),
+    "walk_cb_m32_k32": (dict(kind="walk", use_cb=True, BLOCK_M=32, BLOCK_K=32, num_stages=1), {}),
+    # 208 B of spill (4 warps), C·Bᵀ per head (no precomputed matrix)
     "walk_cb_k32_s1": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
-    "walk_cb_k32_s2": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=2), {}),
-    "walk_cb_k64": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=64), {}),
     "walk_k32_s1": (dict(kind="walk", BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "rec_r128": (dict(maxnreg=128), {}),
     "rec_r168": (dict(maxnreg=168), {}),
