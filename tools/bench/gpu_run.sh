@@ -52,6 +52,27 @@ step_verify_path() {
     --out "$OUT/verify_account.json" --summary "$OUT/verify_path.summary" || rc=1
   return $rc
 }
+# Optional: the changes compiled and tested on CPU but not yet timed (docs/performance.md, History, 2026-12-05
+# 21:30): their gpu tests, then the few-row GEMV per projection and in the verify step (account A/B), the one-row
+# GEMV's XB load in bs1 decode, and the SSD scan shapes that compile without spills (mamba_ssm beside them when
+# .peer is carried). About 6 minutes on one H100/H200.
+step_candidates() {
+  local rc=0
+  timeout "${CAND_TESTS_TIMEOUT:-150}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-8}" -q -rfE -p no:cacheprovider \
+    tests/test_kernel_gemv.py tests/test_kernel_gemv_rows.py tests/test_kernel_ssd.py tests/test_speculative_engine.py \
+    > "$OUT/candidates_tests.txt" 2>&1 || rc=1
+  { grep -E "passed|failed|error" "$OUT/candidates_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$OUT/candidates_tests.txt" | head -5; } > "$OUT/candidates.summary"
+  timeout 120 $PY -m hybridqual.bench.kernels --only proj --summary "$OUT/candidates_proj.txt" > /dev/null 2>&1 || rc=1
+  grep -E "proj|copy" "$OUT/candidates_proj.txt" >> "$OUT/candidates.summary"
+  timeout 200 $PY -m hybridqual.bench.engine --bs1-only --gemv-variants --skip-long --skip-batch 2>&1 \
+    | grep -E "gemv variant|bs1 async graphs=on" >> "$OUT/candidates.summary" || rc=1
+  timeout 150 $PY -m hybridqual.bench.account --verify-k 2 --flip gemv_rows --summary "$OUT/candidates_account.txt" \
+    > /dev/null 2>&1 || rc=1
+  tail -n 12 "$OUT/candidates_account.txt" >> "$OUT/candidates.summary" 2>/dev/null
+  timeout 200 $PY -m hybridqual.bench.ssd_variants --budget-s 150 --lengths 65536,8192 \
+    --only staged,walk_cb_k32_w8,rec_s32_w8,walk_cb_m32_k32,walk_cb_k32_s1,walk_k32_s1 2>&1 | tail -n 14 >> "$OUT/candidates.summary" || rc=1
+  return $rc
+}
 # Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
 step_measure_tau() {
   timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m hybridqual.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}
