@@ -1,5 +1,5 @@
 """Run in a subprocess by test_kernel_static.py (Triton compiling, never interpreting): the static reports of the
-few-row GEMV at its launch rules, and of a probe whose K loop must convert layouts through shared memory (a
+few-row and one-row GEMVs and the decode path's state kernels at their launch rules, and of a probe whose K loop must convert layouts through shared memory (a
 [BLOCK_M, BLOCK_N, BLOCK_K] product of a weight tile and an x tile: the checker's positive control). JSON on stdout."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def main() -> int:
     probe = Spec("product_3d", product_3d_kernel, dict(BLOCK_M=4, BLOCK_N=4, BLOCK_K=512), 8, 3,
                  {"y_ptr": "*fp32"}, ("K", "stride_w_n"))
     try:
-        rows = [report(s) for s in specs({"gemv_rows"}) + [probe]]
+        rows = [report(s) for s in specs({"gemv_rows", "gemv", "decode"}) + [probe]]
     except SassError as e:
         print(json.dumps({"skip": str(e)}))
         return 0

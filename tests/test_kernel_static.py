@@ -1,6 +1,7 @@
 """Static properties of compiled kernels, checked on a CPU machine (tools/bench/sass.py: sm_90 SASS from Triton's
 own ptxas): the few-row GEMV streams its weights with no spill and no shared-memory round trip or barrier in its
-K loop, at every row count and both launch rules — and the checker does see such a round trip where one exists."""
+K loop, at every row count and both launch rules — and the checker does see such a round trip where one exists;
+the decode step's GEMVs and state kernels do not spill."""
 from __future__ import annotations
 
 import json
@@ -39,3 +40,14 @@ def test_few_row_gemv_k_loop_has_no_spill_barrier_or_shared_memory_op(reports):
 def test_the_checker_sees_the_layout_round_trip_of_a_3d_product(reports):
     inner = reports["product_3d"]["loops"][0]
     assert inner["BAR"] > 0 and inner["LDG"] > 0, inner
+
+
+def test_decode_step_gemvs_and_state_kernels_do_not_spill(reports):
+    """The one-row GEMV (each fold, x load as the rule has it or XB), the Mamba state update and its W-position
+    form, the W-position conv step: no local-memory stack at all (the decode attention is not held to this: it
+    spills at 4 warps, docs/performance.md "Kernels, compiled")."""
+    names = [n for n in reports if n.startswith(("gemv K", "decode ssm", "decode conv"))]
+    assert len(names) == 11, sorted(reports)
+    for n in names:
+        r = reports[n]
+        assert r["spill_stack"] == 0 and r["totals"]["LDL"] == 0 and r["totals"]["STL"] == 0, (n, r["registers"])

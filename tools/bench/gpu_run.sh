@@ -54,8 +54,8 @@ step_verify_path() {
 }
 # Optional: the changes compiled and tested on CPU but not yet timed (docs/performance.md, History, 2026-12-05
 # 21:30): their gpu tests, then the few-row GEMV per projection and in the verify step (account A/B), the one-row
-# GEMV's XB load in bs1 decode, and the SSD scan shapes that compile without spills (mamba_ssm beside them when
-# .peer is carried). About 6 minutes on one H100/H200.
+# GEMV's XB load and the decode attention at 8 warps in bs1 decode, and the SSD scan shapes that compile without
+# spills (mamba_ssm beside them when .peer is carried). About 7 minutes on one H100/H200.
 step_candidates() {
   local rc=0
   timeout "${CAND_TESTS_TIMEOUT:-150}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-8}" -q -rfE -p no:cacheprovider \
@@ -66,6 +66,9 @@ step_candidates() {
   grep -E "proj|copy" "$OUT/candidates_proj.txt" >> "$OUT/candidates.summary"
   timeout 200 $PY -m hybridqual.bench.engine --bs1-only --gemv-variants --skip-long --skip-batch 2>&1 \
     | grep -E "gemv variant|bs1 async graphs=on" >> "$OUT/candidates.summary" || rc=1
+  timeout 150 $PY -m hybridqual.bench.ablation --variants "code as it is" "attention: 8 warps (no spill at sm_90)" \
+    "K>=4096 GEMV: x in the weight layout (XB)" "every GEMV: x in the weight layout (XB)" 2>&1 \
+    | grep -E "µs/step|roofline" >> "$OUT/candidates.summary" || rc=1
   timeout 150 $PY -m hybridqual.bench.account --verify-k 2 --flip gemv_rows --summary "$OUT/candidates_account.txt" \
     > /dev/null 2>&1 || rc=1
   tail -n 12 "$OUT/candidates_account.txt" >> "$OUT/candidates.summary" 2>/dev/null

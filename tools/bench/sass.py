@@ -158,7 +158,9 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
                     st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))
-    groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state"}
+    out += _decode_specs()
+    groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state",
+              "decode": "decode "}
     if names is None:
         return out
     unknown = names - set(groups)
@@ -167,9 +169,42 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     return [s for s in out if any(s.name.startswith(groups[n]) for n in names)]
 
 
+def _decode_specs() -> list[Spec]:
+    """The decode and verify steps' state kernels at anchor-3b's shapes (H80 P64 N128, Hq32 Hkv8 d80, a 4096-key
+    cache, conv channels 5376): the Mamba state update (gated, as the folded decode step runs it), its W-position
+    form with snapshots, the W-position conv step, the one-launch decode attention."""
+    from fastpath.kernels.attention_decode import attention_decode_kernel, attention_decode_rule
+    from fastpath.kernels.conv1d import conv1d_launch_rule
+    from fastpath.kernels.conv1d_steps import conv1d_steps_kernel
+    from fastpath.kernels.ssm_step import ssm_step_kernel, ssm_step_launch_rule
+    from fastpath.kernels.ssm_steps import ssm_steps_kernel
+    r = ssm_step_launch_rule(80, 64, 128)
+    ssm_types = {"bank_ptr": "*fp32", "A_ptr": "*fp32", "D_ptr": "*fp32", "dt_bias_ptr": "*fp32", "slot_ptr": "*i32",
+                 "snap_ptr": "*fp32", "dt_lo": "fp32", "dt_hi": "fp32"}
+    tiles = dict(HAS_D=True, HAS_BIAS=True, BLOCK_H=r.get("BLOCK_H", 1), BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"],
+                 PDL=0)
+    a, cr = attention_decode_rule(4096, 80), conv1d_launch_rule(5376)
+    n_split = -(-4096 // a["CHUNK"])
+    return [
+        Spec("decode ssm_step (z gate)", ssm_step_kernel, dict(tiles, HAS_Z=True, SNAP=False), r["num_warps"], 3,
+             ssm_types),
+        Spec("decode ssm_steps (snapshots)", ssm_steps_kernel, dict(tiles, SNAP=True), r["num_warps"], 3,
+             {**ssm_types, "slot_ptr": "*i32"}),
+        Spec("decode conv1d_steps", conv1d_steps_kernel, dict(K=4, KW=4, HAS_BIAS=True, SILU=True,
+             BLOCK_D=cr["BLOCK_D"], SNAP=True, PDL=0), cr["num_warps"], 3,
+             {"bias_ptr": "*fp32", "w_ptr": "*fp32", "bank_ptr": "*fp32", "slot_ptr": "*i32", "snap_ptr": "*fp32"}),
+        Spec("decode attention_decode", attention_decode_kernel,
+             dict(CHUNK=a["CHUNK"], BLOCK_N=a["BLOCK_N"], BLOCK_Q=16, QC=4, BLOCK_D=a["BLOCK_D"],
+                  BLOCK_S=max(1, min(triton.next_power_of_2(n_split), 16, 8192 // (4 * a["BLOCK_D"]))), ROPE=True,
+                  DOT_PREC="tf32", PDL=0), a["num_warps"], 3,
+             {"slot_ptr": "*i32", "pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+              "scale": "fp32"}),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernels", default=None, help="comma list: gemv, gemv_rows, ssd_scan, ssd_state (default all)")
+    ap.add_argument("--kernels", default=None, help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode (default all)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
     a = ap.parse_args(argv)
