@@ -58,6 +58,8 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "bmh4_m128_w8": (dict(kind="blocked_mh", HEADS=4, BLOCK_M=128, num_warps=8), {}),
     "bmh2_r128": (dict(kind="blocked_mh", HEADS=2, maxnreg=128), {}),
     "bmh1_w4": (dict(kind="blocked_mh", HEADS=1), {}),
+    "state_k32_w8": ({}, dict(BLOCK_K=32, num_warps=8)),          # spill-free (3.6), the default's 256 walkers
+    "state_p32_n32_k32_w8": ({}, dict(BLOCK_P=32, BLOCK_N=32, BLOCK_K=32, num_warps=8)),   # 1024 walkers, 120 regs
     "state_p32": ({}, dict(BLOCK_P=32)),
     "state_p32_n32": ({}, dict(BLOCK_P=32, BLOCK_N=32)),
     "state_par": ({}, dict(mode="parallel")),
