@@ -3,7 +3,7 @@ ptxas) at its launch rule, reporting registers, spill stack, and what its loops 
 shared-memory and local-memory ops). A spill or a shared-memory round trip in a streaming loop is a cost the GPU
 figures show later; this finds it on a CPU machine.
 
-    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state] [--arch 90] [--out sass.json]
+    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,decode] [--arch 90] [--out sass.json]
 
 The figures depend on the Triton version that compiles (the GPU image's may differ from this machine's: a venv
 with that version's wheel first on PYTHONPATH compiles with it).
@@ -31,7 +31,7 @@ class SassError(RuntimeError):
 
 @dataclass(frozen=True)
 class Spec:
-    """One kernel at one launch rule: `types` names the pointer dtypes (every other non-constexpr is i32),
+    """One kernel at one launch rule: `types` names pointer dtypes (default *bf16) and non-i32 scalars,
     `div16` the integer arguments the launcher sees divisible by 16 (pointers always are)."""
     name: str
     fn: object
