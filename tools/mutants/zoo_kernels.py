@@ -163,7 +163,7 @@ GEMV_FOLDS: list[Mutant] = [
     Mutant("gemv_rms_mean_over_tile", "norm fold",
            "the RMSNorm folded into a one-row projection divides Σx² by the tile width instead of the row length "
            "(right whenever one tile covers the row; wrong for every real hidden size)",
-           K + "gemv.py", "tl.sum(ss, axis=0) / K + eps", "tl.sum(ss, axis=0) / BLOCK_K + eps",
+           K + "gemv.py", "ssum / K + eps", "ssum / BLOCK_K + eps",
            (T_GEMV_RMS, T_ROW_GEMV)),
     Mutant("residual_epilogue_drops_multiplier", "norm fold",
            "the residual add in a projection's epilogue ignores the residual multiplier (Granite-style models scale "
