@@ -1,17 +1,18 @@
-"""One saving for the Triton interpreter (TRITON_INTERPRET=1, the CPU path): a call to a @triton.jit helper inside a
-kernel (`pdl_enter`, `softplus`, `sigmoid`, ... once per program of the grid) re-patches the `triton.language`
-modules (`inspect.getmembers` over tl, tl.tensor, tl.math: about 0.7 ms a call, ~15% of a tiny model's engine
-time) although the launching grid has patched exactly those modules already and keeps them patched until it
-returns (the helper's own patch scope is never restored; the grid's restore undoes both). Wrapped here: while a
-grid runs, a helper call whose `triton.language` modules that grid patched gets an empty scope; the grid's own
-call, a helper that sees a module the grid did not patch, and any call outside a grid run the interpreter's code.
-Same bits (tests/test_interpreter_speed.py): the patches the repeat would install are the ones in place. Compiled
-kernels never go through this code; the interpreter is only wrapped when it has the shape this relies on."""
+"""One saving for the Triton interpreter (TRITON_INTERPRET=1, the CPU path): the interpreter patches the
+`triton.language` modules (`inspect.getmembers` over tl, tl.tensor, tl.math, then a wrapper per builtin: about
+0.5-1 ms a call) at every grid launch and again at every @triton.jit helper call inside a kernel — our helpers
+(`pdl_enter`, `softplus`, ...) and Triton's own (`tl.sum`, `tl.max`, `tl.cumsum`, whose module is tl.core) — once
+per program of the grid, then restores the modules after the grid. Wrapped here: the first patch of a language
+module is kept for the life of the process, and every later patch of a module already kept is an empty scope.
+Under TRITON_INTERPRET=1 every @triton.jit function is interpreted, so nothing in the process ever needs the
+unpatched modules back. Same bits (tests/test_interpreter_speed.py): the patches a repeat would install are the
+ones in place. Compiled kernels never go through this code; the interpreter is only wrapped when it has the shape
+this relies on."""
 from __future__ import annotations
 
 
 def apply() -> bool:
-    """Wrap the interpreter's `_patch_lang` and grid launch so a helper call skips a repeat patch; True if wrapped."""
+    """Wrap the interpreter's `_patch_lang` so a language module is patched once per process; True if wrapped."""
     try:
         import triton.language as tl
         from triton.runtime import interpreter as interp
@@ -23,34 +24,24 @@ def apply() -> bool:
     nested_call = getattr(getattr(interp, "InterpretedFunction", None), "__call__", None)
     if original is None or scope_cls is None or getattr(original, "_hq_once", False):
         return False
-    # The shape relied on: the grid restores the scope _patch_lang returns; a helper call discards its own.
+    # The shape relied on: launches and helper calls patch through _patch_lang and the grid restores its scope.
     if not all(f is not None and "_patch_lang" in f.__code__.co_names for f in (grid_call, nested_call)) or \
             "restore" not in grid_call.__code__.co_names or not hasattr(scope_cls(), "restore"):
         return False
-    state = {"grid": False, "live": None}   # in a grid's launch; the language modules that grid patched
+    kept: set[int] = set()                  # ids of the language modules patched for good
+    scopes: list = []                       # their scopes, never restored
 
-    def langs_of(fn) -> frozenset[int]:
-        return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+    def langs_of(fn) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
 
     def patch_lang(fn):
-        langs, live = langs_of(fn), state["live"]
-        if live is not None and langs <= live:
-            return scope_cls()             # already patched by the running grid: an empty scope
-        scope = original(fn)
-        if state["grid"] and live is None:     # the grid's own call: what stays patched until it restores
-            state["live"] = langs
-        return scope
+        langs = langs_of(fn)
+        if langs and langs <= kept:
+            return scope_cls()             # already patched, and kept patched: nothing to do or undo
+        scopes.append(original(fn))
+        kept.update(langs)
+        return scope_cls()
 
-    def run_grid(self, *args, **kwargs):
-        if state["grid"]:                  # pragma: no cover - a grid inside a grid: the interpreter's own way
-            return grid_call(self, *args, **kwargs)
-        state["grid"], state["live"] = True, None
-        try:
-            return grid_call(self, *args, **kwargs)
-        finally:
-            state["grid"], state["live"] = False, None
-
-    patch_lang._hq_once, patch_lang._hq_original, run_grid._hq_original = True, original, grid_call
+    patch_lang._hq_once, patch_lang._hq_original = True, original
     interp._patch_lang = patch_lang
-    interp.GridExecutor.__call__ = run_grid
     return True
