@@ -33,7 +33,8 @@ def main() -> int:
     probe = Spec("product_3d", product_3d_kernel, dict(BLOCK_M=4, BLOCK_N=4, BLOCK_K=512), 8, 3,
                  {"y_ptr": "*fp32"}, ("K", "stride_w_n"))
     try:
-        rows = [report(s) for s in specs({"gemv_rows", "gemv", "decode"}) + [probe]]
+        chosen = [s for s in specs({"gemv_rows", "gemv", "decode"}) if "attention" not in s.name]  # not asserted
+        rows = [report(s) for s in chosen + [probe]]
     except SassError as e:
         print(json.dumps({"skip": str(e)}))
         return 0
