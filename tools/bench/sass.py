@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import triton
 
+ARCHS = (80, 86, 89, 90)      # what Triton's NVIDIA backend lowers these kernels for (older GPUs lack their ops)
 OPS = ("BAR", "STS", "LDS", "LDSM", "STSM", "LDL", "STL", "LDG", "SHFL")
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?\s*([^;]*);")
 
@@ -205,7 +206,8 @@ def _decode_specs() -> list[Spec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", default=None, help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode (default all)")
-    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--arch", type=int, default=90, choices=ARCHS,
+                    help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "0":
