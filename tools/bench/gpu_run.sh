@@ -62,6 +62,8 @@ step_candidates() {
     tests/test_kernel_gemv.py tests/test_kernel_gemv_rows.py tests/test_kernel_ssd.py tests/test_speculative_engine.py \
     > "$OUT/candidates_tests.txt" 2>&1 || rc=1
   { grep -E "passed|failed|error" "$OUT/candidates_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$OUT/candidates_tests.txt" | head -5; } > "$OUT/candidates.summary"
+  timeout 120 $PY -m hybridqual.bench.sass > "$OUT/candidates_sass.txt" 2>&1 || rc=1     # this image's compiler
+  grep -vi warn "$OUT/candidates_sass.txt" >> "$OUT/candidates.summary"
   timeout 120 $PY -m hybridqual.bench.kernels --only proj --summary "$OUT/candidates_proj.txt" > /dev/null 2>&1 || rc=1
   grep -E "proj|copy" "$OUT/candidates_proj.txt" >> "$OUT/candidates.summary"
   timeout 200 $PY -m hybridqual.bench.engine --bs1-only --gemv-variants --skip-long --skip-batch 2>&1 \
