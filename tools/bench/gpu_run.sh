@@ -55,25 +55,25 @@ step_verify_path() {
 # Optional: the changes compiled and tested on CPU but not yet timed (docs/performance.md, History, 2026-12-05
 # 21:30): their gpu tests, then the few-row GEMV per projection and in the verify step (account A/B), the one-row
 # GEMV's XB load and the decode attention at 8 warps in bs1 decode, and the SSD scan shapes that compile without
-# spills (mamba_ssm beside them when .peer is carried). About 7 minutes on one H100/H200.
+# spills (mamba_ssm beside them when .peer is carried). About 7-8 minutes on one H100/H200; the summary is written as
+# it goes, so a call cut at its limit still returns what ran (the SSD variants last).
 step_candidates() {
-  local rc=0
+  local rc=0 t
+  t=$(mktemp -d)            # the device returns few files: only candidates.{log,summary} go to $OUT
   timeout "${CAND_TESTS_TIMEOUT:-150}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-8}" -q -rfE -p no:cacheprovider \
     tests/test_kernel_gemv.py tests/test_kernel_gemv_rows.py tests/test_kernel_ssd.py tests/test_speculative_engine.py \
-    > "$OUT/candidates_tests.txt" 2>&1 || rc=1
-  { grep -E "passed|failed|error" "$OUT/candidates_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$OUT/candidates_tests.txt" | head -5; } > "$OUT/candidates.summary"
-  timeout 120 $PY -m hybridqual.bench.sass > "$OUT/candidates_sass.txt" 2>&1 || rc=1     # this image's compiler
-  grep -vi warn "$OUT/candidates_sass.txt" >> "$OUT/candidates.summary"
-  timeout 120 $PY -m hybridqual.bench.kernels --only proj --summary "$OUT/candidates_proj.txt" > /dev/null 2>&1 || rc=1
-  grep -E "proj|copy" "$OUT/candidates_proj.txt" >> "$OUT/candidates.summary"
-  timeout 200 $PY -m hybridqual.bench.engine --bs1-only --gemv-variants --skip-long --skip-batch 2>&1 \
-    | grep -E "gemv variant|bs1 async graphs=on" >> "$OUT/candidates.summary" || rc=1
+    > "$t/candidates_tests.txt" 2>&1 || rc=1
+  { grep -E "passed|failed|error" "$t/candidates_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$t/candidates_tests.txt" | head -5; } > "$OUT/candidates.summary"
+  timeout 120 $PY -m hybridqual.bench.sass > "$t/candidates_sass.txt" 2>&1 || rc=1     # this image's compiler
+  grep -vi warn "$t/candidates_sass.txt" >> "$OUT/candidates.summary"
+  timeout 120 $PY -m hybridqual.bench.kernels --only proj --summary "$t/candidates_proj.txt" > /dev/null 2>&1 || rc=1
+  grep -E "proj|copy" "$t/candidates_proj.txt" >> "$OUT/candidates.summary"
   timeout 150 $PY -m hybridqual.bench.ablation --variants "code as it is" "attention: 8 warps (no spill at sm_90)" \
     "K>=4096 GEMV: x in the weight layout (XB)" "every GEMV: x in the weight layout (XB)" 2>&1 \
     | grep -E "µs/step|roofline" >> "$OUT/candidates.summary" || rc=1
-  timeout 150 $PY -m hybridqual.bench.account --verify-k 2 --flip gemv_rows --summary "$OUT/candidates_account.txt" \
+  timeout 150 $PY -m hybridqual.bench.account --verify-k 2 --flip gemv_rows --summary "$t/candidates_account.txt" \
     > /dev/null 2>&1 || rc=1
-  tail -n 12 "$OUT/candidates_account.txt" >> "$OUT/candidates.summary" 2>/dev/null
+  tail -n 12 "$t/candidates_account.txt" >> "$OUT/candidates.summary" 2>/dev/null
   timeout 200 $PY -m hybridqual.bench.ssd_variants --budget-s 150 --lengths 65536,8192 \
     --only staged,walk_cb_k32_w8,rec_s32_w8,walk_cb_m32_k32,state_k32_w8,state_p32_n32_k32_w8,walk_cb_k32_s1 2>&1 | tail -n 14 >> "$OUT/candidates.summary" || rc=1
   return $rc
