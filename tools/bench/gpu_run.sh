@@ -61,7 +61,9 @@ step_candidates() {
   local rc=0 t
   t=$(mktemp -d)            # the device returns few files: only candidates.{log,summary} go to $OUT
   timeout "${CAND_TESTS_TIMEOUT:-150}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-8}" -q -rfE -p no:cacheprovider \
-    tests/test_kernel_gemv.py tests/test_kernel_gemv_rows.py tests/test_kernel_ssd.py tests/test_speculative_engine.py \
+    tests/test_kernel_gemv.py tests/test_kernel_gemv_rows.py tests/test_speculative_engine.py \
+    tests/test_kernel_ssd.py::test_ssd_walk_scan_has_the_bits_of_the_blocked_scan \
+    tests/test_kernel_ssd.py::test_ssd_every_scan_and_state_kernel_matches_recurrence \
     > "$t/candidates_tests.txt" 2>&1 || rc=1
   { grep -E "passed|failed|error" "$t/candidates_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$t/candidates_tests.txt" | head -5; } > "$OUT/candidates.summary"
   timeout 120 $PY -m hybridqual.bench.sass > "$t/candidates_sass.txt" 2>&1 || rc=1     # this image's compiler
