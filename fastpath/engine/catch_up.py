@@ -16,8 +16,8 @@ from torch import Tensor
 
 from . import ops
 from .bank import StateBank
-from .graphs import buckets, warm_capture
-from .verify import VerifyBatch, verify_hidden, width_buckets
+from .graphs import buckets
+from .verify import VerifyBatch, capture_idle, upload_meta, verify_hidden, width_buckets
 
 
 class CatchUp:
@@ -61,13 +61,9 @@ class CatchUp:
     def _capture(self, key: tuple[int, int]) -> None:
         """Warm up on a side stream with every slot -1 (the bank untouched), then capture; metadata restored."""
         meta, _ = self._buffers(key)
-        T = key[0] * key[1]
-        saved = meta.clone()
-        meta[2 * T:3 * T].fill_(-1)
-        g, _ = warm_capture(lambda: self._body(key), self.pool)
+        g, _ = capture_idle(meta, *key, lambda: self._body(key), self.pool)
         self.pool = g.pool()
         self.graphs[key] = g
-        meta.copy_(saved)
 
     def capture_all(self) -> None:
         """Capture every (rows, width) bucket now (benchmarks: no capture inside a timed run), largest first."""
@@ -91,8 +87,7 @@ class CatchUp:
         vals = ids + pos + sl + [0] * nb                 # src: the replay rollback's field, unused here
         meta, tok = self._buffers((nb, w))
         self.runs[(nb, w)] = self.runs.get((nb, w), 0) + 1
-        self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
-        meta.copy_(self.stage[:len(vals)], non_blocking=True)
+        upload_meta(self.stage, meta, vals)
         if self.capture:
             if (nb, w) not in self.graphs:
                 self._capture((nb, w))

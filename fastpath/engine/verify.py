@@ -113,6 +113,23 @@ class VerifyBatch:
         return VerifyBatch(meta[:T], meta[T:2 * T], meta[2 * T:3 * T].view(w, nb), meta[3 * T:3 * T + nb], nb, w)
 
 
+def upload_meta(stage: Tensor, meta: Tensor, vals: list[int]) -> None:
+    """A batch's metadata (VerifyBatch's layout) from the host in one non-blocking copy through the pinned `stage`,
+    which the caller rewrites only after the step's next host sync."""
+    stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
+    meta.copy_(stage[:len(vals)], non_blocking=True)
+
+
+def capture_idle(meta: Tensor, nb: int, w: int, body, pool):
+    """warm_capture(body, pool) with every slot of the (nb, w) batch in `meta` set to -1 first, so the warm-up and
+    captured runs read and write no bank state; the metadata is restored after. (graph, what body returned)."""
+    saved = meta.clone()
+    VerifyBatch.view(meta, nb, w).slot.fill_(-1)
+    out = warm_capture(body, pool)
+    meta.copy_(saved)
+    return out
+
+
 def verify_forward(model, vb: VerifyBatch, bank: StateBank, snaps: PositionSnapshots | None,
                    log: InputLog | None = None) -> Tensor:
     """FastModel.forward's layer loop over a verify batch with sequential mixers; logits [w*nb, V] at every token."""
@@ -269,14 +286,10 @@ class VerifyRunner:
         off (graphs.capture); metadata restored. key (nb, w): the host-draft body; (nb, w, "device"): the device-draft
         body (_device_body)."""
         meta, _ = self._buffers(key[:2])
-        T = key[0] * key[1]
         body = (lambda: self._device_body(key[:2])) if len(key) == 3 else (lambda: self._body(key))
-        saved = meta.clone()
-        meta[2 * T:3 * T].fill_(-1)
-        g, self._logits[key] = warm_capture(body, self.pool)     # the logits: the graph's static output
+        g, self._logits[key] = capture_idle(meta, *key[:2], body, self.pool)   # the logits: the graph's output
         self.pool = g.pool()
         self.graphs[key] = g
-        meta.copy_(saved)
 
     def capture_all(self) -> None:
         """Capture every (rows, width) bucket now (benchmarks: no capture inside a timed run), largest first."""
@@ -301,8 +314,7 @@ class VerifyRunner:
         vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
         key, self.last_nb = (nb, w), nb
         meta, tok = self._buffers(key)
-        self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
-        meta.copy_(self.stage[:len(vals)], non_blocking=True)    # the stage is reused after the step's sync
+        upload_meta(self.stage, meta, vals)
         if self.capture and not seeded:
             if key not in self.graphs:
                 self._capture(key)
@@ -353,8 +365,7 @@ class VerifyRunner:
         vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
         key, self.last_nb = (nb, w), nb
         meta, _ = self._buffers(key)
-        self.stage[:len(vals)].copy_(torch.tensor(vals, dtype=torch.int64))
-        meta.copy_(self.stage[:len(vals)], non_blocking=True)
+        upload_meta(self.stage, meta, vals)
         if self.capture and not seeded:
             if key + ("device",) not in self.graphs:
                 self._capture(key + ("device",))
