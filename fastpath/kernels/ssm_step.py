@@ -52,14 +52,10 @@ def ssm_step_kernel(
     mhp = mh[:, None] & mp[None, :]                                          # [BLOCK_H, BLOCK_P]
     mhn = mh[:, None] & mn[None, :]                                          # [BLOCK_H, BLOCK_N]
     m3 = mhp[:, :, None] & mn[None, None, :]
-    tile = (bank_ptr + slot * stride_bank_s + offs_h[:, None, None] * stride_bank_h
-            + offs_p[None, :, None] * stride_bank_p + offs_n[None, None, :] * stride_bank_n)
+    tile = state_tile(bank_ptr, slot, offs_h, offs_p, offs_n, stride_bank_s, stride_bank_h, stride_bank_p,
+                      stride_bank_n)
     state = tl.load(tile, mask=m3, other=0.0)
-    A = tl.load(A_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(dt_bias_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
-    if HAS_D:
-        Dh = tl.load(D_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
+    A, bias, Dh = head_constants(A_ptr, dt_bias_ptr, D_ptr, offs_h, mh, HAS_BIAS, HAS_D)
     pdl_enter(PDL)
     xhp = offs_h[:, None] * stride_x_h + offs_p[None, :] * stride_x_p
     x = tl.load(x_ptr + r * stride_x_r + xhp, mask=mhp, other=0.0).to(tl.float32)
@@ -67,10 +63,7 @@ def ssm_step_kernel(
         z = tl.load(z_ptr + r * stride_z_r + offs_h[:, None] * stride_z_h + offs_p[None, :] * stride_z_p,
                     mask=mhp, other=0.0)
     dt = tl.load(dt_ptr + r * stride_dt_r + offs_h * stride_dt_h, mask=mh, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        dt += bias
-    dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
-    decay = tl.exp(dt * A)
+    dt, decay = processed_dt(dt, A, bias, dt_lo, dt_hi, HAS_BIAS)
     Bv = tl.load(B_ptr + r * stride_b_r + g[:, None] * stride_b_g + offs_n[None, :] * stride_b_n, mask=mhn,
                  other=0.0).to(tl.float32)
     Cv = tl.load(C_ptr + r * stride_c_r + g[:, None] * stride_c_g + offs_n[None, :] * stride_c_n, mask=mhn,
@@ -89,6 +82,35 @@ def ssm_step_kernel(
     y = tl.where(mhp, y, 0.0)
     tl.store(y_ptr + r * stride_y_r + offs_h[:, None] * stride_y_h + offs_p[None, :] * stride_y_p,
              y.to(y_ptr.dtype.element_ty), mask=(offs_h < H)[:, None] & mp[None, :])
+
+
+@triton.jit
+def state_tile(bank_ptr, slot, offs_h, offs_p, offs_n, stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n):
+    """Pointers of bank[slot]'s [BLOCK_H, BLOCK_P, BLOCK_N] state tile (ssm_step and ssm_steps)."""
+    return (bank_ptr + slot * stride_bank_s + offs_h[:, None, None] * stride_bank_h
+            + offs_p[None, :, None] * stride_bank_p + offs_n[None, None, :] * stride_bank_n)
+
+
+@triton.jit
+def head_constants(A_ptr, dt_bias_ptr, D_ptr, offs_h, mh, HAS_BIAS: tl.constexpr, HAS_D: tl.constexpr):
+    """(A, dt_bias, D) of the program's heads in fp32 (0 on masked heads; 0.0 for an absent dt_bias or D)."""
+    A = tl.load(A_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(dt_bias_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
+    Dh = 0.0
+    if HAS_D:
+        Dh = tl.load(D_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
+    return A, bias, Dh
+
+
+@triton.jit
+def processed_dt(dt, A, bias, dt_lo, dt_hi, HAS_BIAS: tl.constexpr):
+    """One token's (dt, exp(dt·A)): dt + dt_bias, softplus, clamped to [dt_lo, dt_hi] (oracle/mamba2.py's order)."""
+    if HAS_BIAS:
+        dt += bias
+    dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
+    return dt, tl.exp(dt * A)
 
 
 def ssm_step_launch_rule(H: int, P: int, N: int) -> dict:

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, pdl_enter, pdl_meta, softplus
-from .ssm_step import ssm_step_launch_rule
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, pdl_enter, pdl_meta
+from .ssm_step import head_constants, processed_dt, ssm_step_launch_rule, state_tile
 
 OP = "ssm_steps"
 
@@ -52,14 +52,10 @@ def ssm_steps_kernel(
     mp = offs_p < P
     mn = offs_n < N
     m3 = (mh[:, None] & mp[None, :])[:, :, None] & mn[None, None, :]
-    tile = (bank_ptr + slot * stride_bank_s + offs_h[:, None, None] * stride_bank_h
-            + offs_p[None, :, None] * stride_bank_p + offs_n[None, None, :] * stride_bank_n)
+    tile = state_tile(bank_ptr, slot, offs_h, offs_p, offs_n, stride_bank_s, stride_bank_h, stride_bank_p,
+                      stride_bank_n)
     state = tl.load(tile, mask=m3, other=0.0)
-    A = tl.load(A_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(dt_bias_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
-    if HAS_D:
-        Dh = tl.load(D_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
+    A, bias, Dh = head_constants(A_ptr, dt_bias_ptr, D_ptr, offs_h, mh, HAS_BIAS, HAS_D)
     pdl_enter(PDL)
     for j in range(W):
         live = tl.load(slot_ptr + j * stride_slot_w + r * stride_slot_r) >= 0
@@ -70,10 +66,7 @@ def ssm_steps_kernel(
                     + offs_p[None, :] * stride_x_p, mask=mhp, other=0.0).to(tl.float32)
         dt = tl.load(dt_ptr + j * stride_dt_w + r * stride_dt_r + offs_h * stride_dt_h, mask=mhj,
                      other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt += bias
-        dt = tl.minimum(tl.maximum(softplus(dt), dt_lo), dt_hi)
-        decay = tl.exp(dt * A)
+        dt, decay = processed_dt(dt, A, bias, dt_lo, dt_hi, HAS_BIAS)
         Bv = tl.load(B_ptr + j * stride_b_w + r * stride_b_r + g[:, None] * stride_b_g + offs_n[None, :] * stride_b_n,
                      mask=mhn, other=0.0).to(tl.float32)
         Cv = tl.load(C_ptr + j * stride_c_w + r * stride_c_r + g[:, None] * stride_c_g + offs_n[None, :] * stride_c_n,
