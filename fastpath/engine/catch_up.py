@@ -17,7 +17,7 @@ from torch import Tensor
 from . import ops
 from .bank import StateBank
 from .graphs import buckets
-from .verify import VerifyBatch, capture_idle, upload_meta, verify_hidden, width_buckets
+from .verify import VerifyBatch, capture_idle, pack_rows, upload_meta, verify_hidden, width_buckets
 
 
 class CatchUp:
@@ -78,13 +78,7 @@ class CatchUp:
         the pinned stage in one non-blocking copy, reused only after the caller's next host read."""
         S = len(new)
         nb, w = self.shape(S, max(len(x) for x in new))
-        T = nb * w
-        ids, pos, sl = [0] * T, [0] * T, [-1] * T
-        for r, (x, s, slot) in enumerate(zip(new, starts, slots)):
-            for i, t in enumerate(x):
-                at = (w - len(x) + i) * nb + r
-                ids[at], pos[at], sl[at] = t, s + i, slot
-        vals = ids + pos + sl + [0] * nb                 # src: the replay rollback's field, unused here
+        vals = pack_rows(new, starts, slots, nb, w, right=True) + [0] * nb    # src: the replay's field, unused
         meta, tok = self._buffers((nb, w))
         self.runs[(nb, w)] = self.runs.get((nb, w), 0) + 1
         upload_meta(self.stage, meta, vals)

@@ -113,6 +113,20 @@ class VerifyBatch:
         return VerifyBatch(meta[:T], meta[T:2 * T], meta[2 * T:3 * T].view(w, nb), meta[3 * T:3 * T + nb], nb, w)
 
 
+def pack_rows(rows: list[list[int]], starts: list[int], slots: list[int], nb: int, w: int,
+              right: bool = False) -> list[int]:
+    """ids | pos | slot of an (nb, w) batch (VerifyBatch's layout, host side): row r's tokens at positions
+    starts[r].. in slots[r], from column 0 (or right-aligned, ending at column w-1); slot -1 everywhere else."""
+    T = nb * w
+    ids, pos, sl = [0] * T, [0] * T, [-1] * T
+    for r, (toks, p, s) in enumerate(zip(rows, starts, slots)):
+        first = w - len(toks) if right else 0
+        for j, t in enumerate(toks):
+            at = (first + j) * nb + r
+            ids[at], pos[at], sl[at] = t, p + j, s
+    return ids + pos + sl
+
+
 def upload_meta(stage: Tensor, meta: Tensor, vals: list[int]) -> None:
     """A batch's metadata (VerifyBatch's layout) from the host in one non-blocking copy through the pinned `stage`,
     which the caller rewrites only after the step's next host sync."""
@@ -306,12 +320,7 @@ class VerifyRunner:
         position) is laid out by the caller with shape()'s nb."""
         S = len(inputs)
         nb, w = self.shape(S, max(len(x) for x in inputs))
-        T = nb * w
-        ids, ps, sl = [0] * T, [0] * T, [-1] * T
-        for r, (toks, p, s) in enumerate(zip(inputs, pos, slot)):
-            for j, t in enumerate(toks):
-                ids[j * nb + r], ps[j * nb + r], sl[j * nb + r] = t, p + j, s
-        vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
+        vals = pack_rows(inputs, pos, slot, nb, w) + list(slot) + [slot[0]] * (nb - S)
         key, self.last_nb = (nb, w), nb
         meta, tok = self._buffers(key)
         upload_meta(self.stage, meta, vals)
