@@ -1,6 +1,7 @@
 """Run in a subprocess by test_kernel_static.py (Triton compiling, never interpreting): the static reports of the
-few-row and one-row GEMVs and the decode path's state kernels at their launch rules, and of a probe whose K loop must convert layouts through shared memory (a
-[BLOCK_M, BLOCK_N, BLOCK_K] product of a weight tile and an x tile: the checker's positive control). JSON on stdout."""
+few-row and one-row GEMVs and the decode path's state kernels at their launch rules, and of a probe whose K loop
+must convert layouts through shared memory (a [BLOCK_M, BLOCK_N, BLOCK_K] product of a weight tile and an x tile:
+the checker's positive control). JSON on stdout."""
 from __future__ import annotations
 
 import json

@@ -205,7 +205,8 @@ def _decode_specs() -> list[Spec]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernels", default=None, help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode (default all)")
+    ap.add_argument("--kernels", default=None,
+                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode (default all)")
     ap.add_argument("--arch", type=int, default=90, choices=ARCHS,
                     help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
