@@ -60,8 +60,8 @@ SPECULATIVE: list[Mutant] = [
     Mutant("spec_kv_length_not_cut", "speculative rollback",
            "a verify row's fed length is not cut at its own m+1 inputs: the batch width's padding positions run in the "
            "row's slot (not slot -1), so its conv/SSM state and K/V advance over padding tokens past its last input",
-           VERIFY, "            for j, t in enumerate(toks):\n",
-           "            for j, t in enumerate(list(toks) + [0] * (w - len(toks))):\n",
+           VERIFY, "vals = pack_rows(inputs, pos, slot, nb, w)",
+           "vals = pack_rows([list(t) + [0] * (w - len(t)) for t in inputs], pos, slot, nb, w)",
            (T_SPEC_STATE, T_SPEC_LOG)),
     Mutant("spec_stop_inside_drafts_ignored", "speculative finishing",
            "a stop token (or max_new_tokens) reached inside the accepted drafts does not cut the emitted list: the "
