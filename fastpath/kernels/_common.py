@@ -104,6 +104,16 @@ def pdl_enter(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def row_slot(slot_ptr, r, W, stride_slot_w, stride_slot_r):
+    """A multi-position row's one slot (ssm_steps, conv1d_steps): the largest of slot[0..W-1, r] — its live
+    positions all carry it (the caller's contract), the others -1; -1 when the row has no live position."""
+    slot = tl.load(slot_ptr + r * stride_slot_r).to(tl.int64)
+    for j in range(1, W):
+        slot = tl.maximum(slot, tl.load(slot_ptr + j * stride_slot_w + r * stride_slot_r).to(tl.int64))
+    return slot
+
+
 def reg_cap(rule: dict) -> dict:
     """Launch options capping registers per thread: the rule entry's `maxnreg` (CUDA only; none when absent)."""
     return {} if INTERPRET or rule.get("maxnreg") is None else dict(maxnreg=int(rule["maxnreg"]))

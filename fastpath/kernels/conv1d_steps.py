@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, check, next_pow2, pdl_enter, pdl_meta
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, check, next_pow2, pdl_enter, pdl_meta, row_slot
 from .conv1d import _check_common, conv1d_launch_rule, conv_roll, conv_window
 
 OP = "conv1d_steps"
@@ -36,9 +36,7 @@ def conv1d_steps_kernel(
     r = tl.program_id(0).to(tl.int64)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     md = offs_d < Dc
-    slot = tl.load(slot_ptr + r * stride_slot_r).to(tl.int64)
-    for j in range(1, W):
-        slot = tl.maximum(slot, tl.load(slot_ptr + j * stride_slot_w + r * stride_slot_r).to(tl.int64))
+    slot = row_slot(slot_ptr, r, W, stride_slot_w, stride_slot_r)
     base = bank_ptr + slot * stride_bank_s + offs_d * stride_bank_d
     pdl_enter(PDL)
     for j in range(W):

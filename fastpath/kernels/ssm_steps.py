@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, pdl_enter, pdl_meta
+from ._common import FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, dt_limits, pdl_enter, pdl_meta, row_slot
 from .ssm_step import head_constants, processed_dt, ssm_step_launch_rule, state_tile
 
 OP = "ssm_steps"
@@ -43,9 +43,7 @@ def ssm_steps_kernel(
     offs_h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     pb = tl.program_id(2)
     g = offs_h // heads_per_group
-    slot = tl.load(slot_ptr + r * stride_slot_r).to(tl.int64)
-    for j in range(1, W):
-        slot = tl.maximum(slot, tl.load(slot_ptr + j * stride_slot_w + r * stride_slot_r).to(tl.int64))
+    slot = row_slot(slot_ptr, r, W, stride_slot_w, stride_slot_r)
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mh = tl.where(slot >= 0, offs_h < H, False)
