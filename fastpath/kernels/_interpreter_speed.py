@@ -28,8 +28,7 @@ def apply() -> bool:
     if not all(f is not None and "_patch_lang" in f.__code__.co_names for f in (grid_call, nested_call)) or \
             "restore" not in grid_call.__code__.co_names or not hasattr(scope_cls(), "restore"):
         return False
-    kept: set[int] = set()                  # ids of the language modules patched for good
-    scopes: list = []                       # their scopes, never restored
+    kept: set[int] = set()                  # ids of the language modules patched for good (never restored)
 
     def langs_of(fn) -> set[int]:
         return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
@@ -38,7 +37,7 @@ def apply() -> bool:
         langs = langs_of(fn)
         if langs and langs <= kept:
             return scope_cls()             # already patched, and kept patched: nothing to do or undo
-        scopes.append(original(fn))
+        original(fn)                       # its scope is dropped: nothing ever restores these patches
         kept.update(langs)
         return scope_cls()
 
