@@ -77,7 +77,7 @@ step_candidates() {
     > /dev/null 2>&1 || rc=1
   tail -n 12 "$t/candidates_account.txt" >> "$OUT/candidates.summary" 2>/dev/null
   timeout 200 $PY -m hybridqual.bench.ssd_variants --budget-s 150 --lengths 65536,8192 \
-    --only staged,walk_cb_k32_w8,rec_s32_w8,walk_cb_m32_k32,state_k32_w8,state_p32_n32_k32_w8,walk_cb_k32_s1 2>&1 | tail -n 14 >> "$OUT/candidates.summary" || rc=1
+    --only staged,fused_w8_s32,walk_cb_k32_w8,rec_s32_w8,state_k32_w8,fused_w8,walk_cb_m32_k32,state_p32_n32_k32_w8,fused_w8_s32_cb,walk_cb_k32_s1 2>&1 | tail -n 30 >> "$OUT/candidates.summary" || rc=1
   return $rc
 }
 # Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).

@@ -3,7 +3,7 @@ ptxas) at its launch rule, reporting registers, spill stack, and what its loops 
 shared-memory and local-memory ops). A spill or a shared-memory round trip in a streaming loop is a cost the GPU
 figures show later; this finds it on a CPU machine.
 
-    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,decode] [--arch 90] [--out sass.json]
+    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,ssd_fused,decode] [--arch 90] [--out sass.json]
 
 The figures depend on the Triton version that compiles (the GPU image's may differ from this machine's: a venv
 with that version's wheel first on PYTHONPATH compiles with it).
@@ -159,15 +159,30 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
                     st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))
+    out += _fused_specs(rule["fused"], f32, strides)
     out += _decode_specs()
     groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state",
-              "decode": "decode "}
+              "ssd_fused": "ssd_fused", "decode": "decode "}
     if names is None:
         return out
     unknown = names - set(groups)
     if unknown:
         raise ValueError(f"--kernels: unknown {sorted(unknown)}; choose from {sorted(groups)}")
     return [s for s in out if any(s.name.startswith(groups[n]) for n in names)]
+
+
+def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
+    """The one-launch SSD prefill (ssd_fused.py) at its rule, and at 8 warps (the register pressure it halves)."""
+    from fastpath.kernels.ssd_fused import ssd_fused_kernel
+    types = {**f32, "dtp_ptr": "*fp32", "dtb_ptr": "*fp32", "A_ptr": "*fp32", "carry_ptr": "*fp32",
+             "sync_ptr": "*i32", "cb_ptr": "*fp32", "chunk_seq_ptr": "*i64", "pad_idx_ptr": "*i64", "chunk_start_ptr": "*i64",
+             "dt_lo": "fp32", "dt_hi": "fp32"}
+    consts = dict(HAS_BIAS=True, HAS_D=True, HAS_CKPT=False, USE_CB=fr["use_cb"], USE_TICKET=fr["ticket"],
+                  BLOCK_S=fr["BLOCK_S"], BLOCK_P=fr["BLOCK_P"], BLOCK_N=fr["BLOCK_N"], DOT_PREC="tf32",
+                  PRE_DT=fr["pre_dt"], SKIP=0)
+    return [Spec(f"ssd_fused w{w} S{s}", ssd_fused_kernel, dict(consts, BLOCK_S=s), w, fr["num_stages"], types,
+                 strides(ssd_fused_kernel) + ("H", "P", "N"))
+            for w, s in ((fr["num_warps"], fr["BLOCK_S"]), (8, fr["BLOCK_S"]), (8, 32))]
 
 
 def _decode_specs() -> list[Spec]:

@@ -30,10 +30,16 @@ try:
 except ImportError:                      # run as a script: tools/bench is on sys.path
     from ssd_fused import DEV, G, H, N, P, Q, bench, copy_tbps, inputs, peer, rel
 
-STAGES = ("cumsum", "bmm", "state", "scan")
-# name -> (scan entry updates, state entry updates); "" = the launch rule as it is
-VARIANTS: dict[str, tuple[dict, dict]] = {
+STAGES = ("cumsum", "bmm", "state", "scan", "fused")
+# name -> (scan entry updates, state entry updates[, fused entry updates: the fused path]); "" = the launch rule
+VARIANTS: dict[str, tuple] = {
     "staged": ({}, {}),
+    # the fused path (one launch) at shapes with less spill at sm_90 (triton 3.6: 2080 B a thread at its rule,
+    # 800 at 8 warps, 136 at 8 warps with 32-token sub-chunks; `hybridqual bench sass --kernels ssd_fused`)
+    "fused_w8": ({}, {}, dict(num_warps=8)),
+    "fused_w8_s32": ({}, {}, dict(num_warps=8, BLOCK_S=32)),
+    "fused_w8_s32_cb": ({}, {}, dict(num_warps=8, BLOCK_S=32, use_cb=True)),
+    "fused_w8_s32_st1": ({}, {}, dict(num_warps=8, BLOCK_S=32, num_stages=1)),
     # spill-free at sm_90 with triton 3.6 (`hybridqual bench sass`, docs/performance.md "Kernels, compiled")
     "walk_cb_k32_w8": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_warps=8, num_stages=1), {}),
     "rec_s32_w8": (dict(BLOCK_S=32, num_warps=8, num_stages=1), {}),
@@ -66,9 +72,12 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 }
 
 
-def rule_for(scan: dict, state: dict) -> dict:
-    """The launch rule with a variant's scan and state entries (a scan entry's `use_cb` is the rule's own key)."""
+def rule_for(scan: dict, state: dict, fused: dict | None = None) -> dict:
+    """The launch rule with a variant's scan, state (and fused) entries (a scan entry's `use_cb` is the rule's own
+    key); a variant with a fused entry runs the fused path."""
     r = copy.deepcopy(ssd_launch_rule(H, G, P, N, Q, torch.bfloat16))
+    r["fused"].update(fused or {})
+    r["fused"]["default"] = fused is not None
     scan = dict(scan)
     r["use_cb"] = scan.pop("use_cb", r["use_cb"])
     r["scan"].update(scan)
@@ -113,12 +122,15 @@ class Case:
         self.table = ssd_chunk_table(self.cu, [0], Q, DEV, slot=[1], n_slots=2)
         self.out = torch.empty_like(self.inp["x"])
 
-    def run(self, rule=None, fused=False, mark=None):
+    def run(self, rule=None, fused=None, mark=None):
+        """`fused` None: the rule's `fused.default` (set by rule_for for a fused variant)."""
         i = self.inp
+        if fused is None:
+            fused = bool(rule and rule["fused"].get("default"))
         return ssd_varlen(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dtb"], self.bank, self.cu, self.slot,
                           [0], self.init, Q, out=self.out, table=self.table, fused=fused, _rule=rule, _mark=mark)
 
-    def result(self, rule=None, fused=False):
+    def result(self, rule=None, fused=None):
         self.bank.copy_(self.bank0)
         self.run(rule, fused)
         return self.out.clone(), self.bank[1].clone()
@@ -131,7 +143,7 @@ def time_variant(case: Case, name: str, rule: dict, ref) -> dict:
         y2, h2 = case.result(rule)
         row.update(rel_y=rel(y, ref[0]), rel_h=rel(h, ref[1]),
                    bitwise=bool(torch.equal(y, y2) and torch.equal(h, h2)))
-        row["scan_kernel"] = kinfo(_ssd._SCAN_LAUNCH[0])
+        row["scan_kernel"] = kinfo(_ssd._FUSED_LAUNCH[0] if rule["fused"]["default"] else _ssd._SCAN_LAUNCH[0])
         row["ms"] = bench(lambda: case.run(rule))
         row["stages"] = stage_ms(lambda m: case.run(rule, mark=m))
     except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
@@ -181,7 +193,8 @@ def main() -> None:
                 continue
             res["rows"].append(time_variant(case, vn, rule_for(*VARIANTS[vn]), ref))
         if li == 0 and time.time() - t0 < a.budget_s:
-            ok = [r for r in res["rows"] if r["L"] == L and "ms" in r and r["rel_y"] < 5e-3 and r["bitwise"]]
+            ok = [r for r in res["rows"] if r["L"] == L and "ms" in r and r["rel_y"] < 5e-3 and r["bitwise"]
+              and len(VARIANTS[r["variant"]]) == 2]
             best = lambda pick: min((r for r in ok if pick(VARIANTS[r["variant"]])), key=lambda r: r["ms"],  # noqa: E731
                                     default=None)
             bs, bt = best(lambda v: not v[1]), best(lambda v: not v[0])
@@ -217,7 +230,8 @@ def summary(res: dict) -> None:
             continue
         st, m = r["stages"], mam.get(r["L"])
         print(f"| {r['L']} | {r['variant']} | {r['ms']:.3f} | {'%.2f' % (m / r['ms']) if m else '-'} | "
-              f"{st.get('cumsum', 0):.3f} | {st.get('state', 0):.3f} | {st.get('scan', 0):.3f} | {r['rel_y']:.1e} | "
+              f"{st.get('cumsum', 0):.3f} | {st.get('state', 0):.3f} | "
+              + (f"{st['scan']:.3f}" if "scan" in st else f"fused {st.get('fused', 0):.3f}") + f" | {r['rel_y']:.1e} | "
               f"{r['rel_h']:.1e} | {r['bitwise']} | {r['scan_kernel']} |")
     sys.stdout.flush()
 
