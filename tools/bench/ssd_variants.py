@@ -40,6 +40,7 @@ VARIANTS: dict[str, tuple] = {
     "fused_w8_s32": ({}, {}, dict(num_warps=8, BLOCK_S=32)),
     "fused_w8_s32_cb": ({}, {}, dict(num_warps=8, BLOCK_S=32, use_cb=True)),
     "fused_w8_s32_st1": ({}, {}, dict(num_warps=8, BLOCK_S=32, num_stages=1)),
+    "fused_s32": ({}, {}, dict(BLOCK_S=32)),
     # spill-free at sm_90 with triton 3.6 (`hybridqual bench sass`, docs/performance.md "Kernels, compiled")
     "walk_cb_k32_w8": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_warps=8, num_stages=1), {}),
     "rec_s32_w8": (dict(BLOCK_S=32, num_warps=8, num_stages=1), {}),
