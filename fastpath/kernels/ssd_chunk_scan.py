@@ -79,10 +79,10 @@ def _scan_row_block(x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, D_ptr, y_ptr,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < hi
         tok_k = start + offs_k
-        if USE_CB:
+        if USE_CB:      # only on or below the diagonal: ssd_bmm leaves blocks above it unwritten
             cb = tl.load(cb_ptr + c.to(tl.int64) * stride_cb_c + g * stride_cb_g
                          + offs_m[:, None] * stride_cb_i + offs_k[None, :],
-                         mask=mm[:, None] & mk[None, :], other=0.0)
+                         mask=mm[:, None] & mk[None, :] & (offs_m[:, None] >= offs_k[None, :]), other=0.0)
         else:
             Bk = tl.load(B_ptr + tok_k[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
                          mask=mk[:, None] & mn[None, :], other=0.0)
