@@ -23,7 +23,7 @@ from fastpath.options import FastOptions, OptionsError, check_options
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
 from fastpath.kernels.gemv import ConvStep, ResidualAdd, gemv as _gemv
-from fastpath.kernels.gemv_rows import MAX_ROWS as GEMV_MAX_ROWS, gemv_rows as _gemv_rows
+from fastpath.kernels.gemv_rows import K_MULTIPLE as GEMV_ROWS_K_MULTIPLE, MAX_ROWS as GEMV_MAX_ROWS, gemv_rows as _gemv_rows
 
 
 @dataclass
@@ -167,8 +167,10 @@ class FastModel:
         return self._dense(x, w, b)
 
     def _gemv_rows_ok(self, x: Tensor) -> bool:
-        """2..8 rows (a bs1 verify, a small batch): the few-row GEMV, which reads each weight once for all rows."""
-        return self.options.gemv_rows and 2 <= x.shape[0] <= GEMV_MAX_ROWS and self._gemv_path(x)
+        """2..8 rows (a bs1 verify, a small batch): the few-row GEMV, which reads each weight once for all rows;
+        only where K is a multiple of 16, where its rows are proven to have the one-row GEMV's bits (gemv_rows.py)."""
+        return (self.options.gemv_rows and 2 <= x.shape[0] <= GEMV_MAX_ROWS and x.shape[1] % GEMV_ROWS_K_MULTIPLE == 0
+                and self._gemv_path(x))
 
     def _dense(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         """A projection off the one-row GEMV path; batch-invariant: the fixed-tile matmul (tiles keyed on N, K)."""

@@ -134,11 +134,13 @@ def test_gemv_residual_epilogue_is_add_rms_norms_residual_add(device, dtype, mul
 
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_gemv_broadcast_x_load_keeps_every_epilogues_bits(device, dtype):
-    """Launch-rule key XB (x loaded in the weight tile's layout): the product, act fold, conv epilogue and residual
-    epilogue keep their bits; the RMS fold, whose Σx² is then reduced per column, matches within rounding."""
+    """Launch-rule key XB (x loaded in the weight tile's layout), K a multiple of 16 with a partial last K tile: the
+    product, act fold, conv epilogue and residual epilogue keep their bits; the RMS fold, whose Σx² is then reduced
+    per column, matches within rounding. (Other K: fp32 bits can differ on a GPU, the compiler laying the tiles
+    out differently; measured on sm_90, docs/kernels.md.)"""
     skip_cpu_without_interpreter(device)
     from fastpath.kernels.gemv import ConvStep, ResidualAdd
-    for N, K, rule in ((37, 100, dict(BLOCK_K=64)), (9, 2100, dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8))):
+    for N, K, rule in ((37, 112, dict(BLOCK_K=64)), (9, 2112, dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8))):
         gen = torch.Generator().manual_seed(N + K)
         x = torch.randn(1, 2 * K, generator=gen).to(dtype).to(device)
         w = torch.randn(N, K, generator=gen).to(dtype).to(device)

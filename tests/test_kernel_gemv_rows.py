@@ -1,5 +1,5 @@
-"""fastpath.kernels.gemv_rows (1..8-row projections) vs F.linear; a row's bits are the one-row GEMV's and do not
-depend on the call's other rows (the tile is the one-row GEMV's, keyed on (N, K) only)."""
+"""fastpath.kernels.gemv_rows (1..8-row projections) vs F.linear; for K a multiple of K_MULTIPLE a row's bits are
+the one-row GEMV's and do not depend on the call's other rows (the tile is the one-row GEMV's, keyed on (N, K))."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from kernel_tiers import TIERS  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
 from fastpath.kernels._common import KernelInputError  # noqa: E402
 from fastpath.kernels.gemv import gemv  # noqa: E402
-from fastpath.kernels.gemv_rows import MAX_ROWS, ROWS_PER_PROGRAM, gemv_rows  # noqa: E402
+from fastpath.kernels.gemv_rows import K_MULTIPLE, MAX_ROWS, ROWS_PER_PROGRAM, gemv_rows  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -38,11 +38,13 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows_of_the_call(device, dtype):
     assert torch.equal(gemv_rows(x[5:7].contiguous(), w), full[5:7])
 
 
-@pytest.mark.parametrize("M,N,K", [(3, 37, 4096 + 24), (MAX_ROWS, 9, 8192), (5, 130, 1000), (2, 6, 16)])
+@pytest.mark.parametrize("M,N,K", [(3, 37, 4096 + 32), (MAX_ROWS, 9, 8192), (5, 130, 1008), (2, 6, 16)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_each_row_has_the_bits_of_the_one_row_gemv(device, dtype, M, N, K, bias):
-    """Row r of a few-row call == gemv(x[r]) bitwise: the verify's k+1 positions get the decode step's bits."""
+    """Row r of a few-row call == gemv(x[r]) bitwise for K a multiple of K_MULTIPLE (both tiles with a partial last
+    K tile here): the verify's k+1 positions get the decode step's bits; a row block's bits are its own."""
+    assert K % K_MULTIPLE == 0
     g = torch.Generator().manual_seed(M * 100 + K)
     x = torch.randn(M, K, generator=g).to(device, dtype)
     w = (torch.randn(N, K, generator=g) / K ** 0.5).to(device, dtype)
@@ -51,6 +53,19 @@ def test_each_row_has_the_bits_of_the_one_row_gemv(device, dtype, M, N, K, bias)
     for r in range(M):
         assert torch.equal(got[r:r + 1], gemv(x[r:r + 1], w, b)), r
     assert M <= ROWS_PER_PROGRAM or torch.equal(got[ROWS_PER_PROGRAM:], gemv_rows(x[ROWS_PER_PROGRAM:], w, b))
+
+
+def test_the_engine_takes_the_few_row_gemv_only_where_its_bits_are_the_one_row_gemvs():
+    """FastModel routes 2..MAX_ROWS rows to gemv_rows only for K % K_MULTIPLE == 0 (other K: fp32 rows can differ
+    from the one-row GEMV's in the last bits on a GPU, which would break speculative == not)."""
+    from fastpath.model import FastModel
+    from oracle import zoo
+    cfg = zoo.tiny_config("bamba")
+    fast = FastModel(cfg, zoo.random_weights(cfg, seed=0), "cpu", torch.float32).with_options(
+        gemv_on_cpu=True, gemv_rows=True)
+    assert fast._gemv_rows_ok(torch.zeros(3, 2 * K_MULTIPLE))
+    assert not fast._gemv_rows_ok(torch.zeros(3, 2 * K_MULTIPLE + 8))
+    assert not fast._gemv_rows_ok(torch.zeros(MAX_ROWS + 1, 2 * K_MULTIPLE))
 
 
 def test_bad_inputs_are_refused_naming_the_field():

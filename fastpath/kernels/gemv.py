@@ -71,7 +71,9 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, K_SPLIT, stride_w_n,
     Before the PDL wait (nothing read from x or written yet): the first weight tile and the conv window part.
     RMS (SPLIT 1): Σx² over the row, in every program in the same order, so all programs scale by the same bits.
     XB (a launch-rule key, benches): x loaded already broadcast over the columns in the weight tile's layout
-    (gemv_rows' load: no per-tile layout conversion); the same products and sums, Σx² reduced per column."""
+    (gemv_rows' load: no per-tile layout conversion); the same products and sums (the same bits where K is a multiple
+    of 16; otherwise the compiler may lay fp32 tiles out differently, changing the final sum's order), Σx² reduced
+    per column."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ps = tl.program_id(1)
     mn = n < N

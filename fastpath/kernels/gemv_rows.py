@@ -4,10 +4,14 @@ each weight tile it reads: every row keeps its own accumulator, so a row's arith
 
 x [M, K], W [N, K] (row-major, K contiguous), y [M, N]. A program owns BLOCK_N output columns of one block of rows
 and walks K in BLOCK_K tiles with the one-row GEMV's tile (`gemv_launch_rule`, keyed on (N, K) only), so row r's
-bits are those of `gemv(x[r:r+1])` and do not depend on the call's other rows. Each row's x tile is loaded already
-broadcast over the program's columns, in the weight tile's own register layout, so the product needs no layout
-conversion (no shared-memory round trip or barrier per K tile). Row blocks of one column tile are neighbours in
-the grid, so a weight tile read twice (M > ROWS_PER_PROGRAM) comes from L2.
+arithmetic is that of `gemv(x[r:r+1])`. Its bits are too where both kernels compile to the same register layout,
+which fixes the order of the final sum: Triton picks the layout from the loads' alignment, and with K a multiple
+of K_MULTIPLE they agree (tested, fp32 and bf16); with other K, fp32 rows differ from the one-row GEMV's in the
+last bits on sm_90 (docs/kernels.md), so the engine takes this kernel only for K % K_MULTIPLE == 0.
+Each row's x tile is loaded already broadcast over the program's columns, in the weight tile's own register
+layout, so the product needs no layout conversion (no shared-memory round trip or barrier per K tile).
+Row blocks of one column tile are neighbours in the grid, so a weight tile read twice (M > ROWS_PER_PROGRAM) comes
+from L2.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from ._common import FLOAT_DTYPES, KernelInputError, check, pdl_enter, pdl_meta
 from .gemv import _w_tile, check_projection, gemv_launch_rule, interpreter_tile
 
 OP = "gemv_rows"
+K_MULTIPLE = 16            # K for which a row's bits are the one-row GEMV's (the compiler's 16-divisibility hint)
 MAX_ROWS = 8               # above this, the row blocks would re-read W more than a GEMM tile does
 ROWS_PER_PROGRAM = 3       # accumulators a program keeps: a k = 2 verify in one block; 4 would need 134 registers
                            # a thread at the 1024-wide tile (sm_90), one CTA an SM
@@ -92,8 +97,8 @@ def gemv_rows_launch_rule(N: int, K: int, M: int, interpret: bool = False) -> di
 
 
 def gemv_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
-    """x [M, K] (1 <= M <= MAX_ROWS) · weight[N, K]ᵀ (+ bias [N]) -> [M, N] in x's dtype; row r has the bits of
-    the one-row GEMV of x[r]."""
+    """x [M, K] (1 <= M <= MAX_ROWS) · weight[N, K]ᵀ (+ bias [N]) -> [M, N] in x's dtype; with K % K_MULTIPLE == 0
+    row r has the bits of the one-row GEMV of x[r]."""
     check(OP, "x", x, (None, None), FLOAT_DTYPES)
     M, K = x.shape
     if not 1 <= M <= MAX_ROWS:
