@@ -6,9 +6,9 @@ of class attributes and a module global that tests and benches used to flip.
     fused            Triton backend: residual add + norm and act·mul as one kernel each (False: separate torch ops)
     gemv             CUDA + Triton: one-row projections through the Triton GEMV (False: cuBLAS)
     gemv_rows        CUDA + Triton: 2..8-row projections (a bs1 speculative verify, a small batch) through the
-                     few-row GEMV, one read of each weight for all rows, each row with the one-row GEMV's bits.
-                     Off by default until timed against cuBLAS (`hybridqual bench account --flip gemv_rows`,
-                     docs/performance.md); False: cuBLAS
+                     few-row GEMV, one read of each weight for all rows, each row with the one-row GEMV's bits
+                     (only for K a multiple of 16; other K: cuBLAS). Off by default: slower than cuBLAS from 2
+                     rows (`hybridqual bench kernels --only proj`, docs/performance.md); False: cuBLAS
     gemv_on_cpu      take the one-row GEMV path (and its folds) and the few-row GEMV on CPU too, through the
                      interpreter (tests)
     fold_act         with the GEMV: the MLP's act·mul in the down GEMV's x load

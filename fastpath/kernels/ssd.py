@@ -160,7 +160,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # kind "walk": blocked's arithmetic (its bits) with one program per (chunk, head, P-tile) walking the row
         # blocks and the entering state loaded once; with use_cb it reads a group's C·Bᵀ instead of recomputing it
         # per head, and carries no state. sm_90 at BLOCK_M 64, BLOCK_K 32, 1 stage: 208 B of spill a thread with
-        # triton 3.6 (none with 3.9) vs rec's 1320 (`hybridqual bench sass`). For benches: not yet timed.
+        # triton 3.6 (none with 3.9) vs rec's 1320 (`hybridqual bench sass`). For benches: slower than rec on an
+        # H100 (64k: scan 3.09 ms vs 2.51, docs/performance.md), the spills notwithstanding.
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
         # (a register cap per thread). Options for benches, not the default.

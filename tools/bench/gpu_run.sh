@@ -52,11 +52,11 @@ step_verify_path() {
     --out "$OUT/verify_account.json" --summary "$OUT/verify_path.summary" || rc=1
   return $rc
 }
-# Optional: the changes compiled and tested on CPU but not yet timed (docs/performance.md, History, 2026-12-05
-# 21:30): their gpu tests, then the few-row GEMV per projection and in the verify step (account A/B), the one-row
-# GEMV's XB load and the decode attention at 8 warps in bs1 decode, and the SSD scan shapes that compile without
-# spills (mamba_ssm beside them when .peer is carried). About 7-8 minutes on one H100/H200; the summary is written as
-# it goes, so a call cut at its limit still returns what ran (the SSD variants last).
+# Optional: the A/B of changes compiled and tested on CPU (docs/performance.md, History, 2026-12-05 23:16): their gpu
+# tests, then the few-row GEMV per projection and in the verify step (account A/B), the one-row GEMV's XB load and
+# the decode attention at 8 warps in bs1 decode, the SSD scan, state and fused shapes that compile without spills
+# (mamba_ssm beside them when .peer is carried). About 3-8 minutes on one H100/H200; the summary is written as it
+# goes, so a call cut at its limit still returns what ran (the SSD variants last).
 step_candidates() {
   local rc=0 t
   t=$(mktemp -d)            # the device returns few files: only candidates.{log,summary} go to $OUT
