@@ -80,6 +80,18 @@ step_candidates() {
     --only staged,fused_w8_s32,walk_cb_k32_w8,rec_s32_w8,state_k32_w8,fused_w8,walk_cb_m32_k32,state_p32_n32_k32_w8,fused_w8_s32_cb,walk_cb_k32_s1 2>&1 | tail -n 30 >> "$OUT/candidates.summary" || rc=1
   return $rc
 }
+# Optional: the gpu tests of the fixes made after the 2026-12-05 23:22 gpu tier (few-row GEMV K guard, XB claim,
+# C·Bᵀ diagonal read, walk test tiles), then which fused-SSD shapes compute right (no timing; 36 shapes at L8192).
+step_recheck() {
+  local rc=0
+  timeout "${RECHECK_TESTS_TIMEOUT:-200}" $PY -m pytest -m gpu -n "${GPU_TESTS_WORKERS:-8}" -q -rfE -p no:cacheprovider \
+    tests/test_kernel_gemv.py tests/test_kernel_gemv_rows.py tests/test_kernel_ssd.py tests/test_kernel_ssd_fused.py \
+    tests/test_speculative_engine.py > "$OUT/recheck_tests.txt" 2>&1 || rc=1
+  { grep -E "passed|failed|error" "$OUT/recheck_tests.txt" | tail -1; grep -E "^FAILED|^ERROR" "$OUT/recheck_tests.txt"; } \
+    > "$OUT/recheck.summary"
+  timeout 200 $PY -m hybridqual.bench.ssd_variants --fused-grid 8192 2>&1 | tail -n 40 >> "$OUT/recheck.summary" || rc=1
+  return $rc
+}
 # Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
 step_measure_tau() {
   timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m hybridqual.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}

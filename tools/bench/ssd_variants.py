@@ -3,7 +3,7 @@ multi-head scans (fastpath/kernels/ssd_scan_mh.py, ssd_scan_blk_mh.py) and launc
 staged path, the fused path, mamba_ssm (when importable from .peer) and the byte floor, in one run.
 
     PYTHONPATH=.:.peer python3 tools/bench/ssd_variants.py [--out v.json] [--lengths 65536,8192] [--budget-s 300]
-        [--only NAME,NAME]
+        [--only NAME,NAME] [--fused-grid L]
 
 Shape: H128 P64 G1 N128, chunk 256, bf16 x/B/C, fp32 dt and state (tools/bench/ssd_fused.py's inputs). Per
 length and variant: end-to-end median (do_bench), per-stage medians (CUDA events around each stage), the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import sys
 import time
@@ -155,13 +156,42 @@ def time_variant(case: Case, name: str, rule: dict, ref) -> dict:
     return row
 
 
+def fused_grid(L: int) -> list[dict]:
+    """Correctness of the fused path over (BLOCK_S, num_stages, num_warps, precomputed C·Bᵀ), no timing: rel y and
+    rel h vs the staged path and whether two runs are bitwise equal (the shapes where the compiled loop is right)."""
+    case = Case(L)
+    ref = case.result(rule_for({}, {}))
+    rows = []
+    for S, st, w, cb in itertools.product((16, 32, 64), (1, 2, 3), (4, 8), (False, True)):
+        row = dict(L=L, BLOCK_S=S, num_stages=st, num_warps=w, use_cb=cb)
+        rule = rule_for({}, {}, dict(BLOCK_S=S, num_stages=st, num_warps=w, use_cb=cb))
+        try:
+            (y, h), (y2, h2) = case.result(rule), case.result(rule)
+            row.update(rel_y=rel(y, ref[0]), rel_h=rel(h, ref[1]), repeatable=bool(torch.equal(y, y2)))
+        except Exception as e:  # noqa: BLE001 - a shape that does not compile is reported, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        print(" ".join(f"{k}={v:.1e}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--fused-grid", type=int, default=0, metavar="L",
+                    help="only check the fused path's shapes for correctness at L tokens (no timing)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--lengths", default="65536,8192")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting variants after this many seconds")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     a = ap.parse_args()
+    if a.fused_grid:
+        rows = fused_grid(a.fused_grid)
+        bad = [r for r in rows if "error" in r or r["rel_y"] > 5e-3 or not r["repeatable"]]
+        print(f"fused grid at L{a.fused_grid}: {len(rows) - len(bad)}/{len(rows)} shapes right and repeatable")
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     t0 = time.time()
     import triton
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
