@@ -23,7 +23,8 @@ from fastpath.options import FastOptions, OptionsError, check_options
 from fastpath.kernels.act_mul import act_mul as _act_mul
 from fastpath.kernels.fused_add_norm import add_rms_norm as _add_rms_norm
 from fastpath.kernels.gemv import ConvStep, ResidualAdd, gemv as _gemv
-from fastpath.kernels.gemv_rows import K_MULTIPLE as GEMV_ROWS_K_MULTIPLE, MAX_ROWS as GEMV_MAX_ROWS, gemv_rows as _gemv_rows
+from fastpath.kernels.gemv_rows import K_MULTIPLE as GEMV_ROWS_K_MULTIPLE, MAX_ROWS as GEMV_MAX_ROWS
+from fastpath.kernels.gemv_rows import gemv_rows as _gemv_rows
 
 
 @dataclass

@@ -175,7 +175,8 @@ def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
     """The one-launch SSD prefill (ssd_fused.py) at its rule, and at 8 warps (the register pressure it halves)."""
     from fastpath.kernels.ssd_fused import ssd_fused_kernel
     types = {**f32, "dtp_ptr": "*fp32", "dtb_ptr": "*fp32", "A_ptr": "*fp32", "carry_ptr": "*fp32",
-             "sync_ptr": "*i32", "cb_ptr": "*fp32", "chunk_seq_ptr": "*i64", "pad_idx_ptr": "*i64", "chunk_start_ptr": "*i64",
+             "sync_ptr": "*i32", "cb_ptr": "*fp32", "chunk_seq_ptr": "*i64", "pad_idx_ptr": "*i64",
+             "chunk_start_ptr": "*i64",
              "dt_lo": "fp32", "dt_hi": "fp32"}
     consts = dict(HAS_BIAS=True, HAS_D=True, HAS_CKPT=False, USE_CB=fr["use_cb"], USE_TICKET=fr["ticket"],
                   BLOCK_S=fr["BLOCK_S"], BLOCK_P=fr["BLOCK_P"], BLOCK_N=fr["BLOCK_N"], DOT_PREC="tf32",
