@@ -1,7 +1,7 @@
 """Run in a subprocess by test_kernel_static.py (Triton compiling, never interpreting): the static reports of the
 few-row and one-row GEMVs and the decode path's state kernels at their launch rules, and of a probe whose K loop
 must convert layouts through shared memory (a [BLOCK_M, BLOCK_N, BLOCK_K] product of a weight tile and an x tile:
-the checker's positive control). JSON on stdout."""
+the checker's positive control); the fused SSD scan loop's async copies. JSON on stdout."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from hybridqual.bench.sass import SassError, Spec, report, specs  # noqa: E402
+from hybridqual.bench.sass import SassError, Spec, compile_spec, report, specs  # noqa: E402
 
 
 @triton.jit
@@ -36,11 +36,36 @@ def main() -> int:
     try:
         chosen = [s for s in specs({"gemv_rows", "gemv", "decode"}) if "attention" not in s.name]  # not asserted
         rows = [report(s) for s in chosen + [probe]]
+        rows += fused_scan_loops()
     except SassError as e:
         print(json.dumps({"skip": str(e)}))
         return 0
     print(json.dumps(rows))
     return 0
+
+
+def fused_scan_loops() -> list[dict]:
+    """Async copies (software pipelining) in the fused SSD's scan loop, its last top-level loop, at 32-token
+    sub-chunks with 2 stages: as launch_ssd_fused sets its depth (scan_stages), and at the launch's depth (control)."""
+    import re
+
+    from fastpath.kernels.ssd import ssd_launch_rule
+    from fastpath.kernels.ssd_fused import scan_stages
+    from hybridqual.bench.sass import _fused_specs
+    f32 = {"dt_ptr": "*fp32", "dacs_ptr": "*fp32", "D_ptr": "*fp32", "bank_ptr": "*fp32", "slot_ptr": "*i32",
+           "has_init_ptr": "*i8", "ckpt_ptr": "*i32", "chunk_len_ptr": "*i32", "seq_chunk_ptr": "*i64"}
+    strides = lambda fn: tuple(n for n in fn.arg_names if n.startswith("stride"))  # noqa: E731
+    base = _fused_specs(ssd_launch_rule(128, 1, 64, 128, 256, None)["fused"], f32, strides)[0]
+    out = []
+    for name, depth in (("ssd_fused scan loop S32", scan_stages(32, False)), ("ssd_fused scan loop S32 control", None)):
+        spec = Spec(name, base.fn, dict(base.constexprs, BLOCK_S=32, USE_CB=False, SCAN_STAGES=depth), 8, 2,
+                    base.types, base.div16)
+        lines = compile_spec(spec).asm["ttgir"].splitlines()
+        start = [i for i, line in enumerate(lines) if re.match(r"\s{4}%\S+ = scf.for ", line)][-1]
+        end = next(i for i in range(start + 1, len(lines)) if re.match(r"\s{4}\}", lines[i]))
+        out.append({"kernel": name, "async_copies": sum("async_copy_global_to_local" in line
+                                                        for line in lines[start:end])})
+    return out
 
 
 if __name__ == "__main__":

@@ -71,10 +71,11 @@ def ssd_fused_kernel(
     HAS_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_CKPT: tl.constexpr, USE_CB: tl.constexpr,
     USE_TICKET: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-    PRE_DT: tl.constexpr = False, SKIP: tl.constexpr = 0,
+    PRE_DT: tl.constexpr = False, SKIP: tl.constexpr = 0, SCAN_STAGES: tl.constexpr = None,
 ):
     """1-D grid of n_chunks · H + n_seqs work items (see the module docstring); P and N are whole tiles.
-    SKIP (timing only, wrong results): 1 no wait for the entering state, 2 no chunk-state sum, 3 no scan."""
+    SKIP (timing only, wrong results): 1 no wait for the entering state, 2 no chunk-state sum, 3 no scan.
+    SCAN_STAGES: the scan loop's pipeline depth (None: the launch's num_stages); see launch_ssd_fused."""
     if USE_TICKET:
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     else:
@@ -165,7 +166,7 @@ def ssd_fused_kernel(
     if HAS_D:
         d = tl.load(D_ptr + h).to(tl.float32)
     cs_before = 0.0
-    for s0 in range(0, length if SKIP != 3 else 0, BLOCK_S):
+    for s0 in tl.range(0, length if SKIP != 3 else 0, BLOCK_S, num_stages=SCAN_STAGES):
         ms = (s0 + offs_s) < length
         tok = start + s0 + offs_s
         dt, cs, cs_end = _sub_dt(dt_ptr, dtp_ptr, dacs_ptr, h, start, s0, tok, ms, offs_s, length, dtb, a, cs_before,
@@ -196,6 +197,14 @@ def ssd_fused_kernel(
             xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
             state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
         cs_before = cs_end
+
+
+def scan_stages(block_s: int, use_cb: bool) -> int | None:
+    """The scan loop's pipeline depth: 1 below 64-token sub-chunks with C·Bᵀ computed in the loop, else the launch's.
+    There, with 2 stages, the loop gave wrong, unrepeatable y on an H100 (triton 3.6: rel 0.33 at 32-token
+    sub-chunks, 4 or 8 warps) and was right with 1 (docs/kernels.md); 64-token sub-chunks compile the loop's dots
+    differently (all warp-group MMAs) and were right pipelined."""
+    return 1 if block_s < 64 and not use_cb else None
 
 
 def launch_ssd_fused(x, dt, A, B, C, D, dt_bias, ssm_bank, out, table, slot, has_init, pad_index, n_pad,
@@ -234,5 +243,6 @@ def launch_ssd_fused(x, dt, A, B, C, D, dt_bias, ssm_bank, out, table, slot, has
         cbt.stride(0), cbt.stride(1), cbt.stride(2),
         HAS_BIAS=dt_bias is not None, HAS_D=D is not None, HAS_CKPT=ck is not None, USE_CB=use_cb,
         USE_TICKET=cfg.get("ticket", True), PRE_DT=dt_pre is not None, SKIP=cfg.get("skip", 0),
+        SCAN_STAGES=scan_stages(cfg["BLOCK_S"], use_cb),
         BLOCK_S=cfg["BLOCK_S"], BLOCK_P=cfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], DOT_PREC=dot_prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

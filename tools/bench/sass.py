@@ -52,6 +52,18 @@ def _tool(name: str) -> str:
 
 def compile_sass(spec: Spec, arch: int = 90) -> tuple[str, str]:
     """(SASS text, cuobjdump -res-usage text) of `spec` compiled for sm_<arch>."""
+    k = compile_spec(spec, arch)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        dump = _tool("cuobjdump")
+        sass = subprocess.run([dump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([dump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return sass, res
+
+
+def compile_spec(spec: Spec, arch: int = 90):
+    """Triton's compiled kernel of `spec` for sm_<arch> (its `asm` holds ttgir, ptx and cubin)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     fn = spec.fn
@@ -77,13 +89,7 @@ def compile_sass(spec: Spec, arch: int = 90) -> tuple[str, str]:
                            options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
     except Exception as e:                     # a Triton without the NVIDIA backend, or a kernel that fails to lower
         raise SassError(f"{spec.name}: compile for sm_{arch} failed: {type(e).__name__}: {e}"[:400]) from e
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        dump = _tool("cuobjdump")
-        sass = subprocess.run([dump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([dump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return sass, res
+    return k
 
 
 def _instructions(sass: str) -> list[tuple[int, str, str]]:

@@ -37,8 +37,8 @@ VARIANTS: dict[str, tuple] = {
     "staged": ({}, {}),
     # the fused path (one launch) at shapes with less spill at sm_90 (triton 3.6: 2080 B a thread at its rule,
     # 800 at 8 warps, 136 at 8 warps with 32-token sub-chunks; `hybridqual bench sass --kernels ssd_fused`)
-    # (H100, triton 3.6, 2026-12-05: every one slower than staged; fused_w8_s32 and fused_s32 give wrong, unrepeatable
-    # y, their pipelined loop computing C·Bᵀ in 2 stages; the table's `bitwise` and `rel y` columns show it)
+    # (H100, triton 3.6, 2026-12-05: every one slower than staged; fused_w8_s32 and fused_s32 gave wrong, unrepeatable
+    # y, their pipelined loop computing C·Bᵀ in 2 stages, before ssd_fused.scan_stages unpipelined that loop)
     "fused_w8": ({}, {}, dict(num_warps=8)),
     "fused_w8_s32": ({}, {}, dict(num_warps=8, BLOCK_S=32)),
     "fused_w8_s32_cb": ({}, {}, dict(num_warps=8, BLOCK_S=32, use_cb=True)),
