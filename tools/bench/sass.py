@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import triton
 
 ARCHS = (80, 86, 89, 90)      # what Triton's NVIDIA backend lowers these kernels for (older GPUs lack their ops)
-OPS = ("BAR", "STS", "LDS", "LDSM", "STSM", "LDL", "STL", "LDG", "SHFL")
+OPS = ("BAR", "STS", "LDS", "LDSM", "STSM", "LDL", "STL", "LDG", "SHFL", "HGMMA", "HMMA")
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?\s*([^;]*);")
 
 
@@ -179,7 +179,7 @@ def specs(names: set[str] | None = None) -> list[Spec]:
 
 def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
     """The one-launch SSD prefill (ssd_fused.py) at its rule, and at 8 warps (the register pressure it halves)."""
-    from fastpath.kernels.ssd_fused import ssd_fused_kernel
+    from fastpath.kernels.ssd_fused import scan_stages, ssd_fused_kernel
     types = {**f32, "dtp_ptr": "*fp32", "dtb_ptr": "*fp32", "A_ptr": "*fp32", "carry_ptr": "*fp32",
              "sync_ptr": "*i32", "cb_ptr": "*fp32", "chunk_seq_ptr": "*i64", "pad_idx_ptr": "*i64",
              "chunk_start_ptr": "*i64",
@@ -187,7 +187,8 @@ def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
     consts = dict(HAS_BIAS=True, HAS_D=True, HAS_CKPT=False, USE_CB=fr["use_cb"], USE_TICKET=fr["ticket"],
                   BLOCK_S=fr["BLOCK_S"], BLOCK_P=fr["BLOCK_P"], BLOCK_N=fr["BLOCK_N"], DOT_PREC="tf32",
                   PRE_DT=fr["pre_dt"], SKIP=0)
-    return [Spec(f"ssd_fused w{w} S{s}", ssd_fused_kernel, dict(consts, BLOCK_S=s), w, fr["num_stages"], types,
+    return [Spec(f"ssd_fused w{w} S{s}", ssd_fused_kernel,
+                 dict(consts, BLOCK_S=s, SCAN_STAGES=scan_stages(s, fr["use_cb"])), w, fr["num_stages"], types,
                  strides(ssd_fused_kernel) + ("H", "P", "N"))
             for w, s in ((fr["num_warps"], fr["BLOCK_S"]), (8, fr["BLOCK_S"]), (8, 32))]
 
@@ -228,7 +229,7 @@ def _decode_specs() -> list[Spec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", default=None,
-                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode (default all)")
+                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, ssd_fused, decode (default all)")
     ap.add_argument("--arch", type=int, default=90, choices=ARCHS,
                     help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
@@ -244,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     rows = []
     print(f"triton {triton.__version__}, sm_{a.arch}")
-    print(f"{'kernel':28s} {'warps':>5s} {'regs':>5s} {'spill B':>7s}  innermost loop: instr BAR STS LDS LDL STL")
+    print(f"{'kernel':28s} {'warps':>5s} {'regs':>5s} {'spill B':>7s}  innermost loop: instr BAR STS LDS LDL STL"
+          "  | kernel: HGMMA HMMA")
     for s in chosen:
         try:
             r = report(s, a.arch)
@@ -255,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         lp = r["loops"][0] if r["loops"] else None
         loop = (f"{lp['instructions']:5d} {lp['BAR']:3d} {lp['STS'] + lp['STSM']:3d} {lp['LDS'] + lp['LDSM']:3d} "
                 f"{lp['LDL']:3d} {lp['STL']:3d}") if lp else "no loop"
-        print(f"{s.name:28s} {s.num_warps:5d} {r['registers']:5d} {r['spill_stack']:7d}  {loop}")
+        mma = f"{r['totals']['HGMMA']:5d} {r['totals']['HMMA']:4d}"     # warp-group (Hopper) vs warp-level MMAs
+        print(f"{s.name:28s} {s.num_warps:5d} {r['registers']:5d} {r['spill_stack']:7d}  {loop:27s} | {mma:>13s}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)
