@@ -6,11 +6,11 @@ steps as one launch each over the positions, attention_decode position by positi
 window and SSM state after every position but the last are kept as per-position snapshots in scratch allocated
 once. Rollback = copy snapshot a (the last accepted input) back into the slot: no second forward. Verify batches run
 at (rows, width) buckets as CUDA graphs when the engine has graphs (greedy rows), else eagerly (padded like the
-graphs under pad_decode: the bitwise reference). Prefill pieces of the same step run as a second, ordinary forward. Verify steps are synchronous (the
-host needs the tokens to decide acceptance), and a step with verify rows is never overlapped in async mode (the
-oracle's rule: a speculative trace overlaps only steps backoff pauses). The draft-model proposer is
-fastpath/engine/draft.py. Written independently of oracle/speculative.py: only oracle's trace/log types are
-imported.
+graphs under pad_decode: the bitwise reference). Prefill pieces of the same step run as a second, ordinary forward.
+Verify steps are synchronous (the host needs the tokens to decide acceptance), and a step with verify rows is never
+overlapped in async mode (the oracle's rule: a speculative trace overlaps only steps backoff pauses). The draft-model
+proposer is fastpath/engine/draft.py. Written independently of oracle/speculative.py: only oracle's trace/log types
+are imported.
 """
 from __future__ import annotations
 

@@ -365,13 +365,8 @@ class VerifyRunner:
         [nb*k] and counts [nb] are in res. No host read."""
         S = len(last)
         nb, w = self.shape(S, 1 + max(room))
-        T = nb * w
-        ids, ps, sl = [0] * T, [0] * T, [-1] * T
-        for r in range(S):
-            ids[r] = last[r]
-            for j in range(room[r] + 1):
-                ps[j * nb + r], sl[j * nb + r] = pos[r] + j, slot[r]
-        vals = ids + ps + sl + list(slot) + [slot[0]] * (nb - S)
+        rows = [[t] + [0] * n for t, n in zip(last, room)]      # the drafts' ids are written on the device
+        vals = pack_rows(rows, pos, slot, nb, w) + list(slot) + [slot[0]] * (nb - S)
         key, self.last_nb = (nb, w), nb
         meta, _ = self._buffers(key)
         upload_meta(self.stage, meta, vals)
