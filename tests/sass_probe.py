@@ -49,13 +49,8 @@ def fused_scan_loops() -> list[dict]:
     sub-chunks with 2 stages: as launch_ssd_fused sets its depth (scan_stages), and at the launch's depth (control)."""
     import re
 
-    from fastpath.kernels.ssd import ssd_launch_rule
     from fastpath.kernels.ssd_fused import scan_stages
-    from hybridqual.bench.sass import _fused_specs
-    f32 = {"dt_ptr": "*fp32", "dacs_ptr": "*fp32", "D_ptr": "*fp32", "bank_ptr": "*fp32", "slot_ptr": "*i32",
-           "has_init_ptr": "*i8", "ckpt_ptr": "*i32", "chunk_len_ptr": "*i32", "seq_chunk_ptr": "*i64"}
-    strides = lambda fn: tuple(n for n in fn.arg_names if n.startswith("stride"))  # noqa: E731
-    base = _fused_specs(ssd_launch_rule(128, 1, 64, 128, 256, None)["fused"], f32, strides)[0]
+    base = specs({"ssd_fused"})[0]                      # the fused kernel at its rule, as the report compiles it
     out = []
     for name, depth in (("ssd_fused scan loop S32", scan_stages(32, False)), ("ssd_fused scan loop S32 control", None)):
         spec = Spec(name, base.fn, dict(base.constexprs, BLOCK_S=32, USE_CB=False, SCAN_STAGES=depth), 8, 2,

@@ -157,7 +157,7 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # S32 +0.8 ms, S128 +4.3, 8 warps +2.6, 3 stages +2.4, P-tile 32 +2.3, 2 warps 84 ms.
         scan=dict(kind="rec", BLOCK_S=min(bq, 64), BLOCK_M=min(bq, 64), BLOCK_K=min(bq, 64),
                   BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=4, num_stages=2),
-        # kind "walk": blocked's arithmetic (its bits) with one program per (chunk, head, P-tile) walking the row
+        # kind "walk": blocked's arithmetic with one program per (chunk, head, P-tile) walking the row
         # blocks and the entering state loaded once; with use_cb it reads a group's C·Bᵀ instead of recomputing it
         # per head, and carries no state. sm_90 at BLOCK_M 64, BLOCK_K 32, 1 stage: 208 B of spill a thread with
         # triton 3.6 (none with 3.9) vs rec's 1320 (`hybridqual bench sass`). For benches: slower than rec on an

@@ -27,7 +27,7 @@ def ssd_chunk_scan_kernel(
     """1-D grid over (chunk, head, row block, P-tile), chunk slowest: the programs of one chunk run side by
     side, so its C·B, states and x are re-read from L2, not HBM. BLOCK_N covers all of N. WALK (scan kind
     "walk"): grid (chunk, head, P-tile), the program walks the chunk's row blocks in order with the entering
-    state loaded once — the same arithmetic per row block (the same bits), no state carried between blocks."""
+    state loaded once — the same arithmetic per row block, no state carried between blocks."""
     n_pb = tl.cdiv(P, BLOCK_P)
     n_tiles = n_pb if WALK else (BLOCK_Q // BLOCK_M) * n_pb
     pid = tl.program_id(0)
