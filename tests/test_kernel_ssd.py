@@ -207,9 +207,10 @@ def poison_scratch(monkeypatch) -> None:
 @pytest.mark.parametrize("use_cb", [False, True], ids=["cb-inline", "cb-precomputed"])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, monkeypatch):
-    """Scan kind "walk" (one program walks a chunk's row blocks) == "blocked" (a program per row block) bitwise:
-    outputs and final states, on a batch with partial chunks, a continuation and a slot -1 piece; with row blocks
-    coarser than the C·Bᵀ kernel's (which leaves blocks above the diagonal unwritten) and NaN-poisoned scratch."""
+    """Scan kind "walk" (one program walks a chunk's row blocks; holding the entering state, or reading it again
+    per row block) == "blocked" (a program per row block) bitwise: outputs and final states, on a batch with
+    partial chunks, a continuation and a slot -1 piece; with row blocks coarser than the C·Bᵀ kernel's (which
+    leaves blocks above the diagonal unwritten) and NaN-poisoned scratch."""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 48, 4, 16, 2, 16
     gen = torch.Generator().manual_seed(31 + use_cb)
@@ -218,18 +219,20 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
     cu = [0, lens[0], lens[0] + lens[1], sum(lens)]
     poison_scratch(monkeypatch)
     got = {}
-    for kind in ("blocked", "walk"):
+    for name, kind, reload in (("blocked", "blocked", False), ("walk", "walk", False), ("walk_rl", "walk", True)):
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-        rule["scan"].update(kind=kind, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16)    # K >= 16: tl.dot's minimum on a GPU
+        rule["scan"].update(kind=kind, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16,    # K >= 16: tl.dot's minimum on a GPU
+                            reload_prev=reload)
         rule["bmm"].update(BLOCK_M=16)
         bank = inp["bank"].clone()
         out = torch.full_like(inp["x"], float("nan"))
         ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, cu,
                    torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
                    out=out, use_cb=use_cb, _rule=rule)
-        assert torch.isfinite(out).all(), f"{kind}: output rows unwritten or read from unwritten scratch"
-        got[kind] = (out, bank)
-    assert torch.equal(got["walk"][0], got["blocked"][0]) and torch.equal(got["walk"][1], got["blocked"][1])
+        assert torch.isfinite(out).all(), f"{name}: output rows unwritten or read from unwritten scratch"
+        got[name] = (out, bank)
+    for name in ("walk", "walk_rl"):
+        assert torch.equal(got[name][0], got["blocked"][0]) and torch.equal(got[name][1], got["blocked"][1]), name
 
 
 def test_ssd_chunk_table_cuts_at_absolute_multiples():

@@ -164,7 +164,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # H100 (64k: scan 3.09 ms vs 2.51, docs/performance.md), the spills notwithstanding.
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
-        # (a register cap per thread). Options for benches, not the default.
+        # (a register cap per thread); "blocked" / "walk" may set reload_prev (each row block reads the entering
+        # state again instead of holding it in registers). Options for benches, not the default.
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
         use_cb=False,
@@ -310,7 +311,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             ssd_chunk_local_state_kernel[(grid[0] * H * nc,)](
                 x, B, dt_p, dacs, local, table.chunk_start, table.chunk_len, H, P, N, H // G,
                 *x.stride(), *B.stride(), dt_p.stride(0), local.stride(0), local.stride(1), local.stride(2),
-                **tiles)
+                **tiles, **reg_cap(r))
             ssd_state_passing_kernel[(triton_cdiv(P * N, r["PASS_BLOCK"]), H, n_seq)](
                 local, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len, slot,
                 has_init, P, N, local.stride(0), local.stride(1), local.stride(2), dt_p.stride(0),
@@ -352,7 +353,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
             BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec, WALK=walk,
-            num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
+            RELOAD_PREV=bool(r.get("reload_prev", False)), num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     mark("scan")
     return out
 

@@ -74,13 +74,24 @@ VARIANTS: dict[str, tuple] = {
     "state_p32": ({}, dict(BLOCK_P=32)),
     "state_p32_n32": ({}, dict(BLOCK_P=32, BLOCK_N=32)),
     "state_par": ({}, dict(mode="parallel")),
+    # the scan shape of vLLM's fused SSD kernel (ssd_fused5.py: C·Bᵀ once per group, 64-row × 32-column blocks,
+    # 1 stage, 128 registers, the entering state read again per row block), per chunk (walk) or per row block
+    "walk_cb_k32_s1_r128": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
+    "walk_cb_k32_s1_rl": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, reload_prev=True),
+                          {}),
+    "walk_cb_k32_s1_r128_rl": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128,
+                                    reload_prev=True), {}),
+    "blk_cb_k32_s1_r128": (dict(kind="blocked", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
+    "blk_cb_k32_s1": (dict(kind="blocked", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
+    "state_par_k32_r128": ({}, dict(mode="parallel", BLOCK_K=32, BLOCK_N=128, num_stages=1, maxnreg=128)),
 }
+CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 
 
 def rule_for(scan: dict, state: dict, fused: dict | None = None) -> dict:
     """The launch rule with a variant's scan, state (and fused) entries (a scan entry's `use_cb` is the rule's own
     key); a variant with a fused entry runs the fused path."""
-    r = copy.deepcopy(ssd_launch_rule(H, G, P, N, Q, torch.bfloat16))
+    r = copy.deepcopy(ssd_launch_rule(H, G, P, N, CHUNK, torch.bfloat16))
     r["fused"].update(fused or {})
     r["fused"]["default"] = fused is not None
     scan = dict(scan)
@@ -124,7 +135,7 @@ class Case:
         self.bank0 = torch.randn(2, H, P, N, device=DEV) * 0.1
         self.bank = self.bank0.clone()
         self.slot, self.init = torch.tensor([1], device=DEV), torch.tensor([True], device=DEV)
-        self.table = ssd_chunk_table(self.cu, [0], Q, DEV, slot=[1], n_slots=2)
+        self.table = ssd_chunk_table(self.cu, [0], CHUNK, DEV, slot=[1], n_slots=2)
         self.out = torch.empty_like(self.inp["x"])
 
     def run(self, rule=None, fused=None, mark=None):
@@ -133,7 +144,7 @@ class Case:
         if fused is None:
             fused = bool(rule and rule["fused"].get("default"))
         return ssd_varlen(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dtb"], self.bank, self.cu, self.slot,
-                          [0], self.init, Q, out=self.out, table=self.table, fused=fused, _rule=rule, _mark=mark)
+                          [0], self.init, CHUNK, out=self.out, table=self.table, fused=fused, _rule=rule, _mark=mark)
 
     def result(self, rule=None, fused=None):
         self.bank.copy_(self.bank0)
@@ -184,7 +195,10 @@ def main() -> None:
     ap.add_argument("--lengths", default="65536,8192")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting variants after this many seconds")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    ap.add_argument("--chunk", type=int, default=Q, help=f"SSD chunk size of the run (default {Q}, the model's)")
     a = ap.parse_args()
+    global CHUNK
+    CHUNK = a.chunk
     if a.fused_grid:
         rows = fused_grid(a.fused_grid)
         bad = [r for r in rows if "error" in r or r["rel_y"] > REL_OK or not r["repeatable"]]
@@ -195,7 +209,7 @@ def main() -> None:
         return
     t0 = time.time()
     import triton
-    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, chunk=CHUNK,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[], base=[])
     res["copy_TBps"] = copy_tbps()
     print(f"[ssd_variants] copy {res['copy_TBps']:.2f} TB/s", flush=True)
@@ -213,7 +227,7 @@ def main() -> None:
         base["rel_y_fused"] = rel(yf, ref[0])
         if mamba is not None:
             i = case.inp
-            f = lambda: mamba(i["x"][None], i["dt"][None], i["A"], i["B"][None], i["C"][None], Q, D=i["D"],  # noqa: E731
+            f = lambda: mamba(i["x"][None], i["dt"][None], i["A"], i["B"][None], i["C"][None], CHUNK, D=i["D"],  # noqa: E731
                               dt_bias=i["dtb"], dt_softplus=True, initial_states=case.bank0[1:2],
                               return_final_states=True)
             ym, hm = f()
@@ -247,7 +261,7 @@ def main() -> None:
 
 
 def summary(res: dict) -> None:
-    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, {res['date']}, "
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, chunk {res.get('chunk', Q)}, {res['date']}, "
           f"copy {res['copy_TBps']:.2f} TB/s, wall {res['wall_s']:.0f} s")
     for b in res["base"]:
         m = b.get("mamba_ms")
