@@ -92,6 +92,20 @@ step_recheck() {
   timeout 200 $PY -m hybridqual.bench.ssd_variants --fused-grid 8192 2>&1 | tail -n 40 >> "$OUT/recheck.summary" || rc=1
   return $rc
 }
+# Optional: Nsight Compute counters of the SSD state and scan kernels at 64k (SSD_NCU_VARIANTS: ssd_variants names, each
+# run twice; the second run's kernels are profiled): duration, DRAM / L2 / SM throughput, occupancy, stalls.
+step_ssd_ncu() {
+  local rc=0 v n
+  for v in ${SSD_NCU_VARIANTS:-staged}; do
+    n=$( [ "$v" = staged ] && echo 2 || echo 3 )     # staged: state + scan; a C·Bᵀ variant also runs ssd_bmm
+    timeout "${SSD_NCU_TIMEOUT:-200}" ncu --clock-control none --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      -k "regex:ssd_(chunk_(scan|state)|bmm)" -s "$n" -c "$n" \
+      $PY -m hybridqual.bench.ssd_variants --once 65536 --only "$v" > "$OUT/ssd_ncu_$v.txt" 2>&1 || rc=1
+    { echo "== $v"; grep -E "^  ssd_|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Local Memory Spilling|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More Eligible|ERR|rror" "$OUT/ssd_ncu_$v.txt" | head -60; } >> "$OUT/ssd_ncu.summary"
+  done
+  return $rc
+}
 # Optional: the fast path's bf16 logit error against the fp64 oracle on the corpus (the basis of τ and c for bf16).
 step_measure_tau() {
   timeout "${MEASURE_TAU_TIMEOUT:-240}" $PY -m hybridqual.measure_tau --dtype bfloat16 --device cuda ${MEASURE_TAU_ARGS:-}

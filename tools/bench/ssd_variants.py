@@ -84,18 +84,23 @@ VARIANTS: dict[str, tuple] = {
     "blk_cb_k32_s1_r128": (dict(kind="blocked", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
     "blk_cb_k32_s1": (dict(kind="blocked", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "state_par_k32_r128": ({}, dict(mode="parallel", BLOCK_K=32, BLOCK_N=128, num_stages=1, maxnreg=128)),
+    # C·Bᵀ stored in bf16 (half the L2 bytes each head reads; it is rounded to bf16 for the dot with x anyway)
+    "walk_cb16_k32_s1": (dict(kind="walk", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
+    "blk_cb16_k32_s1": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
+    "blk_cb16_k64_s2": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=64, num_stages=2), {}),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 
 
 def rule_for(scan: dict, state: dict, fused: dict | None = None) -> dict:
-    """The launch rule with a variant's scan, state (and fused) entries (a scan entry's `use_cb` is the rule's own
-    key); a variant with a fused entry runs the fused path."""
+    """The launch rule with a variant's scan, state (and fused) entries (a scan entry's `use_cb` and `cb_fp32` are
+    the rule's own keys); a variant with a fused entry runs the fused path."""
     r = copy.deepcopy(ssd_launch_rule(H, G, P, N, CHUNK, torch.bfloat16))
     r["fused"].update(fused or {})
     r["fused"]["default"] = fused is not None
     scan = dict(scan)
     r["use_cb"] = scan.pop("use_cb", r["use_cb"])
+    r["cb_fp32"] = scan.pop("cb_fp32", r["cb_fp32"])
     r["scan"].update(scan)
     r["state"].update(state)
     return r
@@ -196,9 +201,19 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting variants after this many seconds")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--chunk", type=int, default=Q, help=f"SSD chunk size of the run (default {Q}, the model's)")
+    ap.add_argument("--once", type=int, default=0, metavar="L",
+                    help="run each --only variant (default staged) twice at L tokens and stop (for a profiler)")
     a = ap.parse_args()
     global CHUNK
     CHUNK = a.chunk
+    if a.once:
+        case = Case(a.once)
+        for vn in [v for v in a.only.split(",") if v] or ["staged"]:
+            for _ in range(2):
+                case.run(rule_for(*VARIANTS[vn]))
+            torch.cuda.synchronize()
+            print(f"[ssd_variants] {vn} at L{a.once}: ran twice", flush=True)
+        return
     if a.fused_grid:
         rows = fused_grid(a.fused_grid)
         bad = [r for r in rows if "error" in r or r["rel_y"] > REL_OK or not r["repeatable"]]
