@@ -160,17 +160,23 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
 
 
 @pytest.mark.parametrize("scan,state_mode", [("rec", "parallel"), ("rec", "fused"), ("rec", "flat"),
-                                              ("blocked", "parallel"), ("blocked", "flat"), ("walk", "fused")])
+                                              ("blocked", "parallel"), ("blocked", "flat"), ("walk", "fused"),
+                                              ("rec_diag_cb", "fused")])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode):
-    """Both scan kernels (sub-chunk recurrence, 16-token steps; row x column blocks) and the three chunk-state
-    paths (fused walk, flat walk, parallel chunk states + passing) at a chunk size that is no power of two
-    (48), on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs and
+def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode, monkeypatch):
+    """Both scan kernels (sub-chunk recurrence, 16-token steps — also reading C·Bᵀ's diagonal blocks from a bmm
+    of finer blocks, with no state update after a chunk's last sub-chunk; row x column blocks) and the three
+    chunk-state paths (fused walk, flat walk, parallel chunk states + passing) at a chunk size that is no power of
+    two (48), on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs and
     final states vs fp64, unused bank entries untouched."""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 48, 2, 16, 1, 16
     rule = ssd_launch_rule(H, G, P, N, Q, dtype)
     rule["scan"].update(kind=scan, BLOCK_S=16, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16)
+    if scan == "rec_diag_cb":
+        rule["scan"].update(kind="rec", BLOCK_S=32, diag_cb=True, skip_last=True)
+        rule["bmm"].update(BLOCK_M=16)      # bmm leaves the 16-blocks above the diagonal unwritten: NaN there
+        poison_scratch(monkeypatch)
     rule["state"].update(mode=state_mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, PASS_BLOCK=64)
     gen = torch.Generator().manual_seed(21)
     lens, start_pos = [2 * Q + 3, 5, Q + 22, 3], [Q + 7, 0, 2, 1]

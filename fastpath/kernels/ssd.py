@@ -164,7 +164,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # H100 (64k: scan 3.09 ms vs 2.51, docs/performance.md), the spills notwithstanding.
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
-        # (a register cap per thread); "blocked" / "walk" may set reload_prev (each row block reads the entering
+        # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,
+        # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may set reload_prev (each row block reads the entering
         # state again instead of holding it in registers). Options for benches, not the default.
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
@@ -281,8 +282,9 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
     mark("cumsum")
     rec = rule["scan"].get("kind", "blocked") == "rec" and not use_cb     # a precomputed C·B: blocked / walk
+    diag_cb = rec and bool(rule["scan"].get("diag_cb", False))           # rec reading C·Bᵀ's diagonal blocks
     cb = None
-    if use_cb and nc > 0:
+    if (use_cb or diag_cb) and nc > 0:
         cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32 if rule.get("cb_fp32", True) else x.dtype, device=dev)
         r = rule["bmm"]
         nb = BQ // r["BLOCK_M"]
@@ -339,6 +341,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+            **(dict(cb_ptr=cb, stride_cb_c=cb.stride(0), stride_cb_g=cb.stride(1), stride_cb_i=cb.stride(2),
+                    DIAG_CB=True) if diag_cb else {}), SKIP_LAST=bool(r.get("skip_last", False)),
             num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     elif nc > 0:
         r = rule["scan"]

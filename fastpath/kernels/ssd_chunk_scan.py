@@ -125,14 +125,18 @@ def ssd_chunk_scan_rec_kernel(
     stride_prev_c, stride_prev_h, stride_prev_p,
     stride_y_t, stride_y_h, stride_y_p,
     HAS_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, cb_ptr=None, stride_cb_c=0, stride_cb_g=0, stride_cb_i=0,
+    DIAG_CB: tl.constexpr = False, SKIP_LAST: tl.constexpr = False,
 ):
     """The chunk scan as a recurrence over sub-chunks of BLOCK_S tokens inside one program per (chunk, head,
     P-tile): the state h (fp32, starting at the chunk's entering state) gives each sub-chunk its inter term,
         y_i = exp(cs_i − cs_s) C_i · h  +  Σ_{s ≤ j ≤ i} (C_i·B_j) exp(cs_i − cs_j) dt_j x_j  +  D x_i,
     then advances, h ← exp(cs_e − cs_s) h + Σ_j exp(cs_e − cs_j) dt_j x_j ⊗ B_j (cs_s: log-decay before the
     sub-chunk, cs_e: at its last token). Every x, B, C row is read once per (chunk, head, P-tile) and the
-    quadratic part shrinks to BLOCK_S × BLOCK_S blocks on the diagonal. BLOCK_N covers all of N."""
+    quadratic part shrinks to BLOCK_S × BLOCK_S blocks on the diagonal. BLOCK_N covers all of N.
+    DIAG_CB: those diagonal blocks of C·Bᵀ are read from ssd_bmm's per-group matrix (on or below the diagonal
+    only: bmm writes nothing above it) instead of computed per head. SKIP_LAST: no state update after the chunk's
+    last sub-chunk (its result is never read)."""
     n_pb = tl.cdiv(P, BLOCK_P)
     pid = tl.program_id(0)
     c = pid // (H * n_pb)
@@ -167,8 +171,13 @@ def ssd_chunk_scan_rec_kernel(
                      mask=ms[:, None] & mp[None, :], other=0.0)
         cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
         acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
-        cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
         causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
+        if DIAG_CB:
+            offs_i = s0 + offs_s
+            cb = tl.load(cb_ptr + c.to(tl.int64) * stride_cb_c + g * stride_cb_g + offs_i[:, None] * stride_cb_i
+                         + offs_i[None, :], mask=causal & ms[:, None], other=0.0).to(tl.float32)
+        else:
+            cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
         decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
         w = cb * decay * dt[None, :]
         acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
@@ -176,7 +185,13 @@ def ssd_chunk_scan_rec_kernel(
             acc += d * xs.to(tl.float32)
         tl.store(y_ptr + tok[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
                  acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
-        ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-        xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-        state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+        if SKIP_LAST:
+            if s0 + BLOCK_S < length:
+                ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
+                xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
+                state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+        else:
+            ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
+            xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
+            state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
         cs_before = cs_end

@@ -88,6 +88,12 @@ VARIANTS: dict[str, tuple] = {
     "walk_cb16_k32_s1": (dict(kind="walk", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "blk_cb16_k32_s1": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "blk_cb16_k64_s2": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=64, num_stages=2), {}),
+    # rec reading C·Bᵀ's diagonal blocks (2 of its 7 dot units a sub-chunk) and skipping the dead last state update
+    "rec_skip_last": (dict(skip_last=True), {}),
+    "rec_dcb": (dict(diag_cb=True), {}),
+    "rec_dcb16": (dict(diag_cb=True, cb_fp32=False), {}),
+    "rec_dcb_skip": (dict(diag_cb=True, skip_last=True), {}),
+    "rec_dcb16_skip": (dict(diag_cb=True, cb_fp32=False, skip_last=True), {}),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 
