@@ -165,7 +165,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
         # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,
-        # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may set reload_prev (each row block reads the entering
+        # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may
+        # set reload_prev. H100, L65536: every one slower than rec (docs/kernels.md, "More scan options") (each row block reads the entering
         # state again instead of holding it in registers). Options for benches, not the default.
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
