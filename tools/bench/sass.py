@@ -157,7 +157,7 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                     dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
                          DOT_PREC="tf32"), sc["num_warps"], sc["num_stages"], f32,
                     strides(ssd_chunk_scan_rec_kernel) + ("H", "P", "N")))
-    for stages, rl in ((1, False), (2, False), (1, True)):  # the walk kind with a precomputed C·Bᵀ (fp32), a bench variant
+    for stages, rl in ((1, False), (2, False), (1, True)):   # the walk kind with a precomputed C·Bᵀ (fp32)
         out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}{' reload_prev' if rl else ''}", ssd_chunk_scan_kernel,
                         dict(USE_CB=True, HAS_D=True, BLOCK_Q=256, BLOCK_M=64, BLOCK_K=32, BLOCK_P=sc["BLOCK_P"],
                              BLOCK_N=sc["BLOCK_N"], DOT_PREC="tf32", WALK=True, RELOAD_PREV=rl), 4, stages,

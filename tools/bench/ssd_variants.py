@@ -282,8 +282,8 @@ def main() -> None:
 
 
 def summary(res: dict) -> None:
-    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, chunk {res.get('chunk', Q)}, {res['date']}, "
-          f"copy {res['copy_TBps']:.2f} TB/s, wall {res['wall_s']:.0f} s")
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, chunk {res.get('chunk', Q)}, "
+          f"{res['date']}, copy {res['copy_TBps']:.2f} TB/s, wall {res['wall_s']:.0f} s")
     for b in res["base"]:
         m = b.get("mamba_ms")
         print(f"L{b['L']}: floor {b['floor_ms']:.3f} ms, fused {b['fused_ms']:.3f} ms "
