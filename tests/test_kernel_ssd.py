@@ -241,6 +241,42 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
         assert torch.equal(got[name][0], got["blocked"][0]) and torch.equal(got[name][1], got["blocked"][1]), name
 
 
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_descriptor_scan_has_the_bits_of_the_rec_scan(device, dtype):
+    """Scan kind "rec_tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a chunk's end into the next
+    sequence) == "rec" — bitwise in the interpreter (the same sums in the same order; compiled, the two kernels'
+    layouts may differ, so there within the tier's tolerance) — outputs and final states, on a batch with partial
+    chunks, a continuation and a slot -1 piece; a NaN in the next sequence's x and B reaches neither the sequence
+    before it nor its own finite rows. (The interpreter runs programs in order, so a box store past a chunk's end
+    would be overwritten there: only the GPU can show that race.)"""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N = 48, 2, 16, 1, 16
+    gen = torch.Generator().manual_seed(41)
+    lens, start_pos = [2 * Q + 5, 7, Q - 1, 9], [Q + 3, 0, 2, 0]
+    has_init, slots = [True, False, True, False], [1, -1, 2, 3]
+    inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=4), device)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    inp["x"][cu[3]:] = float("nan")            # the last sequence: every row NaN
+    inp["B"][cu[3]:] = float("nan")
+    got = {}
+    for kind in ("rec", "rec_tma"):
+        rule = ssd_launch_rule(H, G, P, N, Q, dtype)
+        rule["scan"].update(kind=kind, BLOCK_S=16, BLOCK_P=16, BLOCK_N=16)
+        bank = inp["bank"].clone()
+        out = torch.full_like(inp["x"], float("nan"))
+        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, cu,
+                   torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
+                   out=out, _rule=rule)
+        assert torch.isfinite(out[:cu[3]]).all(), f"{kind}: a row unwritten or reached by the next sequence's NaN"
+        got[kind] = (out[:cu[3]], bank[[0, 1, 2]])
+    if device == "cpu":
+        assert torch.equal(got["rec_tma"][0], got["rec"][0]) and torch.equal(got["rec_tma"][1], got["rec"][1])
+    else:
+        assert rel(got["rec_tma"][0], got["rec"][0]) < REL[dtype] and rel(got["rec_tma"][1], got["rec"][1]) < REL[dtype]
+
+
 def test_ssd_chunk_table_cuts_at_absolute_multiples():
     """The packed chunk table equals oracle.ssd.chunk_bounds per sequence (fresh random starts/lengths)."""
     gen = torch.Generator().manual_seed(3)

@@ -30,11 +30,12 @@ from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat
 from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
+from .ssd_scan_tma import launch_ssd_scan_tma
 
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 _SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
-SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh")
+SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma")
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
         # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,
         # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may
-        # set reload_prev (each row block reads the entering state again instead of holding it in registers).
+        # set reload_prev (each row block reads the entering state again instead of holding it in registers);
+        # kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as tensor-descriptor boxes.
         # Options for benches, not the default: on an H100 at L65536 every one was slower than rec
         # (docs/kernels.md, "More scan options").
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
@@ -333,6 +335,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         raise KernelInputError(f"{OP}: scan kind {kind!r} is not one of {SCAN_KINDS}")
     if nc > 0 and kind == "rec_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
+    elif nc > 0 and kind == "rec_tma" and not use_cb:
+        _SCAN_LAUNCH[0] = launch_ssd_scan_tma(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
     elif nc > 0 and kind == "blocked_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], BQ, prec)
     elif nc > 0 and rec:

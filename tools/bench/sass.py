@@ -162,6 +162,13 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                         dict(USE_CB=True, HAS_D=True, BLOCK_Q=256, BLOCK_M=64, BLOCK_K=32, BLOCK_P=sc["BLOCK_P"],
                              BLOCK_N=sc["BLOCK_N"], DOT_PREC="tf32", WALK=True, RELOAD_PREV=rl), 4, stages,
                         {**f32, "cb_ptr": "*fp32"}, strides(ssd_chunk_scan_kernel) + ("H", "P", "N")))
+    from fastpath.kernels.ssd_scan_tma import ssd_scan_tma_kernel
+    bs, bp, bn = sc["BLOCK_S"], sc["BLOCK_P"], sc["BLOCK_N"]
+    desc = {"x_desc": f"tensordesc<bf16[{bs}, {bp}]>", "y_desc": f"tensordesc<bf16[{bs}, {bp}]>",
+            "B_desc": f"tensordesc<bf16[{bs}, {bn}]>", "C_desc": f"tensordesc<bf16[{bs}, {bn}]>"}
+    out.append(Spec("ssd_chunk_scan_rec_tma", ssd_scan_tma_kernel,       # rec through tensor descriptors (bench kind)
+                    dict(HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn, DOT_PREC="tf32"), sc["num_warps"],
+                    sc["num_stages"], {**f32, **desc}, strides(ssd_scan_tma_kernel) + ("H", "P", "N")))
     out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
                     st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))

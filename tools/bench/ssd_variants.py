@@ -94,6 +94,11 @@ VARIANTS: dict[str, tuple] = {
     "rec_dcb16": (dict(diag_cb=True, cb_fp32=False), {}),
     "rec_dcb_skip": (dict(diag_cb=True, skip_last=True), {}),
     "rec_dcb16_skip": (dict(diag_cb=True, cb_fp32=False, skip_last=True), {}),
+    # rec through tensor descriptors (ssd_scan_tma.py): sm_90, triton 3.6: 224 B of spill and ~1500-1900 SASS
+    # instructions a sub-chunk step vs rec's 1320 B and 2882 (`hybridqual bench sass --kernels ssd_scan`)
+    "rec_tma": (dict(kind="rec_tma"), {}),
+    "rec_tma_s1": (dict(kind="rec_tma", num_stages=1), {}),
+    "rec_tma_w8_s1": (dict(kind="rec_tma", num_warps=8, num_stages=1), {}),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 
