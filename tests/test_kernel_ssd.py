@@ -242,13 +242,13 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
 
 
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_descriptor_scan_has_the_bits_of_the_rec_scan(device, dtype):
-    """Scan kind "rec_tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a chunk's end into the next
-    sequence) == "rec" — bitwise in the interpreter (the same sums in the same order; compiled, the two kernels'
-    layouts may differ, so there within the tier's tolerance) — outputs and final states, on a batch with partial
-    chunks, a continuation and a slot -1 piece; a NaN in the next sequence's x and B reaches neither the sequence
-    before it nor its own finite rows. (The interpreter runs programs in order, so a box store past a chunk's end
-    would be overwritten there: only the GPU can show that race.)"""
+def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(device, dtype):
+    """Scan kind "rec_tma" and state mode "tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a
+    chunk's end into the next sequence) == "rec" and the fused walk — bitwise in the interpreter (the same sums in
+    the same order; compiled, the kernels' layouts may differ, so there within the tier's tolerance) — outputs and
+    final states, on a batch with partial chunks, a continuation and a slot -1 piece; a NaN in the next sequence's
+    x and B reaches neither the sequence before it nor its own finite rows. (The interpreter runs programs in order,
+    so a box store past a chunk's end would be overwritten there: only the GPU can show that race.)"""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 48, 2, 16, 1, 16
     gen = torch.Generator().manual_seed(41)
@@ -261,9 +261,11 @@ def test_ssd_descriptor_scan_has_the_bits_of_the_rec_scan(device, dtype):
     inp["x"][cu[3]:] = float("nan")            # the last sequence: every row NaN
     inp["B"][cu[3]:] = float("nan")
     got = {}
-    for kind in ("rec", "rec_tma"):
+    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec", "tma")):
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
         rule["scan"].update(kind=kind, BLOCK_S=16, BLOCK_P=16, BLOCK_N=16)
+        rule["state"].update(mode=mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
+        kind = kind if mode == "fused" else f"state_{mode}"
         bank = inp["bank"].clone()
         out = torch.full_like(inp["x"], float("nan"))
         ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, cu,
@@ -271,10 +273,11 @@ def test_ssd_descriptor_scan_has_the_bits_of_the_rec_scan(device, dtype):
                    out=out, _rule=rule)
         assert torch.isfinite(out[:cu[3]]).all(), f"{kind}: a row unwritten or reached by the next sequence's NaN"
         got[kind] = (out[:cu[3]], bank[[0, 1, 2]])
-    if device == "cpu":
-        assert torch.equal(got["rec_tma"][0], got["rec"][0]) and torch.equal(got["rec_tma"][1], got["rec"][1])
-    else:
-        assert rel(got["rec_tma"][0], got["rec"][0]) < REL[dtype] and rel(got["rec_tma"][1], got["rec"][1]) < REL[dtype]
+    for k in ("rec_tma", "state_tma"):
+        if device == "cpu":
+            assert torch.equal(got[k][0], got["rec"][0]) and torch.equal(got[k][1], got["rec"][1]), k
+        else:
+            assert rel(got[k][0], got["rec"][0]) < REL[dtype] and rel(got[k][1], got["rec"][1]) < REL[dtype], k
 
 
 def test_ssd_chunk_table_cuts_at_absolute_multiples():

@@ -31,6 +31,7 @@ from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
 from .ssd_scan_tma import launch_ssd_scan_tma
+from .ssd_state_tma import launch_ssd_state_tma
 
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
@@ -149,6 +150,7 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # loop over all sub-blocks); "parallel": every chunk's own state at once (fp32 scratch, nc·H·P·N·4
         # bytes), then a streaming element-wise passing kernel (PASS_BLOCK elements a program). H200, L65536:
         # fused 4.00 ms total, parallel 4.13, flat 4.54 (bitwise equal y) — fused, which needs no scratch.
+        # "tma" (ssd_state_tma.py, a bench option): the fused walk reading x and B through tensor descriptors.
         state=dict(mode="fused", PASS_BLOCK=1024, PASS_WARPS=4,
                    BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
                    num_warps=4, num_stages=3),
@@ -302,7 +304,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     prev = torch.empty(max(nc, 1), H, P, N, dtype=x.dtype, device=dev)
     if n_seq > 0:
         r = rule["state"]
-        if table.ckpt_slot is not None and r.get("mode", "fused") != "fused":
+        if table.ckpt_slot is not None and r.get("mode", "fused") not in ("fused", "tma"):
             raise KernelInputError(f"{OP}: checkpoint states need the fused chunk-state kernel (mode "
                                    f"{r.get('mode')!r})")
         grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
@@ -325,6 +327,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                 BLOCK=r["PASS_BLOCK"], num_warps=r["PASS_WARPS"])
         elif mode == "flat":
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
+        elif mode == "tma":
+            launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, H // G, r, prec)
         else:
             ck = table.ckpt_slot
             ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles,

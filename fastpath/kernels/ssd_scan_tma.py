@@ -79,14 +79,14 @@ def ssd_scan_tma_kernel(
         cs_before = cs_end
 
 
-def _rows_2d(t: torch.Tensor, name: str) -> torch.Tensor:
+def rows_2d(t: torch.Tensor, name: str, what: str = "scan kind 'rec_tma'") -> torch.Tensor:
     """[T, A, B] with a unit last stride and A's stride = B: the [T, A·B] view a descriptor reads (16-byte aligned
-    row stride and base, as TMA needs)."""
+    row stride and base, as TMA needs); a clear error naming `name` otherwise."""
     T, A, Bd = t.shape
     es = t.element_size()
     if t.stride(2) != 1 or t.stride(1) != Bd or (t.stride(0) * es) % 16 or t.data_ptr() % 16:
-        raise KernelInputError(f"ssd_varlen: scan kind 'rec_tma' needs {name} rows of [{A}·{Bd}] contiguous with "
-                               f"16-byte aligned rows and base (strides {tuple(t.stride())})")
+        raise KernelInputError(f"ssd_varlen: {what} needs {name} rows of [{A}·{Bd}] contiguous with 16-byte "
+                               f"aligned rows and base (strides {tuple(t.stride())})")
     return t.as_strided((T, A * Bd), (t.stride(0), 1))
 
 
@@ -100,8 +100,8 @@ def launch_ssd_scan_tma(x, B, C, dt_p, dacs, prev, D, A, out, table, cfg: dict, 
     if bn != N or P % bp:
         raise KernelInputError(f"ssd_varlen: scan kind 'rec_tma' needs BLOCK_N == N ({bn} vs {N}) and BLOCK_P "
                                f"dividing P ({bp} vs {P})")
-    x2, y2 = _rows_2d(x, "x"), _rows_2d(out, "y")
-    b2, c2 = _rows_2d(B, "B"), _rows_2d(C, "C")
+    x2, y2 = rows_2d(x, "x"), rows_2d(out, "y")
+    b2, c2 = rows_2d(B, "B"), rows_2d(C, "C")
     descs = (TensorDescriptor.from_tensor(x2, [bs, bp]), TensorDescriptor.from_tensor(b2, [bs, bn]),
              TensorDescriptor.from_tensor(c2, [bs, bn]), TensorDescriptor.from_tensor(y2, [bs, bp]))
     n_pb = P // bp

@@ -92,15 +92,17 @@ step_recheck() {
   timeout 200 $PY -m hybridqual.bench.ssd_variants --fused-grid 8192 2>&1 | tail -n 40 >> "$OUT/recheck.summary" || rc=1
   return $rc
 }
-# Optional: the scan through tensor descriptors (fastpath/kernels/ssd_scan_tma.py, prepared without a GPU): its gpu
-# test, then its shapes timed beside the staged path and mamba_ssm at 64k and 8k, then its Nsight Compute counters.
+# Optional: the scan and the chunk-state walk through tensor descriptors (fastpath/kernels/ssd_scan_tma.py,
+# ssd_state_tma.py; prepared without a GPU): their gpu tests, their shapes timed beside the staged path and mamba_ssm
+# at 64k and 8k, then the Nsight Compute counters of the two together.
 step_tma() {
   local rc=0
   timeout 120 $PY -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernel_ssd.py -k "descriptor or every_scan" \
     2>&1 | tail -n 3 > "$OUT/tma.summary" || rc=1
   timeout 200 $PY -m hybridqual.bench.ssd_variants --budget-s 150 --lengths 65536,8192 \
-    --only staged,rec_tma,rec_tma_s1,rec_tma_w8_s1 2>&1 | tail -n 12 >> "$OUT/tma.summary" || rc=1
-  OUT="$OUT" SSD_NCU_VARIANTS=rec_tma step_ssd_ncu || rc=1
+    --only staged,rec_tma,rec_tma_s1,rec_tma_w8_s1,state_tma,state_tma_s2,tma_both 2>&1 | tail -n 16 \
+    >> "$OUT/tma.summary" || rc=1
+  SSD_NCU_VARIANTS=tma_both step_ssd_ncu || rc=1
   return $rc
 }
 # Optional: Nsight Compute counters of the SSD state and scan kernels at 64k (SSD_NCU_VARIANTS: ssd_variants names, each

@@ -172,6 +172,12 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
                     st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))
+    from fastpath.kernels.ssd_state_tma import ssd_state_tma_kernel
+    bk, sp, sn = st["BLOCK_K"], st["BLOCK_P"], st["BLOCK_N"]
+    out.append(Spec("ssd_chunk_state_tma", ssd_state_tma_kernel,        # the walk through descriptors (bench mode)
+                    dict(BLOCK_K=bk, BLOCK_P=sp, BLOCK_N=sn, DOT_PREC="tf32"), st["num_warps"], st["num_stages"],
+                    {**f32, "x_desc": f"tensordesc<bf16[{bk}, {sp}]>", "B_desc": f"tensordesc<bf16[{bk}, {sn}]>"},
+                    strides(ssd_state_tma_kernel) + ("P", "N")))
     out += _fused_specs(rule["fused"], f32, strides)
     out += _decode_specs()
     groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state",

@@ -99,6 +99,10 @@ VARIANTS: dict[str, tuple] = {
     "rec_tma": (dict(kind="rec_tma"), {}),
     "rec_tma_s1": (dict(kind="rec_tma", num_stages=1), {}),
     "rec_tma_w8_s1": (dict(kind="rec_tma", num_warps=8, num_stages=1), {}),
+    # the chunk-state walk through tensor descriptors (ssd_state_tma.py): sm_90, triton 3.6: 8 B of spill vs 600
+    "state_tma": ({}, dict(mode="tma")),
+    "state_tma_s2": ({}, dict(mode="tma", num_stages=2)),
+    "tma_both": (dict(kind="rec_tma"), dict(mode="tma")),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 

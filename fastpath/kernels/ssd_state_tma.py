@@ -1,0 +1,99 @@
+"""SSD stage 3 through tensor descriptors: ssd_chunk_state_kernel's walk (a program per (sequence, head, P-tile,
+N-tile) records the state entering each chunk and advances it,
+    h ← exp(Σ_chunk dt·A) · h + Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j),
+the same sums in the same order, with x and B read as [BLOCK_K, ·] boxes of 2-D descriptors (on
+Hopper: TMA copies into shared memory) instead of pointer tensors. A box that runs past its chunk reads the next
+chunk's (or sequence's) rows: they are zeroed before use, so nothing from outside the chunk reaches its sum.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import KernelInputError, reg_cap
+from .ssd_scan_tma import rows_2d
+
+
+@triton.jit
+def ssd_state_tma_kernel(
+    x_desc, B_desc, dt_ptr, dacs_ptr, bank_ptr, prev_ptr,
+    seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr, ckpt_ptr,
+    P, N, heads_per_group,
+    stride_dt_h,
+    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
+    stride_prev_c, stride_prev_h, stride_prev_p,
+    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_CKPT: tl.constexpr = False,
+):
+    """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs), as ssd_chunk_state_kernel; x is a [T, H·P]
+    descriptor, B a [T, G·N] one."""
+    n_nb = tl.cdiv(N, BLOCK_N)
+    pb = tl.program_id(0) // n_nb
+    nb = tl.program_id(0) % n_nb
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(2)
+    g = h // heads_per_group
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mp = offs_p < P
+    mn = offs_n < N
+    mpn = mp[:, None] & mn[None, :]
+    col_x = (h * P + pb * BLOCK_P).to(tl.int32)
+    col_b = (g * N + nb * BLOCK_N).to(tl.int32)
+
+    slot = tl.load(slot_ptr + s).to(tl.int64)
+    has_init = tl.load(has_init_ptr + s) != 0
+    bank_tile = (bank_ptr + slot * stride_bank_s + h * stride_bank_h
+                 + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
+    state = tl.load(bank_tile, mask=tl.where((slot >= 0) & has_init, mpn, False), other=0.0).to(tl.float32)
+
+    c0 = tl.load(seq_chunk_ptr + s)
+    c1 = tl.load(seq_chunk_ptr + s + 1)
+    for c in range(c0, c1):
+        prev = prev_ptr + c * stride_prev_c + h * stride_prev_h + offs_p[:, None] * stride_prev_p + offs_n[None, :]
+        tl.store(prev, state.to(prev_ptr.dtype.element_ty), mask=mpn)
+        if HAS_CKPT:
+            ck = tl.load(ckpt_ptr + c).to(tl.int64)
+            ck_tile = (bank_ptr + ck * stride_bank_s + h * stride_bank_h
+                       + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
+            tl.store(ck_tile, state, mask=tl.where(ck >= 0, mpn, False))
+        start = tl.load(chunk_start_ptr + c)
+        length = tl.load(chunk_len_ptr + c)
+        cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
+        acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, length, BLOCK_K):
+            mk = (k0 + offs_k) < length
+            tok = start.to(tl.int64) + k0 + offs_k
+            row = (start + k0).to(tl.int32)
+            cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+            dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+            w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+            xt = tl.where(mk[:, None], x_desc.load([row, col_x]), 0.0)
+            bt = tl.where(mk[:, None], B_desc.load([row, col_b]), 0.0)
+            xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+            acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        state = tl.exp(cs_last) * state + acc
+    tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
+
+
+def launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, heads_per_group: int,
+                         cfg: dict, dot_prec: str):
+    """Launch ssd_state_tma_kernel over a validated batch (ssd.ssd_varlen dispatches here for state mode "tma").
+    cfg: the launch rule's state entry (BLOCK_K, BLOCK_P, BLOCK_N, num_warps, num_stages, optional maxnreg)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    T, H, P = x.shape
+    N = B.shape[2]
+    bk, bp, bn = cfg["BLOCK_K"], cfg["BLOCK_P"], cfg["BLOCK_N"]
+    if P % bp or N % bn:
+        raise KernelInputError(f"ssd_varlen: state mode 'tma' needs BLOCK_P dividing P ({bp} vs {P}) and BLOCK_N "
+                               f"dividing N ({bn} vs {N})")
+    xd = TensorDescriptor.from_tensor(rows_2d(x, "x", "state mode 'tma'"), [bk, bp])
+    bd = TensorDescriptor.from_tensor(rows_2d(B, "B", "state mode 'tma'"), [bk, bn])
+    ck = table.ckpt_slot
+    grid = ((P // bp) * (N // bn), H, slot.shape[0])
+    return ssd_state_tma_kernel[grid](
+        xd, bd, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len, slot, has_init,
+        ck if ck is not None else slot, P, N, heads_per_group, dt_p.stride(0), *ssm_bank.stride(),
+        prev.stride(0), prev.stride(1), prev.stride(2), BLOCK_K=bk, BLOCK_P=bp, BLOCK_N=bn, DOT_PREC=dot_prec,
+        HAS_CKPT=ck is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **reg_cap(cfg))
