@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ._common import KernelInputError, reg_cap
+from .ssd_chunk_state import _bank_state, _record_entering, _walk_tile
 from .ssd_scan_tma import rows_2d
 
 
@@ -27,37 +28,18 @@ def ssd_state_tma_kernel(
 ):
     """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs), as ssd_chunk_state_kernel; x is a [T, H·P]
     descriptor, B a [T, G·N] one."""
-    n_nb = tl.cdiv(N, BLOCK_N)
-    pb = tl.program_id(0) // n_nb
-    nb = tl.program_id(0) % n_nb
-    h = tl.program_id(1).to(tl.int64)
-    s = tl.program_id(2)
-    g = h // heads_per_group
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    pb, nb, h, s, g, offs_p, offs_n, mp, mn, mpn = _walk_tile(P, N, heads_per_group, BLOCK_P, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mp = offs_p < P
-    mn = offs_n < N
-    mpn = mp[:, None] & mn[None, :]
     col_x = (h * P + pb * BLOCK_P).to(tl.int32)
     col_b = (g * N + nb * BLOCK_N).to(tl.int32)
 
-    slot = tl.load(slot_ptr + s).to(tl.int64)
-    has_init = tl.load(has_init_ptr + s) != 0
-    bank_tile = (bank_ptr + slot * stride_bank_s + h * stride_bank_h
-                 + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
-    state = tl.load(bank_tile, mask=tl.where((slot >= 0) & has_init, mpn, False), other=0.0).to(tl.float32)
-
+    slot, bank_tile, state = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h, offs_p, offs_n, mpn, stride_bank_s,
+                                         stride_bank_h, stride_bank_p, stride_bank_n)
     c0 = tl.load(seq_chunk_ptr + s)
     c1 = tl.load(seq_chunk_ptr + s + 1)
     for c in range(c0, c1):
-        prev = prev_ptr + c * stride_prev_c + h * stride_prev_h + offs_p[:, None] * stride_prev_p + offs_n[None, :]
-        tl.store(prev, state.to(prev_ptr.dtype.element_ty), mask=mpn)
-        if HAS_CKPT:
-            ck = tl.load(ckpt_ptr + c).to(tl.int64)
-            ck_tile = (bank_ptr + ck * stride_bank_s + h * stride_bank_h
-                       + offs_p[:, None] * stride_bank_p + offs_n[None, :] * stride_bank_n)
-            tl.store(ck_tile, state, mask=tl.where(ck >= 0, mpn, False))
+        _record_entering(state, prev_ptr, bank_ptr, ckpt_ptr, c, h, offs_p, offs_n, mpn, stride_prev_c, stride_prev_h,
+                         stride_prev_p, stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n, HAS_CKPT)
         start = tl.load(chunk_start_ptr + c)
         length = tl.load(chunk_len_ptr + c)
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
