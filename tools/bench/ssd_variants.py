@@ -1,5 +1,6 @@
 """SSD prefill variants on one GPU: the staged path with its scan (and chunk-state) stage swapped for the
-multi-head scans (fastpath/kernels/ssd_scan_mh.py, ssd_scan_blk_mh.py) and launch options, beside the default
+multi-head scans (fastpath/kernels/ssd_scan_mh.py, ssd_scan_blk_mh.py), the scan and chunk state through tensor
+descriptors (ssd_scan_tma.py, ssd_state_tma.py) and launch options, beside the default
 staged path, the fused path, mamba_ssm (when importable from .peer) and the byte floor, in one run.
 
     PYTHONPATH=.:.peer python3 tools/bench/ssd_variants.py [--out v.json] [--lengths 65536,8192] [--budget-s 300]
