@@ -113,7 +113,7 @@ step_ssd_ncu() {
     n=$(case "$v" in *cb*) echo 3;; *) echo 2;; esac)   # state + scan; a C·Bᵀ variant also runs ssd_bmm
     timeout "${SSD_NCU_TIMEOUT:-200}" ncu --clock-control none --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      -k "regex:ssd_(chunk_(scan|state)|bmm|scan_tma)" -s "$n" -c "$n" \
+      -k "regex:ssd_(chunk_(scan|state)|bmm|scan_tma|state_tma)" -s "$n" -c "$n" \
       $PY -m hybridqual.bench.ssd_variants --once 65536 --only "$v" > "$OUT/ssd_ncu_$v.txt" 2>&1 || rc=1
     { echo "== $v"; grep -E "^  ssd_|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Local Memory Spilling|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More Eligible|ERR|rror" "$OUT/ssd_ncu_$v.txt" | head -60; } >> "$OUT/ssd_ncu.summary"
   done
