@@ -2,9 +2,10 @@
 same order, with x, B and C read and y written as [BLOCK_S, ·] boxes of 2-D descriptors (on Hopper: TMA copies
 into shared memory, no per-element address or mask arithmetic) instead of pointer tensors.
 
-A box may run past its chunk into the next one: those rows of x and B are zeroed before use (a NaN in another
-sequence must not reach this one), rows of C there only feed y rows that are never written, and a sub-chunk that
-ends inside the chunk is stored through a box while the chunk's last, partial one is stored with a row mask.
+Whole sub-chunks run without row masks (B stays a shared-memory tile for both of its dots). The chunk's partial last
+sub-chunk, whose box runs past the chunk into the next one, zeroes those rows of x and B before use (a NaN in another
+sequence must not reach this one), lets rows of C there feed only y rows that are never written, and stores y with a
+row mask instead of a box. The sums and their order are those of the masked step either way.
 """
 from __future__ import annotations
 
@@ -45,38 +46,67 @@ def ssd_scan_tma_kernel(
     state = tl.load(prev_ptr + c.to(tl.int64) * stride_prev_c + h64 * stride_prev_h
                     + offs_p[:, None] * stride_prev_p + offs_n[None, :],
                     mask=mp[:, None] & (offs_n < N)[None, :], other=0.0).to(tl.float32)   # [BLOCK_P, BLOCK_N]
+    d = 0.0
     if HAS_D:
         d = tl.load(D_ptr + h).to(tl.float32)
     cs_before = 0.0
-    for s0 in range(0, length, BLOCK_S):
-        row = (start + s0).to(tl.int32)             # descriptor coordinates are rows and columns (int32)
+    n_full = length - length % BLOCK_S
+    for s0 in range(0, n_full, BLOCK_S):           # whole sub-chunks: no row masks, B stays a shared-memory tile
+        state, cs_before = _step(x_desc, B_desc, C_desc, y_desc, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d, start,
+                                 length, s0, h64, col_x, col_bc, offs_s, offs_p, mp, stride_dt_h, stride_y_t,
+                                 stride_y_h, HAS_D, BLOCK_S, DOT_PREC, True)
+    if n_full < length:                            # the chunk's partial last sub-chunk
+        state, cs_before = _step(x_desc, B_desc, C_desc, y_desc, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d, start,
+                                 length, n_full, h64, col_x, col_bc, offs_s, offs_p, mp, stride_dt_h, stride_y_t,
+                                 stride_y_h, HAS_D, BLOCK_S, DOT_PREC, False)
+
+
+@triton.jit
+def _step(x_desc, B_desc, C_desc, y_desc, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d, start, length, s0, h64, col_x,
+          col_bc, offs_s, offs_p, mp, stride_dt_h, stride_y_t, stride_y_h, HAS_D: tl.constexpr,
+          BLOCK_S: tl.constexpr, DOT_PREC: tl.constexpr, FULL: tl.constexpr):
+    """One sub-chunk from `state` (fp32, entering it): stores its y rows and returns (state, cs) at its last token.
+    FULL: every row of the box is in the chunk (no masks); else rows past the chunk's end are zeroed in x and B and
+    left unstored in y."""
+    row = (start + s0).to(tl.int32)                 # descriptor coordinates are rows and columns (int32)
+    tok = row.to(tl.int64) + offs_s
+    if FULL:
+        cs_end = tl.load(dacs_ptr + h64 * stride_dt_h + start + s0 + BLOCK_S - 1)
+        cs = tl.load(dacs_ptr + h64 * stride_dt_h + tok)
+        dt = tl.load(dt_ptr + h64 * stride_dt_h + tok)
+        Bs = B_desc.load([row, col_bc])
+        xs = x_desc.load([row, col_x])
+        cs_in = cs - cs_before
+        causal = offs_s[:, None] >= offs_s[None, :]
+    else:
         ms = (s0 + offs_s) < length
-        tok = row.to(tl.int64) + offs_s
-        e = tl.minimum(length, s0 + BLOCK_S) - 1
-        cs_end = tl.load(dacs_ptr + h64 * stride_dt_h + start + e)
+        cs_end = tl.load(dacs_ptr + h64 * stride_dt_h + start + length - 1)
         cs = tl.load(dacs_ptr + h64 * stride_dt_h + tok, mask=ms, other=0.0)
         dt = tl.load(dt_ptr + h64 * stride_dt_h + tok, mask=ms, other=0.0)
-        Cs = C_desc.load([row, col_bc])
         Bs = tl.where(ms[:, None], B_desc.load([row, col_bc]), 0.0)
         xs = tl.where(ms[:, None], x_desc.load([row, col_x]), 0.0)
         cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
-        acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
-        cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
         causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
-        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-        w = cb * decay * dt[None, :]
-        acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
-        if HAS_D:
-            acc += d * xs.to(tl.float32)
-        if s0 + BLOCK_S <= length:
-            y_desc.store([row, col_x], acc.to(y_ptr.dtype.element_ty))
-        else:
-            tl.store(y_ptr + tok[:, None] * stride_y_t + h64 * stride_y_h + offs_p[None, :],
-                     acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
+    Cs = C_desc.load([row, col_bc])
+    acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+    cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
+    decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
+    w = cb * decay * dt[None, :]
+    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
+    if HAS_D:
+        acc += d * xs.to(tl.float32)
+    if FULL:
+        y_desc.store([row, col_x], acc.to(y_ptr.dtype.element_ty))
+    else:
+        tl.store(y_ptr + tok[:, None] * stride_y_t + h64 * stride_y_h + offs_p[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
+    if FULL:
+        ws = tl.exp(cs_end - cs) * dt
+    else:
         ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-        xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-        state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
-        cs_before = cs_end
+    xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
+    state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+    return state, cs_end
 
 
 def rows_2d(t: torch.Tensor, name: str, what: str = "scan kind 'rec_tma'") -> torch.Tensor:

@@ -2,8 +2,9 @@
 N-tile) records the state entering each chunk and advances it,
     h ← exp(Σ_chunk dt·A) · h + Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j),
 the same sums in the same order, with x and B read as [BLOCK_K, ·] boxes of 2-D descriptors (on
-Hopper: TMA copies into shared memory) instead of pointer tensors. A box that runs past its chunk reads the next
-chunk's (or sequence's) rows: they are zeroed before use, so nothing from outside the chunk reaches its sum.
+Hopper: TMA copies into shared memory) instead of pointer tensors. Whole sub-blocks run without row masks; the box of
+a chunk's partial last sub-block runs past it into the next chunk (or sequence), and those rows are zeroed before
+use, so nothing from outside the chunk reaches its sum.
 """
 from __future__ import annotations
 
@@ -13,6 +14,30 @@ import triton.language as tl
 from ._common import KernelInputError, reg_cap
 from .ssd_chunk_state import _bank_state, _record_entering, _walk_tile
 from .ssd_scan_tma import rows_2d
+
+
+@triton.jit
+def _xb_box(x_desc, B_desc, dt_ptr, dacs_ptr, h, start, length, k0, cs_last, col_x, col_b, offs_k, stride_dt_h,
+            DOT_PREC: tl.constexpr, FULL: tl.constexpr):
+    """Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j over the sub-block's boxes ([P, N]-tile fp32 dot). FULL: every row is
+    in the chunk; else rows past its end are zeroed in x and B (the same sums on the chunk's rows either way)."""
+    tok = start.to(tl.int64) + k0 + offs_k
+    row = (start + k0).to(tl.int32)
+    if FULL:
+        cs = tl.load(dacs_ptr + h * stride_dt_h + tok)
+        dt = tl.load(dt_ptr + h * stride_dt_h + tok)
+        w = tl.exp(cs_last - cs) * dt
+        xt = x_desc.load([row, col_x])
+        bt = B_desc.load([row, col_b])
+    else:
+        mk = (k0 + offs_k) < length
+        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+        w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+        xt = tl.where(mk[:, None], x_desc.load([row, col_x]), 0.0)
+        bt = tl.where(mk[:, None], B_desc.load([row, col_b]), 0.0)
+    xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+    return tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -44,17 +69,13 @@ def ssd_state_tma_kernel(
         length = tl.load(chunk_len_ptr + c)
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
         acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, length, BLOCK_K):
-            mk = (k0 + offs_k) < length
-            tok = start.to(tl.int64) + k0 + offs_k
-            row = (start + k0).to(tl.int32)
-            cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-            dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
-            w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
-            xt = tl.where(mk[:, None], x_desc.load([row, col_x]), 0.0)
-            bt = tl.where(mk[:, None], B_desc.load([row, col_b]), 0.0)
-            xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
-            acc += tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+        n_full = length - length % BLOCK_K
+        for k0 in range(0, n_full, BLOCK_K):       # whole sub-blocks: no row masks, B stays a shared-memory tile
+            acc += _xb_box(x_desc, B_desc, dt_ptr, dacs_ptr, h, start, length, k0, cs_last, col_x, col_b, offs_k,
+                           stride_dt_h, DOT_PREC, True)
+        if n_full < length:                        # the chunk's partial last sub-block
+            acc += _xb_box(x_desc, B_desc, dt_ptr, dacs_ptr, h, start, length, n_full, cs_last, col_x, col_b, offs_k,
+                           stride_dt_h, DOT_PREC, False)
         state = tl.exp(cs_last) * state + acc
     tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
 
