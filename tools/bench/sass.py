@@ -114,6 +114,13 @@ def loops(sass: str) -> list[dict]:
     return sorted(out, key=lambda r: r["instructions"])
 
 
+def compute_loop(lps: list[dict]) -> dict | None:
+    """The innermost loop that issues a matrix instruction (else the innermost loop): a TMA kernel's shortest loops
+    are its barrier waits, not its work."""
+    mma = [lp for lp in lps if lp["HGMMA"] or lp["HMMA"]]
+    return (mma or lps or [None])[0]
+
+
 def report(spec: Spec, arch: int = 90) -> dict:
     """Registers, spill stack (bytes a thread), opcode totals and per-loop counts of `spec` on sm_<arch>."""
     sass, res = compile_sass(spec, arch)
@@ -258,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     rows = []
     print(f"triton {triton.__version__}, sm_{a.arch}")
-    print(f"{'kernel':28s} {'warps':>5s} {'regs':>5s} {'spill B':>7s}  innermost loop: instr BAR STS LDS LDL STL"
+    print(f"{'kernel':28s} {'warps':>5s} {'regs':>5s} {'spill B':>7s}  compute loop: instr BAR STS LDS LDL STL"
           "  | kernel: HGMMA HMMA")
     for s in chosen:
         try:
@@ -267,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.name:28s} {e}")
             return 2
         rows.append(r)
-        lp = r["loops"][0] if r["loops"] else None
+        lp = compute_loop(r["loops"])
         loop = (f"{lp['instructions']:5d} {lp['BAR']:3d} {lp['STS'] + lp['STSM']:3d} {lp['LDS'] + lp['LDSM']:3d} "
                 f"{lp['LDL']:3d} {lp['STL']:3d}") if lp else "no loop"
         mma = f"{r['totals']['HGMMA']:5d} {r['totals']['HMMA']:4d}"     # warp-group (Hopper) vs warp-level MMAs
