@@ -187,11 +187,17 @@ def ssd_chunk_scan_rec_kernel(
                  acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
         if SKIP_LAST:
             if s0 + BLOCK_S < length:
-                ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-                xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-                state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+                state = advance_state(state, xs, Bs, tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0), cs_end,
+                                      cs_before, DOT_PREC)
         else:
-            ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-            xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-            state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+            state = advance_state(state, xs, Bs, tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0), cs_end, cs_before,
+                                  DOT_PREC)
         cs_before = cs_end
+
+
+@triton.jit
+def advance_state(state, xs, Bs, ws, cs_end, cs_before, DOT_PREC: tl.constexpr):
+    """The state after a sub-chunk: h ← exp(cs_e − cs_s) h + Σ_j ws_j x_j ⊗ B_j, with ws_j = exp(cs_e − cs_j) dt_j
+    (0 on rows outside the chunk); the x·ws product is rounded to B's dtype for the dot."""
+    xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
+    return tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)

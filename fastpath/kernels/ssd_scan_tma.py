@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ._common import KernelInputError, reg_cap
+from .ssd_chunk_scan import advance_state
 
 
 @triton.jit
@@ -104,9 +105,7 @@ def _step(x_desc, B_desc, C_desc, y_desc, y_ptr, dt_ptr, dacs_ptr, state, cs_bef
         ws = tl.exp(cs_end - cs) * dt
     else:
         ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-    xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-    state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
-    return state, cs_end
+    return advance_state(state, xs, Bs, ws, cs_end, cs_before, DOT_PREC), cs_end
 
 
 def rows_2d(t: torch.Tensor, name: str, what: str = "scan kind 'rec_tma'") -> torch.Tensor:
