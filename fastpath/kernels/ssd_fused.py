@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import softplus
+from .ssd_chunk_scan import advance_state
 
 
 @triton.jit
@@ -125,9 +126,7 @@ def ssd_fused_kernel(
                      mask=ms[:, None] & mp[None, :], other=0.0)
         Bs = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
                      mask=ms[:, None] & mn[None, :], other=0.0)
-        w = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-        xw = (xs.to(tl.float32) * w[:, None]).to(Bs.dtype)
-        local = tl.exp(cs_end - cs_before) * local + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+        local = advance_state(local, xs, Bs, tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0), cs_end, cs_before, DOT_PREC)
         cs_before = cs_end
     cs_last = cs_before
     if PRE_DT:
@@ -194,8 +193,7 @@ def ssd_fused_kernel(
                  acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
         if s0 + BLOCK_S < length:        # the state after the last sub-chunk is h_out, already passed on
             ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-            xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-            state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+            state = advance_state(state, xs, Bs, ws, cs_end, cs_before, DOT_PREC)
         cs_before = cs_end
 
 

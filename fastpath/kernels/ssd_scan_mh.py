@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ._common import KernelInputError, reg_cap
+from .ssd_chunk_scan import advance_state
 
 
 @triton.jit
@@ -31,9 +32,7 @@ def _head_sub(state, cs_before, Cs, Bs, cb, causal, ms, tok, last, hh, x_ptr, dt
     tl.store(y_ptr + tok[:, None] * stride_y_t + hh * stride_y_h + offs_p[None, :] * stride_y_p,
              acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
     ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
-    xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-    state = tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
-    return state, cs_end
+    return advance_state(state, xs, Bs, ws, cs_end, cs_before, DOT_PREC), cs_end
 
 
 @triton.jit
