@@ -161,11 +161,12 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
 
 @pytest.mark.parametrize("scan,state_mode", [("rec", "parallel"), ("rec", "fused"), ("rec", "flat"),
                                               ("blocked", "parallel"), ("blocked", "flat"), ("walk", "fused"),
-                                              ("rec_diag_cb", "fused")])
+                                              ("rec_diag_cb", "fused"), ("rec_split", "fused")])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode, monkeypatch):
     """Both scan kernels (sub-chunk recurrence, 16-token steps — also reading C·Bᵀ's diagonal blocks from a bmm
-    of finer blocks, with no state update after a chunk's last sub-chunk; row x column blocks) and the three
+    of finer blocks, with no state update after a chunk's last sub-chunk, or with unmasked whole sub-chunks and
+    32-bit offsets; row x column blocks) and the three
     chunk-state paths (fused walk, flat walk, parallel chunk states + passing) at a chunk size that is no power of
     two (48), on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs and
     final states vs fp64, unused bank entries untouched."""
@@ -243,8 +244,9 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
 
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(device, dtype):
-    """Scan kind "rec_tma" and state mode "tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a
-    chunk's end into the next sequence) == "rec" and the fused walk — bitwise in the interpreter (the same sums in
+    """Scan kinds "rec_tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a chunk's end into the
+    next sequence) and "rec_split" (unmasked whole sub-chunks, 32-bit offsets) and state mode "tma" == "rec" and
+    the fused walk — bitwise in the interpreter (the same sums in
     the same order; compiled, the kernels' layouts may differ, so there within the tier's tolerance) — outputs and
     final states, on a batch with partial chunks, a continuation and a slot -1 piece; a NaN in the next sequence's
     x and B reaches neither the sequence before it nor its own finite rows. (The interpreter runs programs in order,
@@ -261,7 +263,7 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
     inp["x"][cu[3]:] = float("nan")            # the last sequence: every row NaN
     inp["B"][cu[3]:] = float("nan")
     got = {}
-    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec", "tma")):
+    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec_split", "fused"), ("rec", "tma")):
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
         rule["scan"].update(kind=kind, BLOCK_S=16, BLOCK_P=16, BLOCK_N=16)
         rule["state"].update(mode=mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
@@ -273,7 +275,7 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
                    out=out, _rule=rule)
         assert torch.isfinite(out[:cu[3]]).all(), f"{kind}: a row unwritten or reached by the next sequence's NaN"
         got[kind] = (out[:cu[3]], bank[[0, 1, 2]])
-    for k in ("rec_tma", "state_tma"):
+    for k in ("rec_tma", "rec_split", "state_tma"):
         if device == "cpu":
             assert torch.equal(got[k][0], got["rec"][0]) and torch.equal(got[k][1], got["rec"][1]), k
         else:

@@ -30,13 +30,14 @@ from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat
 from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
+from .ssd_scan_split import launch_ssd_scan_split
 from .ssd_scan_tma import launch_ssd_scan_tma
 from .ssd_state_tma import launch_ssd_state_tma
 
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 _SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
-SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma")
+SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma", "rec_split")
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,
         # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may
         # set reload_prev (each row block reads the entering state again instead of holding it in registers);
-        # kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as tensor-descriptor boxes.
+        # kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as tensor-descriptor boxes; kind
+        # "rec_split" (ssd_scan_split.py): rec with 32-bit in-chunk offsets and no masks on whole sub-chunks.
         # Options for benches, not the default: on an H100 at L65536 every one was slower than rec
         # (docs/kernels.md, "More scan options").
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
@@ -341,6 +343,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         _SCAN_LAUNCH[0] = launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
     elif nc > 0 and kind == "rec_tma" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_tma(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
+    elif nc > 0 and kind == "rec_split" and not use_cb:
+        _SCAN_LAUNCH[0] = launch_ssd_scan_split(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], chunk_size, prec)
     elif nc > 0 and kind == "blocked_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], BQ, prec)
     elif nc > 0 and rec:

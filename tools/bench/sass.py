@@ -176,6 +176,11 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_scan_rec_tma", ssd_scan_tma_kernel,       # rec through tensor descriptors (bench kind)
                     dict(HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn, DOT_PREC="tf32"), sc["num_warps"],
                     sc["num_stages"], {**f32, **desc}, strides(ssd_scan_tma_kernel) + ("H", "P", "N")))
+    from fastpath.kernels.ssd_scan_split import ssd_scan_split_kernel
+    out.append(Spec("ssd_chunk_scan_rec_split", ssd_scan_split_kernel,   # rec, 32-bit offsets, unmasked (bench kind)
+                    dict(N_PB=64 // bp, HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn,
+                         DOT_PREC="tf32"), sc["num_warps"], sc["num_stages"], f32,
+                    strides(ssd_scan_split_kernel) + ("H",)))
     out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
                     st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))

@@ -104,6 +104,11 @@ VARIANTS: dict[str, tuple] = {
     "state_tma": ({}, dict(mode="tma")),
     "state_tma_s2": ({}, dict(mode="tma", num_stages=2)),
     "tma_both": (dict(kind="rec_tma"), dict(mode="tma")),
+    # rec with 32-bit in-chunk offsets and no masks on whole sub-chunks (ssd_scan_split.py)
+    "rec_split": (dict(kind="rec_split"), {}),
+    "rec_split_s1": (dict(kind="rec_split", num_stages=1), {}),
+    "rec_split_s3": (dict(kind="rec_split", num_stages=3), {}),
+    "rec_split_w8": (dict(kind="rec_split", num_warps=8), {}),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 
