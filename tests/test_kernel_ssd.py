@@ -161,12 +161,11 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
 
 @pytest.mark.parametrize("scan,state_mode", [("rec", "parallel"), ("rec", "fused"), ("rec", "flat"),
                                               ("blocked", "parallel"), ("blocked", "flat"), ("walk", "fused"),
-                                              ("rec_diag_cb", "fused"), ("rec_split", "fused")])
+                                              ("rec_masked_pn", "fused")])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode, monkeypatch):
-    """Both scan kernels (sub-chunk recurrence, 16-token steps — also reading C·Bᵀ's diagonal blocks from a bmm
-    of finer blocks, with no state update after a chunk's last sub-chunk, or with unmasked whole sub-chunks and
-    32-bit offsets; row x column blocks) and the three
+def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode):
+    """Both scan kernels (sub-chunk recurrence, 16-token steps — also with a wider N tile than N, so masked
+    columns; row x column blocks) and the three
     chunk-state paths (fused walk, flat walk, parallel chunk states + passing) at a chunk size that is no power of
     two (48), on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs and
     final states vs fp64, unused bank entries untouched."""
@@ -174,10 +173,8 @@ def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan,
     Q, H, P, G, N = 48, 2, 16, 1, 16
     rule = ssd_launch_rule(H, G, P, N, Q, dtype)
     rule["scan"].update(kind=scan, BLOCK_S=16, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16)
-    if scan == "rec_diag_cb":
-        rule["scan"].update(kind="rec", BLOCK_S=32, diag_cb=True, skip_last=True)
-        rule["bmm"].update(BLOCK_M=16)      # bmm leaves the 16-blocks above the diagonal unwritten: NaN there
-        poison_scratch(monkeypatch)
+    if scan == "rec_masked_pn":
+        rule["scan"].update(kind="rec", BLOCK_N=2 * N)
     rule["state"].update(mode=state_mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, PASS_BLOCK=64)
     gen = torch.Generator().manual_seed(21)
     lens, start_pos = [2 * Q + 3, 5, Q + 22, 3], [Q + 7, 0, 2, 1]
@@ -244,9 +241,8 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
 
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(device, dtype):
-    """Scan kinds "rec_tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a chunk's end into the
-    next sequence) and "rec_split" (unmasked whole sub-chunks, 32-bit offsets) and state mode "tma" == "rec" and
-    the fused walk — bitwise in the interpreter (the same sums in
+    """Scan kind "rec_tma" and state mode "tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a
+    chunk's end into the next sequence) == "rec" and the fused walk — bitwise in the interpreter (the same sums in
     the same order; compiled, the kernels' layouts may differ, so there within the tier's tolerance) — outputs and
     final states, on a batch with partial chunks, a continuation and a slot -1 piece; a NaN in the next sequence's
     x and B reaches neither the sequence before it nor its own finite rows. (The interpreter runs programs in order,
@@ -263,7 +259,7 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
     inp["x"][cu[3]:] = float("nan")            # the last sequence: every row NaN
     inp["B"][cu[3]:] = float("nan")
     got = {}
-    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec_split", "fused"), ("rec", "tma")):
+    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec", "tma")):
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
         rule["scan"].update(kind=kind, BLOCK_S=16, BLOCK_P=16, BLOCK_N=16)
         rule["state"].update(mode=mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
@@ -275,7 +271,7 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
                    out=out, _rule=rule)
         assert torch.isfinite(out[:cu[3]]).all(), f"{kind}: a row unwritten or reached by the next sequence's NaN"
         got[kind] = (out[:cu[3]], bank[[0, 1, 2]])
-    for k in ("rec_tma", "rec_split", "state_tma"):
+    for k in ("rec_tma", "state_tma"):
         if device == "cpu":
             assert torch.equal(got[k][0], got["rec"][0]) and torch.equal(got[k][1], got["rec"][1]), k
         else:

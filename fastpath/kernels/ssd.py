@@ -30,14 +30,13 @@ from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat
 from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
-from .ssd_scan_split import launch_ssd_scan_split
 from .ssd_scan_tma import launch_ssd_scan_tma
 from .ssd_state_tma import launch_ssd_state_tma
 
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 _SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
-SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma", "rec_split")
+SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma")
 
 
 @dataclass(frozen=True)
@@ -171,8 +170,7 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,
         # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may
         # set reload_prev (each row block reads the entering state again instead of holding it in registers);
-        # kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as tensor-descriptor boxes; kind
-        # "rec_split" (ssd_scan_split.py): rec with 32-bit in-chunk offsets and no masks on whole sub-chunks.
+        # kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as tensor-descriptor boxes.
         # Options for benches, not the default: on an H100 at L65536 every one was slower than rec
         # (docs/kernels.md, "More scan options").
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
@@ -290,9 +288,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
     mark("cumsum")
     rec = rule["scan"].get("kind", "blocked") == "rec" and not use_cb     # a precomputed C·B: blocked / walk
-    diag_cb = rec and bool(rule["scan"].get("diag_cb", False))           # rec reading C·Bᵀ's diagonal blocks
     cb = None
-    if (use_cb or diag_cb) and nc > 0:
+    if use_cb and nc > 0:
         cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32 if rule.get("cb_fp32", True) else x.dtype, device=dev)
         r = rule["bmm"]
         nb = BQ // r["BLOCK_M"]
@@ -343,20 +340,18 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         _SCAN_LAUNCH[0] = launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
     elif nc > 0 and kind == "rec_tma" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_tma(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
-    elif nc > 0 and kind == "rec_split" and not use_cb:
-        _SCAN_LAUNCH[0] = launch_ssd_scan_split(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], chunk_size, prec)
     elif nc > 0 and kind == "blocked_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], BQ, prec)
     elif nc > 0 and rec:
         r = rule["scan"]
+        _check_in_chunk_offsets(BQ + r["BLOCK_S"], x=x, B=B, C=C, y=out)
         _SCAN_LAUNCH[0] = ssd_chunk_scan_rec_kernel[(nc * H * triton_cdiv(P, r["BLOCK_P"]),)](
             x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
             table.chunk_start, table.chunk_len, H, P, N, H // G,
             *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            **(dict(cb_ptr=cb, stride_cb_c=cb.stride(0), stride_cb_g=cb.stride(1), stride_cb_i=cb.stride(2),
-                    DIAG_CB=True) if diag_cb else {}), SKIP_LAST=bool(r.get("skip_last", False)),
+            MASK_PN=r["BLOCK_N"] != N or P % r["BLOCK_P"] != 0,
             num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
     elif nc > 0:
         r = rule["scan"]
@@ -375,6 +370,16 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             **reg_cap(r))
     mark("scan")
     return out
+
+
+def _check_in_chunk_offsets(rows: int, **tensors: Tensor) -> None:
+    """The rec scan adds 32-bit offsets within a chunk (`rows` token rows at most) to 64-bit chunk corners: a clear
+    error naming the tensor whose strides would overflow them."""
+    for name, t in tensors.items():
+        span = rows * abs(t.stride(0)) + sum(abs(st) * n for st, n in zip(t.stride()[2:], t.shape[2:]))
+        if span >= 2 ** 31:
+            raise KernelInputError(f"{OP}: {name}'s offsets within a chunk overflow 32 bits (strides "
+                                   f"{tuple(t.stride())}, {rows} rows)")
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -125,8 +125,7 @@ def ssd_chunk_scan_rec_kernel(
     stride_prev_c, stride_prev_h, stride_prev_p,
     stride_y_t, stride_y_h, stride_y_p,
     HAS_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr, cb_ptr=None, stride_cb_c=0, stride_cb_g=0, stride_cb_i=0,
-    DIAG_CB: tl.constexpr = False, SKIP_LAST: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, MASK_PN: tl.constexpr,
 ):
     """The chunk scan as a recurrence over sub-chunks of BLOCK_S tokens inside one program per (chunk, head,
     P-tile): the state h (fp32, starting at the chunk's entering state) gives each sub-chunk its inter term,
@@ -134,9 +133,9 @@ def ssd_chunk_scan_rec_kernel(
     then advances, h ← exp(cs_e − cs_s) h + Σ_j exp(cs_e − cs_j) dt_j x_j ⊗ B_j (cs_s: log-decay before the
     sub-chunk, cs_e: at its last token). Every x, B, C row is read once per (chunk, head, P-tile) and the
     quadratic part shrinks to BLOCK_S × BLOCK_S blocks on the diagonal. BLOCK_N covers all of N.
-    DIAG_CB: those diagonal blocks of C·Bᵀ are read from ssd_bmm's per-group matrix (on or below the diagonal
-    only: bmm writes nothing above it) instead of computed per head. SKIP_LAST: no state update after the chunk's
-    last sub-chunk (its result is never read)."""
+    Few instructions a step: the pointers move to the program's corner once (64-bit), a step adds 32-bit in-chunk
+    offsets (the launch checks they fit), whole sub-chunks load and store unmasked and only the chunk's partial
+    last one masks rows; MASK_PN: columns past P or N are masked too (BLOCK_N > N or BLOCK_P not dividing P)."""
     n_pb = tl.cdiv(P, BLOCK_P)
     pid = tl.program_id(0)
     c = pid // (H * n_pb)
@@ -146,53 +145,97 @@ def ssd_chunk_scan_rec_kernel(
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     length = tl.load(chunk_len_ptr + c)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
-    mp = offs_p < P
+    mp = pb * BLOCK_P + offs_p < P
     mn = offs_n < N
+    x_ptr += start * stride_x_t + h * stride_x_h + pb * BLOCK_P * stride_x_p     # the program's corner, 64-bit
+    y_ptr += start * stride_y_t + h * stride_y_h + pb * BLOCK_P * stride_y_p
+    B_ptr += start * stride_b_t + g * stride_b_g
+    C_ptr += start * stride_c_t + g * stride_c_g
+    dt_ptr += h * stride_dt_h + start
+    dacs_ptr += h * stride_dt_h + start
     state = tl.load(prev_ptr + c.to(tl.int64) * stride_prev_c + h * stride_prev_h
-                    + offs_p[:, None] * stride_prev_p + offs_n[None, :],
+                    + (pb * BLOCK_P + offs_p)[:, None] * stride_prev_p + offs_n[None, :],
                     mask=mp[:, None] & mn[None, :], other=0.0).to(tl.float32)   # [BLOCK_P, BLOCK_N]
+    d = 0.0
     if HAS_D:
         d = tl.load(D_ptr + h).to(tl.float32)
     cs_before = 0.0
-    for s0 in range(0, length, BLOCK_S):
-        ms = (s0 + offs_s) < length
-        tok = start + s0 + offs_s
-        e = tl.minimum(length, s0 + BLOCK_S) - 1
-        cs_end = tl.load(dacs_ptr + h * stride_dt_h + start + e)
-        cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=ms, other=0.0)
-        dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=ms, other=0.0)
-        Cs = tl.load(C_ptr + tok[:, None] * stride_c_t + g * stride_c_g + offs_n[None, :] * stride_c_n,
-                     mask=ms[:, None] & mn[None, :], other=0.0)
-        Bs = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                     mask=ms[:, None] & mn[None, :], other=0.0)
-        xs = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                     mask=ms[:, None] & mp[None, :], other=0.0)
+    n_full = length - length % BLOCK_S
+    for s0 in range(0, n_full, BLOCK_S):            # whole sub-chunks: no row masks
+        state, cs_before = _rec_step(x_ptr, B_ptr, C_ptr, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d, length, s0,
+                                     offs_s, offs_p, offs_n, mp, mn, stride_x_t, stride_x_p, stride_b_t, stride_b_n,
+                                     stride_c_t, stride_c_n, stride_y_t, stride_y_p, HAS_D, BLOCK_S, DOT_PREC,
+                                     False, MASK_PN)
+    if n_full < length:                             # the chunk's partial last sub-chunk
+        state, cs_before = _rec_step(x_ptr, B_ptr, C_ptr, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d, length,
+                                     n_full, offs_s, offs_p, offs_n, mp, mn, stride_x_t, stride_x_p, stride_b_t,
+                                     stride_b_n, stride_c_t, stride_c_n, stride_y_t, stride_y_p, HAS_D, BLOCK_S,
+                                     DOT_PREC, True, MASK_PN)
+
+
+@triton.jit
+def _rec_step(x_ptr, B_ptr, C_ptr, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d, length, s0, offs_s, offs_p, offs_n,
+              mp, mn, stride_x_t, stride_x_p, stride_b_t, stride_b_n, stride_c_t, stride_c_n, stride_y_t, stride_y_p,
+              HAS_D: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PREC: tl.constexpr, MASK_ROWS: tl.constexpr,
+              MASK_PN: tl.constexpr):
+    """One sub-chunk from `state` (fp32, entering it): stores its y rows and returns (state, cs) at its last token.
+    Offsets are relative to the program's corner; MASK_ROWS: rows past the chunk's end read as 0, are not stored."""
+    rows = s0 + offs_s
+    ms = rows < length
+    if MASK_ROWS:
+        cs_end = tl.load(dacs_ptr + length - 1)
+        cs = tl.load(dacs_ptr + rows, mask=ms, other=0.0)
+        dt = tl.load(dt_ptr + rows, mask=ms, other=0.0)
+    else:
+        cs_end = tl.load(dacs_ptr + s0 + BLOCK_S - 1)
+        cs = tl.load(dacs_ptr + rows)
+        dt = tl.load(dt_ptr + rows)
+    Cs = _tile(C_ptr + rows[:, None] * stride_c_t + offs_n[None, :] * stride_c_n, ms, mn, MASK_ROWS, MASK_PN)
+    Bs = _tile(B_ptr + rows[:, None] * stride_b_t + offs_n[None, :] * stride_b_n, ms, mn, MASK_ROWS, MASK_PN)
+    xs = _tile(x_ptr + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p, ms, mp, MASK_ROWS, MASK_PN)
+    if MASK_ROWS:
         cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
-        acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
         causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
-        if DIAG_CB:
-            offs_i = s0 + offs_s
-            cb = tl.load(cb_ptr + c.to(tl.int64) * stride_cb_c + g * stride_cb_g + offs_i[:, None] * stride_cb_i
-                         + offs_i[None, :], mask=causal & ms[:, None], other=0.0).to(tl.float32)
-        else:
-            cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
-        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-        w = cb * decay * dt[None, :]
-        acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
-        if HAS_D:
-            acc += d * xs.to(tl.float32)
-        tl.store(y_ptr + tok[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
-                 acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
-        if SKIP_LAST:
-            if s0 + BLOCK_S < length:
-                state = advance_state(state, xs, Bs, tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0), cs_end,
-                                      cs_before, DOT_PREC)
-        else:
-            state = advance_state(state, xs, Bs, tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0), cs_end, cs_before,
-                                  DOT_PREC)
-        cs_before = cs_end
+    else:
+        cs_in = cs - cs_before
+        causal = offs_s[:, None] >= offs_s[None, :]
+    acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+    cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
+    decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
+    w = cb * decay * dt[None, :]
+    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
+    if HAS_D:
+        acc += d * xs.to(tl.float32)
+    y_rows = y_ptr + rows[:, None] * stride_y_t + offs_p[None, :] * stride_y_p
+    if MASK_ROWS and MASK_PN:
+        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
+    elif MASK_ROWS:
+        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=ms[:, None])
+    elif MASK_PN:
+        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=mp[None, :])
+    else:
+        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty))
+    if MASK_ROWS:
+        ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
+    else:
+        ws = tl.exp(cs_end - cs) * dt
+    return advance_state(state, xs, Bs, ws, cs_end, cs_before, DOT_PREC), cs_end
+
+
+@triton.jit
+def _tile(ptrs, ms, mc, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """A [rows, cols] tile, masked (0 outside) only where asked: rows past the chunk's end, columns past P or N."""
+    if MASK_ROWS and MASK_COLS:
+        t = tl.load(ptrs, mask=ms[:, None] & mc[None, :], other=0.0)
+    elif MASK_ROWS:
+        t = tl.load(ptrs, mask=ms[:, None], other=0.0)
+    elif MASK_COLS:
+        t = tl.load(ptrs, mask=mc[None, :], other=0.0)
+    else:
+        t = tl.load(ptrs)
+    return t
 
 
 @triton.jit

@@ -105,17 +105,6 @@ step_tma() {
   SSD_NCU_VARIANTS=tma_both step_ssd_ncu || rc=1
   return $rc
 }
-# Optional: the scan with 32-bit in-chunk offsets and unmasked whole sub-chunks (fastpath/kernels/ssd_scan_split.py):
-# its gpu test, its shapes beside the staged path and mamba_ssm at 64k and 8k, then its Nsight Compute counters.
-step_split() {
-  local rc=0
-  timeout 120 $PY -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_kernel_ssd.py -k "descriptor or every_scan" \
-    2>&1 | tail -n 3 > "$OUT/split.summary" || rc=1
-  timeout 200 $PY -m hybridqual.bench.ssd_variants --budget-s 150 --lengths 65536,8192 \
-    --only staged,rec_split,rec_split_s1,rec_split_s3,rec_split_w8 2>&1 | tail -n 12 >> "$OUT/split.summary" || rc=1
-  SSD_NCU_VARIANTS=rec_split step_ssd_ncu || rc=1
-  return $rc
-}
 # Optional: Nsight Compute counters of the SSD state and scan kernels at 64k (SSD_NCU_VARIANTS: ssd_variants names, each
 # run twice; the second run's kernels are profiled): duration, DRAM / L2 / SM throughput, occupancy, stalls.
 step_ssd_ncu() {
@@ -124,7 +113,7 @@ step_ssd_ncu() {
     n=$(case "$v" in *cb*) echo 3;; *) echo 2;; esac)   # state + scan; a C·Bᵀ variant also runs ssd_bmm
     timeout "${SSD_NCU_TIMEOUT:-200}" ncu --clock-control none --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      -k "regex:ssd_(chunk_(scan|state)|bmm|scan_tma|scan_split|state_tma)" -s "$n" -c "$n" \
+      -k "regex:ssd_(chunk_(scan|state)|bmm|scan_tma|state_tma)" -s "$n" -c "$n" \
       $PY -m hybridqual.bench.ssd_variants --once 65536 --only "$v" > "$OUT/ssd_ncu_$v.txt" 2>&1 || rc=1
     { echo "== $v"; grep -E "^  ssd_|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Local Memory Spilling|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More Eligible|ERR|rror" "$OUT/ssd_ncu_$v.txt" | head -60; } >> "$OUT/ssd_ncu.summary"
   done

@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import triton
 
@@ -33,7 +33,8 @@ class SassError(RuntimeError):
 @dataclass(frozen=True)
 class Spec:
     """One kernel at one launch rule: `types` names pointer dtypes (default *bf16) and non-i32 scalars,
-    `div16` the integer arguments the launcher sees divisible by 16 (pointers always are)."""
+    `div16` the integer arguments the launcher sees divisible by 16 (pointers always are), `ones` those it passes
+    as 1 (a unit stride: Triton compiles such an argument as the constant 1)."""
     name: str
     fn: object
     constexprs: dict
@@ -41,6 +42,7 @@ class Spec:
     num_stages: int
     types: dict = field(default_factory=dict)
     div16: tuple = ()
+    ones: tuple = ()
 
 
 def _tool(name: str) -> str:
@@ -73,7 +75,7 @@ def compile_spec(spec: Spec, arch: int = 90):
     params = fn.params
     sig, attrs = {}, {}
     for i, p in enumerate(params):
-        if p.is_constexpr:
+        if p.is_constexpr or p.name in spec.ones:
             sig[p.name] = "constexpr"
         elif p.name.endswith("_ptr"):
             sig[p.name] = spec.types.get(p.name, "*bf16")
@@ -83,6 +85,7 @@ def compile_spec(spec: Spec, arch: int = 90):
             if p.name in spec.div16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     ce = {p.name: spec.constexprs.get(p.name, p.default) for p in params if p.is_constexpr}
+    ce.update({name: 1 for name in spec.ones})
     try:
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=ce, attrs=attrs),
                            target=GPUTarget("cuda", arch, 32),
@@ -162,7 +165,7 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     strides = lambda fn: tuple(n for n in fn.arg_names if n.startswith("stride") and not n.endswith(("_p", "_n")))
     out.append(Spec("ssd_chunk_scan_rec", ssd_chunk_scan_rec_kernel,
                     dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
-                         DOT_PREC="tf32"), sc["num_warps"], sc["num_stages"], f32,
+                         DOT_PREC="tf32", MASK_PN=False), sc["num_warps"], sc["num_stages"], f32,
                     strides(ssd_chunk_scan_rec_kernel) + ("H", "P", "N")))
     for stages, rl in ((1, False), (2, False), (1, True)):   # the walk kind with a precomputed C·Bᵀ (fp32)
         out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}{' reload_prev' if rl else ''}", ssd_chunk_scan_kernel,
@@ -176,11 +179,6 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_scan_rec_tma", ssd_scan_tma_kernel,       # rec through tensor descriptors (bench kind)
                     dict(HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn, DOT_PREC="tf32"), sc["num_warps"],
                     sc["num_stages"], {**f32, **desc}, strides(ssd_scan_tma_kernel) + ("H", "P", "N")))
-    from fastpath.kernels.ssd_scan_split import ssd_scan_split_kernel
-    out.append(Spec("ssd_chunk_scan_rec_split", ssd_scan_split_kernel,   # rec, 32-bit offsets, unmasked (bench kind)
-                    dict(N_PB=64 // bp, HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn,
-                         DOT_PREC="tf32"), sc["num_warps"], sc["num_stages"], f32,
-                    strides(ssd_scan_split_kernel) + ("H",)))
     out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
                     st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))
@@ -191,6 +189,9 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                     {**f32, "x_desc": f"tensordesc<bf16[{bk}, {sp}]>", "B_desc": f"tensordesc<bf16[{bk}, {sn}]>"},
                     strides(ssd_state_tma_kernel) + ("P", "N")))
     out += _fused_specs(rule["fused"], f32, strides)
+    unit = ("stride_x_p", "stride_b_n", "stride_c_n", "stride_y_p")     # x, B, C, y rows are contiguous at launch
+    out = [replace(sp, ones=tuple(n for n in sp.fn.arg_names if n in unit)) if sp.name.startswith("ssd") else sp
+           for sp in out]
     out += _decode_specs()
     groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state",
               "ssd_fused": "ssd_fused", "decode": "decode "}

@@ -89,12 +89,6 @@ VARIANTS: dict[str, tuple] = {
     "walk_cb16_k32_s1": (dict(kind="walk", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "blk_cb16_k32_s1": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "blk_cb16_k64_s2": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=64, num_stages=2), {}),
-    # rec reading C·Bᵀ's diagonal blocks (2 of its 7 dot units a sub-chunk) and skipping the dead last state update
-    "rec_skip_last": (dict(skip_last=True), {}),
-    "rec_dcb": (dict(diag_cb=True), {}),
-    "rec_dcb16": (dict(diag_cb=True, cb_fp32=False), {}),
-    "rec_dcb_skip": (dict(diag_cb=True, skip_last=True), {}),
-    "rec_dcb16_skip": (dict(diag_cb=True, cb_fp32=False, skip_last=True), {}),
     # rec through tensor descriptors (ssd_scan_tma.py): sm_90, triton 3.6: 224 B of spill and ~1500-1900 SASS
     # instructions a sub-chunk step vs rec's 1320 B and 2882 (`hybridqual bench sass --kernels ssd_scan`)
     "rec_tma": (dict(kind="rec_tma"), {}),
@@ -104,11 +98,6 @@ VARIANTS: dict[str, tuple] = {
     "state_tma": ({}, dict(mode="tma")),
     "state_tma_s2": ({}, dict(mode="tma", num_stages=2)),
     "tma_both": (dict(kind="rec_tma"), dict(mode="tma")),
-    # rec with 32-bit in-chunk offsets and no masks on whole sub-chunks (ssd_scan_split.py)
-    "rec_split": (dict(kind="rec_split"), {}),
-    "rec_split_s1": (dict(kind="rec_split", num_stages=1), {}),
-    "rec_split_s3": (dict(kind="rec_split", num_stages=3), {}),
-    "rec_split_w8": (dict(kind="rec_split", num_warps=8), {}),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 

@@ -48,7 +48,7 @@ CONV_SSM: list[Mutant] = [
            (T_SSM_STEP,)),
     Mutant("d_skip_dropped_prefill", "D skip",
            "the sub-chunk scan forgets the D * x skip connection",
-           K + "ssd_chunk_scan.py", "            acc += d * xs.to(tl.float32)\n", "            acc += 0.0 * d\n",
+           K + "ssd_chunk_scan.py", "        acc += d * xs.to(tl.float32)\n    y_rows", "        acc += 0.0 * d\n    y_rows",
            (T_SSD_MIXED,)),
     Mutant("gated_norm_ungrouped", "gated norm",
            "the Mamba gated RMSNorm is normalised over all of d_inner although the architecture groups it",
@@ -134,9 +134,9 @@ OFFSETS: list[Mutant] = [
            "    return SSDChunkTable(dev[:n].to(torch.int32), dev[n:2 * n].to(torch.int32),",
            (T_OFFSETS,)),
     Mutant("ssd_scan_token_offset_int32", "int32 overflow",
-           "the scan kernel computes token offsets in int32: x/y addresses wrap past 2^31 elements",
-           K + "ssd_chunk_scan.py", "        tok = start + s0 + offs_s\n        e = tl.minimum",
-           "        tok = (start + s0 + offs_s).to(tl.int32)\n        e = tl.minimum",
+           "the scan kernel computes its chunk's first token offset in int32: x/y addresses wrap past 2^31 elements",
+           K + "ssd_chunk_scan.py", "    start = tl.load(chunk_start_ptr + c).to(tl.int64)\n    length = tl.load(chunk_len_ptr + c)\n    offs_s",
+           "    start = tl.load(chunk_start_ptr + c).to(tl.int32)\n    length = tl.load(chunk_len_ptr + c)\n    offs_s",
            ("tests/test_kernel_ssd.py::test_ssd_int64_offsets_beyond_2_31_elements",), gpu_only=True),
 ]
 
