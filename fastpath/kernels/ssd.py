@@ -162,9 +162,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
                   BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=bn_full, num_warps=4, num_stages=2),
         # kind "walk": blocked's arithmetic with one program per (chunk, head, P-tile) walking the row
         # blocks and the entering state loaded once; with use_cb it reads a group's C·Bᵀ instead of recomputing it
-        # per head, and carries no state. sm_90 at BLOCK_M 64, BLOCK_K 32, 1 stage: 208 B of spill a thread with
-        # triton 3.6 (none with 3.9) vs rec's 1320 (`hybridqual bench sass`). For benches: slower than rec on an
-        # H100 (64k: scan 3.09 ms vs 2.51, docs/performance.md), the spills notwithstanding.
+        # per head, and carries no state. sm_90 at BLOCK_M 64, BLOCK_K 32, 1 stage: no spill (`hybridqual bench
+        # sass`). For benches: slower than rec on an H100 (64k: scan 3.09 ms vs 2.51, docs/performance.md).
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
         # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,

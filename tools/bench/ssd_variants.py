@@ -37,8 +37,8 @@ REL_OK = 5e-3            # ‖Δy‖/‖y‖ vs the staged path under which a va
 # name -> (scan entry updates, state entry updates[, fused entry updates: the fused path]); "" = the launch rule
 VARIANTS: dict[str, tuple] = {
     "staged": ({}, {}),
-    # the fused path (one launch) at shapes with less spill at sm_90 (triton 3.6: 2080 B a thread at its rule,
-    # 800 at 8 warps, 136 at 8 warps with 32-token sub-chunks; `hybridqual bench sass --kernels ssd_fused`)
+    # the fused path (one launch) at shapes with less spill at sm_90 (triton 3.6: 616 B a thread at its rule,
+    # 16 at 8 warps, none at 8 warps with 32-token sub-chunks; `hybridqual bench sass --kernels ssd_fused`)
     # (H100, triton 3.6, 2026-12-05: every one slower than staged; fused_w8_s32 and fused_s32 gave wrong, unrepeatable
     # y, their pipelined loop computing C·Bᵀ in 2 stages, before ssd_fused.scan_stages unpipelined that loop)
     "fused_w8": ({}, {}, dict(num_warps=8)),
@@ -89,12 +89,11 @@ VARIANTS: dict[str, tuple] = {
     "walk_cb16_k32_s1": (dict(kind="walk", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "blk_cb16_k32_s1": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "blk_cb16_k64_s2": (dict(kind="blocked", use_cb=True, cb_fp32=False, BLOCK_M=64, BLOCK_K=64, num_stages=2), {}),
-    # rec through tensor descriptors (ssd_scan_tma.py): sm_90, triton 3.6: 224 B of spill and ~1500-1900 SASS
-    # instructions a sub-chunk step vs rec's 1320 B and 2882 (`hybridqual bench sass --kernels ssd_scan`)
+    # rec through tensor descriptors (ssd_scan_tma.py): H200 2026-12-06, scan 3.195 ms vs rec 2.578 at 64k
     "rec_tma": (dict(kind="rec_tma"), {}),
     "rec_tma_s1": (dict(kind="rec_tma", num_stages=1), {}),
     "rec_tma_w8_s1": (dict(kind="rec_tma", num_warps=8, num_stages=1), {}),
-    # the chunk-state walk through tensor descriptors (ssd_state_tma.py): sm_90, triton 3.6: 8 B of spill vs 600
+    # the chunk-state walk through tensor descriptors (ssd_state_tma.py): H200 2026-12-06, 1.398 ms vs 1.359
     "state_tma": ({}, dict(mode="tma")),
     "state_tma_s2": ({}, dict(mode="tma", num_stages=2)),
     "tma_both": (dict(kind="rec_tma"), dict(mode="tma")),
