@@ -201,13 +201,9 @@ def _rec_step(x_ptr, B_ptr, C_ptr, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d,
     else:
         cs_in = cs - cs_before
         causal = offs_s[:, None] >= offs_s[None, :]
-    acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+    acc = inter_y(Cs, state, cs_in, DOT_PREC)
     cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
-    decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-    w = cb * decay * dt[None, :]
-    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
-    if HAS_D:
-        acc += d * xs.to(tl.float32)
+    acc = add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D, DOT_PREC)
     y_rows = y_ptr + rows[:, None] * stride_y_t + offs_p[None, :] * stride_y_p
     if MASK_ROWS and MASK_PN:
         tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
@@ -236,6 +232,24 @@ def _tile(ptrs, ms, mc, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
     else:
         t = tl.load(ptrs)
     return t
+
+
+@triton.jit
+def inter_y(Cs, state, cs_in, DOT_PREC: tl.constexpr):
+    """A sub-chunk's inter term (fp32): exp(cs_i − cs_s) C_i·h from the entering state h, cs_in = cs − cs_s (0 on
+    rows outside the chunk)."""
+    return tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+
+
+@triton.jit
+def add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + Σ_{j ≤ i} (C_i·B_j) exp(cs_i − cs_j) dt_j x_j (+ D x_i): the causal intra-sub-chunk term from C·Bᵀ."""
+    decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
+    w = cb * decay * dt[None, :]
+    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
+    if HAS_D:
+        acc += d * xs.to(tl.float32)
+    return acc
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import softplus
-from .ssd_chunk_scan import advance_state
+from .ssd_chunk_scan import add_intra, advance_state, inter_y
 
 
 @triton.jit
@@ -177,18 +177,14 @@ def ssd_fused_kernel(
         xs = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
                      mask=ms[:, None] & mp[None, :], other=0.0)
         cs_in = tl.where(ms, cs - cs_before, 0.0)                        # <= 0 on real rows
-        acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+        acc = inter_y(Cs, state, cs_in, DOT_PREC)
         if USE_CB:
             cb = tl.load(cb_ptr + c * stride_cb_c + g * stride_cb_g + (s0 + offs_s)[:, None] * stride_cb_i
                          + (s0 + offs_s)[None, :], mask=ms[:, None] & ms[None, :], other=0.0)
         else:
             cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
         causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
-        decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-        wgt = cb * decay * dt[None, :]
-        acc += tl.dot(wgt.to(xs.dtype), xs, input_precision=DOT_PREC)
-        if HAS_D:
-            acc += d * xs.to(tl.float32)
+        acc = add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D, DOT_PREC)
         tl.store(y_ptr + tok[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
                  acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
         if s0 + BLOCK_S < length:        # the state after the last sub-chunk is h_out, already passed on

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ._common import KernelInputError, reg_cap
-from .ssd_chunk_scan import advance_state
+from .ssd_chunk_scan import add_intra, advance_state, inter_y
 
 
 @triton.jit
@@ -23,12 +23,7 @@ def _head_sub(state, cs_before, Cs, Bs, cb, causal, ms, tok, last, hh, x_ptr, dt
     xs = tl.load(x_ptr + tok[:, None] * stride_x_t + hh * stride_x_h + offs_p[None, :] * stride_x_p,
                  mask=ms[:, None] & mp[None, :], other=0.0)
     cs_in = tl.where(ms, cs - cs_before, 0.0)                            # ≤ 0 on real rows
-    acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
-    decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-    w = cb * decay * dt[None, :]
-    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
-    if HAS_D:
-        acc += d * xs.to(tl.float32)
+    acc = add_intra(inter_y(Cs, state, cs_in, DOT_PREC), cb, cs, causal, dt, xs, d, HAS_D, DOT_PREC)
     tl.store(y_ptr + tok[:, None] * stride_y_t + hh * stride_y_h + offs_p[None, :] * stride_y_p,
              acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
     ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)

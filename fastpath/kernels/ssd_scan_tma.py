@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._common import KernelInputError, reg_cap
-from .ssd_chunk_scan import advance_state
+from .ssd_chunk_scan import add_intra, advance_state, inter_y
 
 
 @triton.jit
@@ -89,13 +89,9 @@ def _step(x_desc, B_desc, C_desc, y_desc, y_ptr, dt_ptr, dacs_ptr, state, cs_bef
         cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
         causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
     Cs = C_desc.load([row, col_bc])
-    acc = tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+    acc = inter_y(Cs, state, cs_in, DOT_PREC)
     cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
-    decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
-    w = cb * decay * dt[None, :]
-    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
-    if HAS_D:
-        acc += d * xs.to(tl.float32)
+    acc = add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D, DOT_PREC)
     if FULL:
         y_desc.store([row, col_x], acc.to(y_ptr.dtype.element_ty))
     else:
