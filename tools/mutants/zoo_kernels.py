@@ -48,7 +48,7 @@ CONV_SSM: list[Mutant] = [
            (T_SSM_STEP,)),
     Mutant("d_skip_dropped_prefill", "D skip",
            "the sub-chunk scan forgets the D * x skip connection",
-           K + "ssd_chunk_scan.py", "        acc += d * xs.to(tl.float32)\n    y_rows", "        acc += 0.0 * d\n    y_rows",
+           K + "ssd_chunk_scan.py", "        acc += d * xs.to(tl.float32)\n    return acc", "        acc += 0.0 * d\n    return acc",
            (T_SSD_MIXED,)),
     Mutant("gated_norm_ungrouped", "gated norm",
            "the Mamba gated RMSNorm is normalised over all of d_inner although the architecture groups it",
