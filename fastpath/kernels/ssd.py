@@ -166,11 +166,8 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # sass`). For benches: slower than rec on an H100 (64k: scan 3.09 ms vs 2.51, docs/performance.md).
         # kinds "rec_mh" / "blocked_mh" (ssd_scan_mh.py / ssd_scan_blk_mh.py): the same two scans with HEADS heads
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
-        # (a register cap per thread); "rec" may set diag_cb (its diagonal C·Bᵀ blocks read from ssd_bmm's matrix,
-        # cb_fp32 its dtype) and skip_last (no state update after a chunk's last sub-chunk); "blocked" / "walk" may
-        # set reload_prev (each row block reads the entering state again instead of holding it in registers);
-        # kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as tensor-descriptor boxes.
-        # Options for benches, not the default: on an H100 at L65536 every one was slower than rec
+        # (a register cap per thread); kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as
+        # tensor-descriptor boxes. Options for benches, not the default: every one was slower than rec
         # (docs/kernels.md, "More scan options").
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
@@ -365,7 +362,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
             USE_CB=cb is not None, HAS_D=D is not None, BLOCK_Q=BQ, BLOCK_M=r["BLOCK_M"], BLOCK_K=r["BLOCK_K"],
             BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec, WALK=walk,
-            RELOAD_PREV=bool(r.get("reload_prev", False)), num_warps=r["num_warps"], num_stages=r["num_stages"],
+            num_warps=r["num_warps"], num_stages=r["num_stages"],
             **reg_cap(r))
     mark("scan")
     return out

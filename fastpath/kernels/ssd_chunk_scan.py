@@ -23,13 +23,11 @@ def ssd_chunk_scan_kernel(
     USE_CB: tl.constexpr, HAS_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, WALK: tl.constexpr = False,
-    RELOAD_PREV: tl.constexpr = False,
 ):
     """1-D grid over (chunk, head, row block, P-tile), chunk slowest: the programs of one chunk run side by
     side, so its C·B, states and x are re-read from L2, not HBM. BLOCK_N covers all of N. WALK (scan kind
     "walk"): grid (chunk, head, P-tile), the program walks the chunk's row blocks in order with the entering
-    state loaded once — the same arithmetic per row block, no state carried between blocks. RELOAD_PREV: each
-    row block reads the entering state again (from L1/L2) instead of holding it in registers across blocks."""
+    state loaded once — the same arithmetic per row block, no state carried between blocks."""
     n_pb = tl.cdiv(P, BLOCK_P)
     n_tiles = n_pb if WALK else (BLOCK_Q // BLOCK_M) * n_pb
     pid = tl.program_id(0)
@@ -45,10 +43,7 @@ def ssd_chunk_scan_kernel(
     mn = offs_n < N
     prev_tile = (prev_ptr + c.to(tl.int64) * stride_prev_c + h * stride_prev_h
                  + offs_p[None, :] * stride_prev_p + offs_n[:, None])    # [BLOCK_N, BLOCK_P]
-    if RELOAD_PREV:
-        prev = tl.zeros([BLOCK_N, BLOCK_P], dtype=prev_ptr.dtype.element_ty)    # unused: each block loads its own
-    else:
-        prev = tl.load(prev_tile, mask=mn[:, None] & mp[None, :], other=0.0)
+    prev = tl.load(prev_tile, mask=mn[:, None] & mp[None, :], other=0.0)
     if WALK:
         mb_lo = 0
         mb_hi = tl.cdiv(length, BLOCK_M)
@@ -56,11 +51,7 @@ def ssd_chunk_scan_kernel(
         mb_lo = (pid % n_tiles) // n_pb
         mb_hi = mb_lo + 1
     for mb in range(mb_lo, mb_hi):
-        if RELOAD_PREV:
-            pv = tl.load(prev_tile, mask=mn[:, None] & mp[None, :], other=0.0)
-        else:
-            pv = prev
-        _scan_row_block(x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, D_ptr, y_ptr, pv, c, h, g, start, length,
+        _scan_row_block(x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, D_ptr, y_ptr, prev, c, h, g, start, length,
                         mb, offs_p, offs_n, mp, mn, stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g,
                         stride_b_n, stride_c_t, stride_c_g, stride_c_n, stride_cb_c, stride_cb_g, stride_cb_i,
                         stride_dt_h, stride_y_t, stride_y_h, stride_y_p, USE_CB, HAS_D, BLOCK_M, BLOCK_K,

@@ -167,10 +167,10 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                     dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
                          DOT_PREC="tf32", MASK_PN=False), sc["num_warps"], sc["num_stages"], f32,
                     strides(ssd_chunk_scan_rec_kernel) + ("H", "P", "N")))
-    for stages, rl in ((1, False), (2, False), (1, True)):   # the walk kind with a precomputed C·Bᵀ (fp32)
-        out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}{' reload_prev' if rl else ''}", ssd_chunk_scan_kernel,
+    for stages in (1, 2):                                     # the walk kind with a precomputed C·Bᵀ (fp32)
+        out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}", ssd_chunk_scan_kernel,
                         dict(USE_CB=True, HAS_D=True, BLOCK_Q=256, BLOCK_M=64, BLOCK_K=32, BLOCK_P=sc["BLOCK_P"],
-                             BLOCK_N=sc["BLOCK_N"], DOT_PREC="tf32", WALK=True, RELOAD_PREV=rl), 4, stages,
+                             BLOCK_N=sc["BLOCK_N"], DOT_PREC="tf32", WALK=True), 4, stages,
                         {**f32, "cb_ptr": "*fp32"}, strides(ssd_chunk_scan_kernel) + ("H", "P", "N")))
     from fastpath.kernels.ssd_scan_tma import ssd_scan_tma_kernel
     bs, bp, bn = sc["BLOCK_S"], sc["BLOCK_P"], sc["BLOCK_N"]

@@ -76,12 +76,8 @@ VARIANTS: dict[str, tuple] = {
     "state_p32_n32": ({}, dict(BLOCK_P=32, BLOCK_N=32)),
     "state_par": ({}, dict(mode="parallel")),
     # the scan shape of vLLM's fused SSD kernel (ssd_fused5.py: C·Bᵀ once per group, 64-row × 32-column blocks,
-    # 1 stage, 128 registers, the entering state read again per row block), per chunk (walk) or per row block
+    # 1 stage, 128 registers; it reads the entering state again per row block), per chunk (walk) or per row block
     "walk_cb_k32_s1_r128": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
-    "walk_cb_k32_s1_rl": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, reload_prev=True),
-                          {}),
-    "walk_cb_k32_s1_r128_rl": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128,
-                                    reload_prev=True), {}),
     "blk_cb_k32_s1_r128": (dict(kind="blocked", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
     "blk_cb_k32_s1": (dict(kind="blocked", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1), {}),
     "state_par_k32_r128": ({}, dict(mode="parallel", BLOCK_K=32, BLOCK_N=128, num_stages=1, maxnreg=128)),
