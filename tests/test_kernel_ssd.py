@@ -276,6 +276,18 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
             assert rel(got[k][0], got["rec"][0]) < REL[dtype] and rel(got[k][1], got["rec"][1]) < REL[dtype], k
 
 
+def test_ssd_stage_marks_put_the_host_set_up_before_the_first_launch():
+    """The benchmark hook sees "host" once, before any stage, then the staged path's stages in launch order (so a
+    bench's first-stage time excludes the host's checks and set-up)."""
+    _skip_cpu_without_interpreter("cpu")
+    Q, H, P, G, N = 16, 2, 16, 1, 16
+    inp = make_inputs(20, H, P, G, N, torch.float32, "cpu", torch.Generator().manual_seed(5), S=2)
+    seen: list[str] = []
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], [0, 20],
+               torch.tensor([0]), [0], torch.tensor([False]), Q, fused=False, _mark=seen.append)
+    assert seen == ["host", "cumsum", "bmm", "state", "scan"]
+
+
 def test_ssd_chunk_table_cuts_at_absolute_multiples():
     """The packed chunk table equals oracle.ssd.chunk_bounds per sequence (fresh random starts/lengths)."""
     gen = torch.Generator().manual_seed(3)

@@ -198,7 +198,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     launch rule's choice of a precomputed C·B (True runs the blocked scan); `fused` picks the one-launch path
     (ssd_fused.py: True) or the staged one (False); None: the rule's `fused.default` on CUDA, staged in the
     interpreter. Both read initial states from and write final states (and checkpoints) to the same bank slots.
-    `_mark(stage)` is called after each stage and `_rule` replaces the launch rule (benchmark hooks)."""
+    `_mark(stage)` is called after the host's set-up ("host") and after each stage, and `_rule` replaces the launch
+    rule (benchmark hooks)."""
     mark = _mark if _mark is not None else (lambda stage: None)
     check(OP, "x", x, (None, None, None), FLOAT_DTYPES)
     T, H, P = x.shape
@@ -242,6 +243,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     fr = rule.get("fused", {})
     if fused is None:
         fused = bool(fr.get("default", False)) and dev.type == "cuda"
+    mark("host")                            # the host's checks and set-up end here; the launches follow
     if fused:
         if host_slots is not None:
             pads = _pad_index(host_slots)

@@ -7,7 +7,8 @@ staged path, the fused path, mamba_ssm (when importable from .peer) and the byte
         [--only NAME,NAME] [--fused-grid L]
 
 Shape: H128 P64 G1 N128, chunk 256, bf16 x/B/C, fp32 dt and state (tools/bench/ssd_fused.py's inputs). Per
-length and variant: end-to-end median (do_bench), per-stage medians (CUDA events around each stage), the
+length and variant: end-to-end median (do_bench), per-stage medians (CUDA events around each stage; "host": from
+an event recorded before the call, on an idle GPU, to the first launch, i.e. the host's checks and set-up), the
 scan kernel's registers / spills, ‖Δ‖/‖ref‖ of y and of the final state vs the default staged path, and whether
 two runs are bitwise equal. Variants run longest length first, in the order of VARIANTS, until the time budget
 is spent; then the best scan and the best state variant at the first length are timed together. The table
@@ -32,7 +33,7 @@ try:
 except ImportError:                      # run as a script: tools/bench is on sys.path
     from ssd_fused import DEV, G, H, N, P, Q, bench, copy_tbps, inputs, peer, rel
 
-STAGES = ("cumsum", "bmm", "state", "scan", "fused")
+STAGES = ("host", "cumsum", "bmm", "state", "scan", "fused")
 REL_OK = 5e-3            # ‖Δy‖/‖y‖ vs the staged path under which a variant counts as right
 # name -> (scan entry updates, state entry updates[, fused entry updates: the fused path]); "" = the launch rule
 VARIANTS: dict[str, tuple] = {
@@ -289,8 +290,8 @@ def summary(res: dict) -> None:
               f"(rel y {b['rel_y_fused']:.1e}), "
               f"mamba_ssm {'%.3f ms' % m if m else '-'}"
               + (f" (rel y/h vs staged {b['rel_y_mamba']:.1e}/{b['rel_h_mamba']:.1e})" if m else ""))
-    print("| L | variant | ms | x mamba | cumsum | state | scan | rel y | rel h | bitwise | scan kernel |")
-    print("|" + "---|" * 11)
+    print("| L | variant | ms | x mamba | host | cumsum | state | scan | rel y | rel h | bitwise | scan kernel |")
+    print("|" + "---|" * 12)
     mam = {b["L"]: b.get("mamba_ms") for b in res["base"]}
     for r in sorted(res["rows"], key=lambda r: (-r["L"], r.get("ms", 1e9))):
         if "error" in r:
@@ -298,7 +299,7 @@ def summary(res: dict) -> None:
             continue
         st, m = r["stages"], mam.get(r["L"])
         print(f"| {r['L']} | {r['variant']} | {r['ms']:.3f} | {'%.2f' % (m / r['ms']) if m else '-'} | "
-              f"{st.get('cumsum', 0):.3f} | {st.get('state', 0):.3f} | "
+              f"{st.get('host', 0):.3f} | {st.get('cumsum', 0):.3f} | {st.get('state', 0):.3f} | "
               + (f"{st['scan']:.3f}" if "scan" in st else f"fused {st.get('fused', 0):.3f}") + f" | {r['rel_y']:.1e} | "
               f"{r['rel_h']:.1e} | {r['bitwise']} | {r['scan_kernel']} |")
     sys.stdout.flush()
