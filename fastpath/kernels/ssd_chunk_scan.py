@@ -186,24 +186,12 @@ def _rec_step(x_ptr, B_ptr, C_ptr, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d,
     Cs = _tile(C_ptr + rows[:, None] * stride_c_t + offs_n[None, :] * stride_c_n, ms, mn, MASK_ROWS, MASK_PN)
     Bs = _tile(B_ptr + rows[:, None] * stride_b_t + offs_n[None, :] * stride_b_n, ms, mn, MASK_ROWS, MASK_PN)
     xs = _tile(x_ptr + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p, ms, mp, MASK_ROWS, MASK_PN)
-    if MASK_ROWS:
-        cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
-        causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
-    else:
-        cs_in = cs - cs_before
-        causal = offs_s[:, None] >= offs_s[None, :]
+    cs_in, causal = sub_chunk_decay(cs, cs_before, ms, offs_s, MASK_ROWS)
     acc = inter_y(Cs, state, cs_in, DOT_PREC)
     cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
     acc = add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D, DOT_PREC)
-    y_rows = y_ptr + rows[:, None] * stride_y_t + offs_p[None, :] * stride_y_p
-    if MASK_ROWS and MASK_PN:
-        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=ms[:, None] & mp[None, :])
-    elif MASK_ROWS:
-        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=ms[:, None])
-    elif MASK_PN:
-        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty), mask=mp[None, :])
-    else:
-        tl.store(y_rows, acc.to(y_ptr.dtype.element_ty))
+    _store_tile(y_ptr + rows[:, None] * stride_y_t + offs_p[None, :] * stride_y_p, acc.to(y_ptr.dtype.element_ty),
+                ms, mp, MASK_ROWS, MASK_PN)
     if MASK_ROWS:
         ws = tl.where(ms, tl.exp(cs_end - cs) * dt, 0.0)
     else:
@@ -223,6 +211,31 @@ def _tile(ptrs, ms, mc, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
     else:
         t = tl.load(ptrs)
     return t
+
+
+@triton.jit
+def _store_tile(ptrs, val, ms, mc, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """_tile's store: only rows in the chunk (MASK_ROWS) and columns inside P or N (MASK_COLS) are written."""
+    if MASK_ROWS and MASK_COLS:
+        tl.store(ptrs, val, mask=ms[:, None] & mc[None, :])
+    elif MASK_ROWS:
+        tl.store(ptrs, val, mask=ms[:, None])
+    elif MASK_COLS:
+        tl.store(ptrs, val, mask=mc[None, :])
+    else:
+        tl.store(ptrs, val)
+
+
+@triton.jit
+def sub_chunk_decay(cs, cs_before, ms, offs_s, MASK_ROWS: tl.constexpr):
+    """(cs − cs_s, the causal mask) of a sub-chunk; MASK_ROWS: rows past the chunk's end get 0 and no column."""
+    if MASK_ROWS:
+        cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
+        causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
+    else:
+        cs_in = cs - cs_before
+        causal = offs_s[:, None] >= offs_s[None, :]
+    return cs_in, causal
 
 
 @triton.jit

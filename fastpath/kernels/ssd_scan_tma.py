@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._common import KernelInputError, reg_cap
-from .ssd_chunk_scan import add_intra, advance_state, inter_y
+from .ssd_chunk_scan import add_intra, advance_state, inter_y, sub_chunk_decay
 
 
 @triton.jit
@@ -71,23 +71,20 @@ def _step(x_desc, B_desc, C_desc, y_desc, y_ptr, dt_ptr, dacs_ptr, state, cs_bef
     left unstored in y."""
     row = (start + s0).to(tl.int32)                 # descriptor coordinates are rows and columns (int32)
     tok = row.to(tl.int64) + offs_s
+    ms = (s0 + offs_s) < length
     if FULL:
         cs_end = tl.load(dacs_ptr + h64 * stride_dt_h + start + s0 + BLOCK_S - 1)
         cs = tl.load(dacs_ptr + h64 * stride_dt_h + tok)
         dt = tl.load(dt_ptr + h64 * stride_dt_h + tok)
         Bs = B_desc.load([row, col_bc])
         xs = x_desc.load([row, col_x])
-        cs_in = cs - cs_before
-        causal = offs_s[:, None] >= offs_s[None, :]
     else:
-        ms = (s0 + offs_s) < length
         cs_end = tl.load(dacs_ptr + h64 * stride_dt_h + start + length - 1)
         cs = tl.load(dacs_ptr + h64 * stride_dt_h + tok, mask=ms, other=0.0)
         dt = tl.load(dt_ptr + h64 * stride_dt_h + tok, mask=ms, other=0.0)
         Bs = tl.where(ms[:, None], B_desc.load([row, col_bc]), 0.0)
         xs = tl.where(ms[:, None], x_desc.load([row, col_x]), 0.0)
-        cs_in = tl.where(ms, cs - cs_before, 0.0)                        # ≤ 0 on real rows
-        causal = (offs_s[:, None] >= offs_s[None, :]) & ms[None, :]
+    cs_in, causal = sub_chunk_decay(cs, cs_before, ms, offs_s, not FULL)
     Cs = C_desc.load([row, col_bc])
     acc = inter_y(Cs, state, cs_in, DOT_PREC)
     cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
