@@ -168,7 +168,7 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # of a group per program sharing C, B and C·Bᵀ (key HEADS); any scan or state entry may also set maxnreg
         # (a register cap per thread); kind "rec_tma" (ssd_scan_tma.py): rec with x, B, C and y moved as
         # tensor-descriptor boxes. Options for benches, not the default: every one was slower than rec
-        # (docs/kernels.md, "More scan options").
+        # (docs/kernels.md, "Scan options timed and removed" and the descriptor kernels).
         # (blocked scan only) C·B computed in the scan, not precomputed per group: measured faster on the
         # H200 at H/G = 128 (6.43 vs 7.34 ms, bitwise equal outputs; docs/performance.md).
         use_cb=False,
