@@ -67,10 +67,10 @@ class Engine:
         """graphs: decode-only steps replay CUDA graphs at bucket sizes (on CUDA); pad_decode: run those padded
         bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU); prefill_graphs: a
         short prefill-only step shape seen before (a prefix-cache hit's suffix) replays a CUDA graph
-        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly); prefill_buckets (None: off; a
-        batch-invariant model only): one-piece prefill-only steps padded to these token counts, built (captured)
-        here, so a hit of any suffix length below the largest, at any start and slot, is never eager
-        (fastpath/engine/prefill_buckets.py)."""
+        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly); prefill_buckets (None: off; the
+        Triton backend): one-piece prefill-only steps padded to these token counts, built (captured) here, so a hit
+        of any suffix length below the largest, at any start and slot, is never eager; in the default mode a padded
+        step's bits are its bucket's (fastpath/engine/prefill_buckets.py)."""
         engine_config = check_engine_args(model, engine_config, max_len, graphs, pad_decode)  # before allocating
         _flag("prefill_graphs", prefill_graphs)
         from .prefill_buckets import check_buckets

@@ -12,12 +12,17 @@ b > count, built ahead of time (`prepare`), so a hit of a never-seen shape never
     replay   the step's metadata is packed as usual (pack_step, the attention split plan) and copied into the
              kept batch's device tensors; then the graph replays (CPU: the same kept batch runs eagerly)
 
-Bitwise equal to the unpadded step only where no kernel's result for a real row depends on the step's token count
-or on the other pieces: every per-piece kernel here (conv, SSD chunks and state passing, attention items and their
-split-order merge, the norms, RoPE) computes a piece from its own metadata, but the projections run at M = b
-instead of M = count, and cuBLAS (or the CPU's BLAS) picks its kernel and split-K by M. So buckets need the
-fixed-tile GEMMs of `FastOptions.batch_invariant` (tiles and K split keyed on the weight's shape only): checked
-when the engine is built (`check_buckets`).
+Bits. Every per-piece kernel here (conv, SSD chunks and state passing, attention items and their split-order merge,
+the norms, RoPE) computes a piece from its own metadata; the projections run at M = b instead of M = count.
+    batch-invariant  the fixed-tile GEMMs of `FastOptions.batch_invariant` give a row the same bits at every M: the
+                     padded step == the unpadded step, bitwise
+    default          cuBLAS (or the CPU's BLAS) picks its kernel and split-K by M: a padded step's bits are its
+                     bucket's, a function of the step's shape alone. So the engine pads every step a bucket serves —
+                     a cold request's pieces as well as a hit's — whether or not the prefix cache is on, and a step
+                     that stores a checkpoint inside its piece runs its bucket's layout too (eagerly: the stores are
+                     not in the graph). Cache on == cache off stays bitwise wherever the two runs' pieces are equal
+                     (DESIGN §12), as without buckets
+Buckets need the Triton backend: the padded attention plan is its attention's (`check_buckets`).
 """
 from __future__ import annotations
 
@@ -45,8 +50,8 @@ def default_buckets(chunk_size: int, max_tokens: int) -> tuple[int, ...]:
 
 
 def check_buckets(buckets, model, engine_config, max_len: int, prefill_graphs: bool) -> tuple[int, ...] | None:
-    """None, or rising ints >= 2, multiples of the chunk size, within the step budget and max_len; the model's
-    projections must be the fixed-tile GEMMs (module docstring). Errors name `prefill_buckets`."""
+    """None, or rising ints >= 2, multiples of the chunk size, within the step budget and max_len, on the Triton
+    backend. Errors name `prefill_buckets`."""
     if buckets is None:
         return None
     name, cs = "prefill_buckets", model.config.chunk_size
@@ -55,10 +60,9 @@ def check_buckets(buckets, model, engine_config, max_len: int, prefill_graphs: b
     if not prefill_graphs:
         raise ArgumentError(name, "needs prefill_graphs=True")
     o = model.options
-    if not o.batch_invariant or o.backend != "triton":
-        raise ArgumentError(name, "needs FastOptions(batch_invariant=True) on the Triton backend: a padded step's "
-                            "projections run at the bucket's token count, and only the fixed-tile GEMMs give a "
-                            "row the same bits at every count")
+    if o.backend != "triton":
+        raise ArgumentError(name, f"needs the Triton backend (got {o.backend!r}): a bucket's padded attention plan is "
+                            "the Triton attention's")
     for i, b in enumerate(buckets):
         if b < 2 or b % cs:
             raise ArgumentError(f"{name}[{i}]", f"{b} must be a multiple of the model's chunk size {cs} (and >= 2)")
@@ -94,6 +98,7 @@ class BucketGraphs:
         self.pool = None
         self.workspace: tuple[Tensor, Tensor] | None = None     # split partials (acc, ml), shared by every bucket
         self.runs = self.replays = self.captures = self.fallbacks = 0
+        self.storing = 0                                         # runs with a checkpoint inside: eager
         self.graph_bytes = 0
 
     def bucket(self, count: int) -> int | None:
@@ -144,7 +149,7 @@ class BucketGraphs:
         return max(1, min(b - 1, SPLIT_MAX_QUERIES) * self.splits)
 
     # ----------------------------------------------------------------------------------------------- build
-    def _pack(self, b: int, start: int, count: int, slot: int, ids: list[int]):
+    def _pack(self, b: int, start: int, count: int, slot: int, ids: list[int], checkpoints=()):
         lay = self._layout(b, start, count, slot)
         if lay is None:
             return None, None
@@ -153,7 +158,7 @@ class BucketGraphs:
         if meta is None:
             return None, None
         sb = pack_step(self.model.device, self.cs, list(ids) + [0] * (b - count), pos, [], pieces, last,
-                       self.n_slots, backend=self.model.backend)
+                       self.n_slots, backend=self.model.backend, checkpoints=checkpoints)
         return sb, meta
 
     def _plan(self, b: int, sb, meta: list[int]) -> AttentionPlan:
@@ -192,15 +197,19 @@ class BucketGraphs:
         self.graph_bytes += max(0, torch.cuda.memory_reserved(self.model.device) - before)   # reused cache: 0
 
     # ------------------------------------------------------------------------------------------------- run
-    def forward(self, b: int, piece: tuple[int, int, int], ids: list[int]) -> Tensor | None:
+    def forward(self, b: int, piece: tuple[int, int, int], ids: list[int], checkpoints=()) -> Tensor | None:
         """Logits of the one-piece step `piece` (start, count, slot) through bucket b, or None when its layout does
-        not fit the bucket's sizes (the caller then runs the step unpadded)."""
+        not fit the bucket's sizes (the caller then runs the step unpadded). `checkpoints` (piece 0, p, pool slot):
+        prefix-cache stores inside the piece; such a step runs the bucket's layout eagerly (`_forward_storing`)."""
         entry = self.entries.get(b)
         start, count, slot = piece
-        fresh, meta = self._pack(b, start, count, slot, ids) if entry is not None else (None, None)
+        fresh, meta = self._pack(b, start, count, slot, ids, checkpoints) if entry is not None else (None, None)
         if fresh is None or fresh.table.n_chunks != entry["batch"].table.n_chunks:
             self.fallbacks += 1
             return None
+        self.runs += 1
+        if checkpoints:
+            return self._forward_storing(b, fresh, meta)
         sb = entry["batch"]
         for f in _FIELDS:
             getattr(sb, f).copy_(getattr(fresh, f), non_blocking=True)
@@ -211,9 +220,16 @@ class BucketGraphs:
         if sb.attn_plan is not None:
             host = torch.tensor(meta, dtype=torch.int32)
             sb.attn_plan.meta.copy_(host.pin_memory() if sb.ids.is_cuda else host, non_blocking=True)
-        self.runs += 1
         if entry["graph"] is None:
             return self.model.forward(sb, self.bank)
         entry["graph"].replay()
         self.replays += 1
         return entry["logits"]
+
+    def _forward_storing(self, b: int, sb, meta: list[int]) -> Tensor:
+        """The padded step with its checkpoint stores, eagerly: the kept batch's metadata values (the same layout
+        and padded attention plan) in a fresh batch, so its rows have the bits of the bucket's replay."""
+        if self.model.config.attention_layer_ids:
+            sb.attn_plan = self._plan(b, sb, meta)
+        self.storing += 1
+        return self.model.forward(sb, self.bank)

@@ -18,9 +18,11 @@ bitwise equal by construction (tests/test_prefix_cache_graphs.py). Without captu
 2nd-and-later path runs eagerly over the kept batch, so the kept-batch plumbing is tested on CPU too. At most
 `max_graphs` shapes are kept (LRU; an evicted shape must be seen twice again) and `max_seen` remembered once-seen.
 
-With `buckets` (fastpath/engine/prefill_buckets.py; a batch-invariant model only) a one-piece step of fewer tokens
-than the largest bucket never takes the path above: it is padded to its bucket, whose kept batch (and graph) was
-built ahead of time, whatever its length, start and slot — so a hit of a never-seen shape is not eager either.
+With `buckets` (fastpath/engine/prefill_buckets.py) a one-piece step of fewer tokens than the largest bucket never
+takes the path above: it is padded to its bucket, whose kept batch (and graph) was built ahead of time, whatever its
+length, start and slot — so a hit of a never-seen shape is not eager either. A step storing a checkpoint inside its
+piece runs its bucket's layout eagerly (in the default mode a padded step's bits are its bucket's, so every step a
+bucket serves is padded).
 """
 from __future__ import annotations
 
@@ -57,20 +59,20 @@ class PrefillGraphs:
 
     def key(self, n_dec: int, pieces: list[tuple[int, int, int]], checkpoints, tokens: int) -> tuple | None:
         """The shape key of a step, or None when the step is not one this runner takes."""
-        if n_dec or checkpoints or not pieces or tokens > self.max_tokens:
+        if n_dec or not pieces or tokens > self.max_tokens:
             return None
         if self.buckets is not None and len(pieces) == 1 and pieces[0][2] >= 0:
             b = self.buckets.bucket(pieces[0][1])
-            if b is not None:
-                return ("bucket", b, pieces[0])
-        return tuple(pieces)
+            if b is not None:               # with a checkpoint inside too: the bucket's bits (prefill_buckets.py)
+                return ("bucket", b, pieces[0], tuple(checkpoints))
+        return None if checkpoints else tuple(pieces)
 
     def forward(self, key: tuple, ids: list[int], pack) -> Tensor:
         """The step's logits: eager on the first sight of `key`, eager + kept (+ captured) on the second, replayed
         (ids copied into the kept batch) after that; a bucket key: its bucket's kept batch (eager, unpadded, only if
         the layout does not fit it). `pack()` builds the step's StepBatch (pack_step)."""
         if key[0] == "bucket":
-            logits = self.buckets.forward(key[1], key[2], ids)
+            logits = self.buckets.forward(key[1], key[2], ids, key[3])
             if logits is not None:
                 return logits
             self.eager += 1

@@ -201,10 +201,11 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
                 res[key] = fn()
             except Exception as e:  # noqa: BLE001 - the headline figure above must still be reported
                 res[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
-    try:
-        res["buckets"] = bucket_hits(model, prefix, tail, suffix, block, chunk, max_len, hits)
-    except Exception as e:  # noqa: BLE001 - reported as a failed section, the rows above stand
-        res["buckets"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    for key, bi in (("buckets", False), ("buckets_bi", True)):
+        try:
+            res[key] = bucket_hits(model, prefix, tail, suffix, block, chunk, max_len, hits, batch_invariant=bi)
+        except Exception as e:  # noqa: BLE001 - reported as a failed section, the rows above stand
+            res[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
     res["cached_tokens"] = [a["cached_tokens"] for s in on.log.to_json()["steps"] for a in s["admit"]]
     res["cached_tokens_graphs"] = [a["cached_tokens"] for s in on_g.log.to_json()["steps"] for a in s["admit"]]
     del on, off, on_g
@@ -213,14 +214,14 @@ def prefix_ttft(model: FastModel, prefix_len: int = 32768, suffix: int = 100, bl
 
 
 def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, block: int, chunk: int, max_len: int,
-                hits: int = 3) -> dict:
+                hits: int = 3, batch_invariant: bool = True) -> dict:
     """The first hit of a never-seen suffix length vs a warm hit (the same length again), with bucketed prefill
-    graphs (prefill_buckets, captured at engine start) on the batch-invariant variant of `model` (same weights); beside
-    them that model's eager hit (cache on, no prefill graphs). Goal: first / warm <= 2."""
+    graphs (prefill_buckets, captured at engine start) on `model` in the default or the batch-invariant mode (same
+    weights); beside them that model's eager hit (cache on, no prefill graphs). Goal: first / warm <= 2."""
     from fastpath.engine.engine import engine_class
     from fastpath.engine.prefill_buckets import default_buckets
     from oracle.trace import PrefixCacheConfig
-    bi = model.with_options(batch_invariant=True)
+    bi = model.with_options(batch_invariant=batch_invariant)
     cls, cs = engine_class(bi.options), model.config.chunk_size
     buckets = default_buckets(cs, min(512, chunk))
     top = buckets[-1] - 1                                    # longest suffix a bucket serves
@@ -234,6 +235,7 @@ def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, bl
     for e in (eng, eager):
         _ttft(e, "cold", prefix + tail(0))                   # stores the checkpoints; its last piece: `suffix`
     cold_eager = eng.prefill_graphs.eager                   # the cold request's long pieces (no bucket)
+    cold_storing = eng.prefill_graphs.buckets.storing       # its bucket pieces storing a checkpoint inside (eager)
     pre = lambda i, n: prefix + (tail(i) * (n // len(tail(i)) + 1))[:n]   # noqa: E731
     first = [_ttft(eng, f"first{n}", pre(10 + k, n)) for k, n in enumerate(lengths)]
     warm = [_ttft(eng, f"warm{i}", pre(20 + i, lengths[0])) for i in range(hits)]
@@ -241,10 +243,11 @@ def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, bl
     pg = eng.prefill_graphs
     b = pg.buckets
     med = lambda ts: sorted(ts)[len(ts) // 2]   # noqa: E731
-    res = {"buckets": list(buckets), "lengths": lengths, "build_s": build_s, "ttft_first_s": first,
+    res = {"mode": "batch-invariant" if batch_invariant else "default", "buckets": list(buckets), "lengths": lengths, "build_s": build_s, "ttft_first_s": first,
            "ttft_warm_s": warm, "ttft_warm_med_s": med(warm), "ttft_eager_s": ehit, "ttft_eager_med_s": med(ehit),
            "counts": {"runs": b.runs, "replays": b.replays, "captures": b.captures, "fallbacks": b.fallbacks,
-                      "eager_hits": pg.eager - cold_eager}, "nbytes": b.nbytes()}
+                      "storing": b.storing, "eager_hits": pg.eager - cold_eager + b.storing - cold_storing},
+           "nbytes": b.nbytes()}
     res["ratio"] = max(first) / res["ttft_warm_med_s"]
     del eng, eager
     free_cache(model.device)
@@ -265,16 +268,8 @@ def prefix_lines(r: dict) -> list[str]:
            f"prefix cache: one checkpoint = Mamba state {mib(r['checkpoint_state_bytes'])} + prefix KV "
            f"{mib(r['checkpoint_kv_bytes'])} (pool slot {mib(r['pool_slot_bytes'])} at max_len); the same prefix's KV "
            f"in anchor-3b-attn: {mib(r['attn_only_prefix_kv_bytes'])}"]
-    _section(out, r.get("buckets", {}), "bucketed prefill graphs",
-             lambda d: f"bucketed prefill graphs (batch-invariant model, buckets {d['buckets']}, built + captured in "
-                       f"{d['build_s']:.2f} s, {mib(d['nbytes'])}): first hit of a never-seen suffix length vs a warm "
-                       f"hit -> {d['ratio']:.2f}x (goal <= 2x); counts {d['counts']}",
-             lambda d: [f"  first hit, suffix {n:5d} (never seen): {1e3 * t:9.2f} ms"
-                        for n, t in zip(d["lengths"], d["ttft_first_s"])]
-             + [f"  warm hit,  suffix {d['lengths'][0]:5d}: {1e3 * d['ttft_warm_med_s']:9.2f} ms (hits "
-                f"{ms(d['ttft_warm_s'])})",
-                f"  eager hit (no prefill graphs), suffix {d['lengths'][0]}: {1e3 * d['ttft_eager_med_s']:9.2f} ms "
-                f"(hits {ms(d['ttft_eager_s'])})"])
+    for key in ("buckets", "buckets_bi"):
+        _bucket_section(out, r.get(key, {}), ms, mib)
     _section(out, r.get("hit_stages", {}), "hit stages",
              lambda d: f"hit stages (one more hit, wall {d['wall_ms']:.2f} ms; host = wall time inside the call, "
                        f"device = between CUDA events around it):",
@@ -295,6 +290,20 @@ def prefix_lines(r: dict) -> list[str]:
                        f"profiler's overhead): top {len(d['top'])}:",
              lambda d: [f"  {1e3 * tt:9.3f} ms {cc:6d}x  {name[:100]}" for name, cc, tt in d["top"]])
     return out
+
+
+def _bucket_section(out: list[str], d: dict, ms, mib) -> None:
+    """One bucket_hits result: the ratio against the goal, then each first hit, the warm and the eager hit."""
+    _section(out, d, "bucketed prefill graphs",
+             lambda d: f"bucketed prefill graphs ({d.get('mode', 'batch-invariant')} model, buckets {d['buckets']}, "
+                       f"built + captured in {d['build_s']:.2f} s, {mib(d['nbytes'])}): first hit of a never-seen "
+                       f"suffix length vs a warm hit -> {d['ratio']:.2f}x (goal <= 2x); counts {d['counts']}",
+             lambda d: [f"  first hit, suffix {n:5d} (never seen): {1e3 * t:9.2f} ms"
+                        for n, t in zip(d["lengths"], d["ttft_first_s"])]
+             + [f"  warm hit,  suffix {d['lengths'][0]:5d}: {1e3 * d['ttft_warm_med_s']:9.2f} ms (hits "
+                f"{ms(d['ttft_warm_s'])})",
+                f"  eager hit (no prefill graphs), suffix {d['lengths'][0]}: {1e3 * d['ttft_eager_med_s']:9.2f} ms "
+                f"(hits {ms(d['ttft_eager_s'])})"])
 
 
 def _section(out: list[str], d: dict, what: str, head, rows) -> None:
