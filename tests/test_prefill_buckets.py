@@ -173,6 +173,21 @@ def test_a_bucket_step_storing_checkpoints_inside_its_piece_has_the_bits_of_the_
     _same((on[0], rows(on, ("r0", "r1"))), (off[0], rows(off, ("r0", "r1"))))
 
 
+def test_the_prefill_buckets_configuration_runs_bucket_steps_on_its_reach():
+    """qualify's `prefill_buckets` configuration of the fast path (tools/adapters/fastpath.py) on its reach,
+    zoo-bamba/prefix_lru: "default" buckets (8, 16) from the trace's budget; bucket steps run, some storing a
+    checkpoint inside, none eager and none falling back."""
+    import oracle
+    from hybridqual.adapters.fastpath import FastpathAdapter
+    from hybridqual.scenarios.plan import MODELS, TRACES
+    cls = FastpathAdapter.configured("prefill_buckets")
+    a = cls(MODELS / "zoo-bamba", oracle.load_trace(TRACES / "prefix_lru.json"), "legacy")
+    a.run_trace()
+    pg = a.engine.prefill_graphs
+    assert pg.buckets.buckets == (8, 16) and pg.eager == 0 and pg.buckets.fallbacks == 0
+    assert pg.buckets.runs >= 3 and pg.buckets.storing >= 1
+
+
 def test_prefill_buckets_are_checked():
     """prefill_buckets: needs prefill_graphs and the Triton backend; rising multiples of the chunk size within the
     step budget and max_len; errors name the field."""
@@ -185,12 +200,15 @@ def test_prefill_buckets_are_checked():
             (torch_model, (8,), True, "prefill_buckets.*Triton"),
             (bi, (8,), False, "prefill_buckets"), (bi, 8, True, "prefill_buckets"),
             (bi, (8, 12), True, r"prefill_buckets\[1\]"), (bi, (16, 8), True, r"prefill_buckets\[1\]"),
-            (bi, (8, 64), True, r"prefill_buckets\[1\]"), (bi, (8, 1.5), True, "prefill_buckets")]:
+            (bi, (8, 64), True, r"prefill_buckets\[1\]"), (bi, (8, 1.5), True, "prefill_buckets"),
+            (bi, "auto", True, "prefill_buckets.*'default'")]:
         with pytest.raises(ArgumentError, match=field):
             Engine(model, cfg, max_len=128, prefill_graphs=graphs, prefill_buckets=buckets)
     with pytest.raises(ArgumentError, match=r"prefill_buckets\[0\].*max_len"):
         Engine(bi, cfg, max_len=36, prefill_graphs=True, prefill_buckets=(32,))
     assert default_buckets(8, 40) == (8, 16, 32) and default_buckets(256, 512) == (256, 512)
+    eng = Engine(bi, cfg, max_len=36, prefill_graphs=True, prefill_buckets="default")   # budget 32, max_len - 8 = 28
+    assert eng.prefill_graphs.buckets.buckets == (8, 16)
 
 
 @pytest.mark.gpu

@@ -67,7 +67,7 @@ def test_no_invariance_check_for_an_engine_that_does_not_claim_it():
 def test_every_fastpath_configuration_reaches_shipped_instances():
     declared = adapters.FastpathAdapter.configurations()
     assert {c.name for c in declared} >= {"spec_replay", "spec_device_drafts", "unfused", "torch_backend",
-                                           "batch_invariant", "gemv"}
+                                           "batch_invariant", "gemv", "prefill_buckets"}
     for c in declared:
         entries = scenarios.configuration_plan([(c.name, c.reach)])
         assert entries and all(e[3] == c.name and (e[0] / "config.json").exists() for e in entries), c.name
@@ -90,6 +90,9 @@ def test_configured_fastpath_applies_its_options_and_keeps_the_run_flags():
     assert torch_cls.pad_decode and torch_cls.options.backend == "torch"
     assert adapters.FastpathAdapter.configured("batch_invariant").capabilities("cpu").batch_invariant
     assert not adapters.FastpathAdapter.capabilities("cpu").batch_invariant
+    assert adapters.FastpathAdapter.configured("prefill_buckets").buckets() == {"prefill_graphs": True,
+                                                                                "prefill_buckets": "default"}
+    assert adapters.FastpathAdapter.buckets() == {}
     with pytest.raises(ValueError, match="spec_replay"):
         adapters.FastpathAdapter.configured("nosuch")
 

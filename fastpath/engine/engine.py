@@ -63,14 +63,15 @@ class Engine:
 
     def __init__(self, model, engine_config: EngineConfig, max_len: int = 2048, graphs: bool = False,
                  pad_decode: bool = False, prefill_graphs: bool = False,
-                 prefill_buckets: tuple[int, ...] | None = None):
+                 prefill_buckets: tuple[int, ...] | str | None = None):
         """graphs: decode-only steps replay CUDA graphs at bucket sizes (on CUDA); pad_decode: run those padded
         bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU); prefill_graphs: a
         short prefill-only step shape seen before (a prefix-cache hit's suffix) replays a CUDA graph
-        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly); prefill_buckets (None: off; the
-        Triton backend): one-piece prefill-only steps padded to these token counts, built (captured) here, so a hit
-        of any suffix length below the largest, at any start and slot, is never eager; in the default mode a padded
-        step's bits are its bucket's (fastpath/engine/prefill_buckets.py)."""
+        (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly); prefill_buckets (None: off;
+        "default": chunk size · 1, 2, 4, … within the step budget; the Triton backend): one-piece prefill-only
+        steps padded to these token counts, built (captured) here, so a hit of any suffix length below the largest,
+        at any start and slot, is never eager; in the default mode a padded step's bits are its bucket's
+        (fastpath/engine/prefill_buckets.py)."""
         engine_config = check_engine_args(model, engine_config, max_len, graphs, pad_decode)  # before allocating
         _flag("prefill_graphs", prefill_graphs)
         from .prefill_buckets import check_buckets
@@ -112,7 +113,7 @@ class Engine:
     def from_pretrained(cls, path: str | Path, engine_config: EngineConfig, device=None, dtype=None,
                         max_len: int = 2048, graphs: bool = False, pad_decode: bool = False,
                         options: FastOptions | None = None, prefill_graphs: bool = False,
-                        prefill_buckets: tuple[int, ...] | None = None) -> "Engine":
+                        prefill_buckets: tuple[int, ...] | str | None = None) -> "Engine":
         """Load an HF-format folder (config.json + safetensors) into a FastModel run with `options` (kernel backend,
         fusions, batch invariance: fastpath/options.py) and build an engine (batch-invariant: its piece rule)."""
         from oracle.checkpoint import load_checkpoint

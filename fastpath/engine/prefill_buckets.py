@@ -50,13 +50,16 @@ def default_buckets(chunk_size: int, max_tokens: int) -> tuple[int, ...]:
 
 
 def check_buckets(buckets, model, engine_config, max_len: int, prefill_graphs: bool) -> tuple[int, ...] | None:
-    """None, or rising ints >= 2, multiples of the chunk size, within the step budget and max_len, on the Triton
-    backend. Errors name `prefill_buckets`."""
+    """None, "default" (`default_buckets` up to the step budget and max_len - chunk size), or rising ints >= 2,
+    multiples of the chunk size, within the step budget and max_len, on the Triton backend. Errors name
+    `prefill_buckets`."""
     if buckets is None:
         return None
     name, cs = "prefill_buckets", model.config.chunk_size
+    if isinstance(buckets, str) and buckets == "default":
+        buckets = default_buckets(cs, min(engine_config.max_tokens_per_step, max_len - cs))
     if not isinstance(buckets, (tuple, list)) or not buckets or not all(type(b) is int for b in buckets):
-        raise ArgumentError(name, f"must be None or a non-empty tuple of ints, got {buckets!r:.80}")
+        raise ArgumentError(name, f"must be None, 'default' or a non-empty tuple of ints, got {buckets!r:.80}")
     if not prefill_graphs:
         raise ArgumentError(name, "needs prefill_graphs=True")
     o = model.options

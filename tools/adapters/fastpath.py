@@ -21,6 +21,10 @@ FAST_CONFIGURATIONS: dict[str, tuple[dict, dict, tuple[str, ...], str]] = {
     "batch_invariant": ({"batch_invariant": True}, {}, ("zoo-bamba_wide/async_drain",),
                         "the batch-invariant mode (fixed-split matmuls, per-request pieces; the MLP's K = 4096 takes "
                         "the split): each request alone must give the same bits"),
+    "prefill_buckets": ({"prefill_buckets": "default"}, {}, ("zoo-bamba/prefix_lru",),
+                        "one-piece prefill-only steps (prefix-cache hits, cold pieces, pieces storing a checkpoint "
+                        "inside) padded to token buckets whose kept batches (CUDA graphs with --graphs) are built at "
+                        "engine start"),
     "gemv": ({}, {"gemv_on_cpu": True, "gemv_rows": True}, ("zoo-granite_dense/stop_tokens",),
              "the one-row GEMV and its folds (norm, conv step, residual epilogue) and the few-row GEMV (2..8-row "
              "projections) on CPU too (on cuda the one-row GEMV is the default)"),
@@ -40,6 +44,7 @@ class FastpathAdapter(Adapter):
     graphs = False
     options = None            # a fastpath.FastOptions (None: the defaults): a declared configuration sets it
     pad_decode = False        # decode-only steps padded to the graph buckets without graphs (the CPU analogue)
+    prefill_buckets = None    # None, "default" or bucket sizes: prefill graphs with token buckets (Engine's argument)
     configuration = None      # the name of the declared configuration this class runs (None: the default)
 
     @classmethod
@@ -80,7 +85,13 @@ class FastpathAdapter(Adapter):
             import fastpath
             self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
                                                           graphs=self.graphs, pad_decode=self.pad_decode,
-                                                          options=self.options, **self.kv_len(trace, device))
+                                                          options=self.options, **self.kv_len(trace, device),
+                                                          **self.buckets())
+
+    @classmethod
+    def buckets(cls) -> dict:
+        """The engine's prefill-graph arguments: token buckets (with prefill graphs) when the class sets them."""
+        return {} if cls.prefill_buckets is None else {"prefill_graphs": True, "prefill_buckets": cls.prefill_buckets}
 
     @staticmethod
     def kv_len(trace, device: str) -> dict:

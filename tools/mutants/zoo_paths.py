@@ -7,6 +7,7 @@ ORACLE_SCHED = "oracle/scheduler.py"
 K = "fastpath/kernels/"
 OPS = "fastpath/engine/ops.py"
 PC, BANK, ORACLE_PC = "fastpath/engine/prefix_cache.py", "fastpath/engine/bank.py", "oracle/prefix_cache.py"
+PB, PG = "fastpath/engine/prefill_buckets.py", "fastpath/engine/prefill_graphs.py"
 SPEC, ORACLE_SPEC, VERIFY = "fastpath/engine/speculative.py", "oracle/speculative.py", "fastpath/engine/verify.py"
 
 # Test selections (fast tests only; node ids).
@@ -63,3 +64,6 @@ T_BOUND = "tests/test_scenarios_boundaries.py::test_boundary_scenarios_through_t
 T_TAILS, T_COBATCH = T_BOUND + "[piece_tails]", T_BOUND + "[cobatch_reuse]"
 T_PC_LRU = T_PC_TRACES + "[prefix_lru]"
 T_SPEC_ACCEPT = T_SPEC_CORPUS + "[spec_accept]"
+T_PB = "tests/test_prefill_buckets.py"
+T_PB_PADDED = T_PB + "::test_padded_bucket_step_leaves_the_unpadded_steps_bank_and_logits_bitwise"
+T_PB_STORING = T_PB + "::test_a_bucket_step_storing_checkpoints_inside_its_piece_has_the_bits_of_the_step_without_them"

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from hybridqual.mutants.runner import Mutant
 from hybridqual.mutants.zoo_paths import (ENGINE, MODEL, K, PC, BANK, ORACLE_PC, T_PC_TRACES, T_PC_POOL, T_PC_LOOKUP,
-                                         T_PC_LATE, T_PC_INERT, T_PC_INSIDE_BITS, T_PC_INSIDE_HYBRID)
+                                         T_PC_LATE, T_PC_INERT, T_PC_INSIDE_BITS, T_PC_INSIDE_HYBRID, PB, PG, T_PB_PADDED,
+                                         T_PB_STORING)
 
 
 _RESTORE = "            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)\n"
@@ -109,4 +110,16 @@ PREFIX_CACHE: list[Mutant] = [
            "            self.bank.copy_state(slot, self.bank.pool_slot(entry.index), 0 if inside else pos,\n"
            "                                 state=not inside)\n",
            (T_PC_INSIDE_HYBRID, T_PC_TRACES)),
+    Mutant("prefill_bucket_stale_start", "stale graph metadata",
+           "a bucket's kept batch (its CUDA graph's inputs) gets the step's ids, positions and chunk table but keeps "
+           "the piece start it was built with: the replay's attention and conv read the wrong start",
+           PB, '_FIELDS = ("ids", "pos", "pre_cu", "pre_slot", "pre_start", "pre_init", "last", "pre_tok_seq")\n',
+           '_FIELDS = ("ids", "pos", "pre_cu", "pre_slot", "pre_init", "last", "pre_tok_seq")\n',
+           (T_PB_PADDED,)),
+    Mutant("prefill_bucket_storing_step_unpadded", "batch invariance",
+           "a step storing a checkpoint inside its piece skips its bucket and runs unpadded: in the default mode its "
+           "projections run at another M than the same piece's in a run without the cache, so cache on != off",
+           PG, "        if n_dec or not pieces or tokens > self.max_tokens:\n",
+           "        if n_dec or checkpoints or not pieces or tokens > self.max_tokens:\n",
+           (T_PB_STORING,)),
 ]
