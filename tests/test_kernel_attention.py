@@ -195,3 +195,33 @@ def test_attention_prefill_split_over_keys_matches_unsplit_and_oracle(device, dt
         assert rel(split[cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
     again = run(48, sel=[3, 0], host=True)[0]               # another packing, from host lists: the same bits
     assert torch.equal(again, torch.cat([split[cu[3]:cu[4]], split[cu[0]:cu[1]]])), "repacked run differs"
+
+
+@pytest.mark.parametrize("split_keys", [None, 128], ids=["whole", "split"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop(device, dtype, split_keys,
+                                                                                 monkeypatch):
+    """The key blocks every query row of a block sees run without the key and causal masks (UNMASKED_FULL); the
+    blocks run in the same order, so the output is bitwise the masked loop's: pieces from 0 and mid-context, query
+    blocks with 0, 1 and 2 full key blocks, a start one key short of a block edge, unsplit and split over the keys
+    (128-key splits)."""
+    _skip_cpu_without_interpreter(device)
+    import fastpath.kernels.attention as attn
+    Hq, Hkv, d, S, M, scale = 4, 2, 16, 3, 320, 0.3
+    gen = torch.Generator().manual_seed(17)
+    pieces = [(0, 0, 150), (2, 100, 166), (1, 126, 40)]          # (slot, start, length); 126: the edge case
+    cu = [0, 150, 316, 356]                                        # where one more key block would be unmasked
+    q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
+    kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    rule0 = attn.attention_launch_rule
+    outs = []
+    for unmasked in (True, False):
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, u=unmasked: {**rule0(hd), "UNMASKED_FULL": u})
+        kc, vc = kc0.clone(), vc0.clone()
+        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
+                                             torch.tensor([p[0] for p in pieces], device=device),
+                                             torch.tensor([p[1] for p in pieces], device=device), scale,
+                                             split_keys=split_keys))
+    assert rule0(d)["UNMASKED_FULL"] and rule0(d)["BLOCK_N"] == 64
+    assert torch.equal(outs[0], outs[1])

@@ -51,13 +51,25 @@ def kv_cache_write_kernel(
 
 
 @triton.jit
+def _softmax_step(sc, m_i, l_i, acc, v_ptrs, v_mask, DOT_PREC: tl.constexpr):
+    """One key block of the online softmax: the running max, sum and output after scores `sc`, then V's rows."""
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def attention_kernel(
     q_ptr, kc_ptr, vc_ptr, o_ptr, meta_ptr, cu_ptr, slot_ptr, start_ptr, acc_ptr, ml_ptr,
     scale, q_per_kv, D, Hq, n_blk, n_item, n_seq, chunk,
     stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
     stride_o_t, stride_o_h,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-    PDL: tl.constexpr,
+    UNMASKED_FULL: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (n_items, Hq): flash-style online softmax of one query block over keys [lo, hi) of the slot's cache.
     meta (int32): blk_seq, blk_q0 [n_blk] | item_blk, item_split [n_item] | part_base, n_split [n_seq]. Split -1:
@@ -91,20 +103,25 @@ def attention_kernel(
     hi = tl.where(j >= 0, tl.minimum(lo + chunk, kv_end), kv_end)
     kbase = kc_ptr + slot * stride_kc_s + kvh * stride_kc_h
     vbase = vc_ptr + slot * stride_vc_s + kvh * stride_vc_h
-    for n0 in range(lo, hi, BLOCK_N):
+    # Key blocks wholly inside [lo, hi) and at or before the block's first query position are visible to every row:
+    # no key or causal mask there. The blocks run in the same order either way (same sums, same bits).
+    n_full = tl.where(UNMASKED_FULL, (tl.minimum(hi, sp + q0 + 1) - lo) // BLOCK_N, 0)
+    n_full = tl.maximum(n_full, 0)
+    for i in range(0, n_full):
+        offs_n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=md[None, :], other=0.0)
+        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
+        m_i, l_i, acc = _softmax_step(sc, m_i, l_i, acc, vbase + offs_n[:, None] * stride_vc_p + d[None, :],
+                                      md[None, :], DOT_PREC)
+    for n0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mn = offs_n < hi
         k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
         sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
         vis = (offs_n[None, :] <= qpos[:, None]) & mn[None, :]
         sc = tl.where(vis, sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vbase + offs_n[:, None] * stride_vc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(sc, m_i, l_i, acc, vbase + offs_n[:, None] * stride_vc_p + d[None, :],
+                                      mn[:, None] & md[None, :], DOT_PREC)
     if j < 0:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o = tl.where(live, o, 0.0)
@@ -120,8 +137,10 @@ def attention_kernel(
 
 
 def attention_launch_rule(head_dim: int) -> dict:
-    """64 query rows and 64 keys per step, 4 warps."""
-    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4)
+    """64 query rows and 64 keys per step, 4 warps; key blocks every row sees run without masks (UNMASKED_FULL);
+    num_stages None: Triton's default."""
+    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4,
+                UNMASKED_FULL=True, num_stages=None)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
@@ -251,7 +270,8 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         plan.n_blk, plan.n_item, cu.shape[0] - 1, plan.chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
-        DOT_PREC=dot_precision(q.dtype), num_warps=rule["num_warps"], **pm)
+        DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule.get("UNMASKED_FULL", True), num_warps=rule["num_warps"],
+        **({} if rule.get("num_stages") is None else {"num_stages": rule["num_stages"]}), **pm)
     if plan.n_rows:
         combine_partials(plan.acc, plan.ml, out, meta[2 * plan.n_blk + 2 * plan.n_item + 2 * plan.n_seq:],
                          plan.n_rows)
