@@ -104,7 +104,8 @@ def attention_kernel(
     kbase = kc_ptr + slot * stride_kc_s + kvh * stride_kc_h
     vbase = vc_ptr + slot * stride_vc_s + kvh * stride_vc_h
     # Key blocks wholly inside [lo, hi) and at or before the block's first query position are visible to every row:
-    # no key or causal mask there. The blocks run in the same order either way (same sums, same bits).
+    # no key or causal mask there. The blocks run in the same order either way, and both loops scale the masked
+    # product (the compiler then fuses the scale into `sc - max` alike in both): same sums, same bits.
     n_full = tl.where(UNMASKED_FULL, (tl.minimum(hi, sp + q0 + 1) - lo) // BLOCK_N, 0)
     n_full = tl.maximum(n_full, 0)
     for i in range(0, n_full):
@@ -117,9 +118,8 @@ def attention_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mn = offs_n < hi
         k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
-        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
         vis = (offs_n[None, :] <= qpos[:, None]) & mn[None, :]
-        sc = tl.where(vis, sc, float("-inf"))
+        sc = tl.where(vis, tl.dot(q, tl.trans(k), input_precision=DOT_PREC), float("-inf")) * scale
         m_i, l_i, acc = _softmax_step(sc, m_i, l_i, acc, vbase + offs_n[:, None] * stride_vc_p + d[None, :],
                                       mn[:, None] & md[None, :], DOT_PREC)
     if j < 0:
@@ -138,7 +138,8 @@ def attention_kernel(
 
 def attention_launch_rule(head_dim: int) -> dict:
     """64 query rows and 64 keys per step, 4 warps; key blocks every row sees run without masks (UNMASKED_FULL);
-    num_stages None: Triton's default."""
+    num_stages None: Triton's default; fp_fusion (bench key, default on): the compiler may fuse a multiply and an
+    add into one FMA."""
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4,
                 UNMASKED_FULL=True, num_stages=None)
 
@@ -271,7 +272,8 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
         DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule.get("UNMASKED_FULL", True), num_warps=rule["num_warps"],
-        **({} if rule.get("num_stages") is None else {"num_stages": rule["num_stages"]}), **pm)
+        **({} if rule.get("num_stages") is None else {"num_stages": rule["num_stages"]}),
+        **({} if rule.get("fp_fusion", True) else {"enable_fp_fusion": False}), **pm)
     if plan.n_rows:
         combine_partials(plan.acc, plan.ml, out, meta[2 * plan.n_blk + 2 * plan.n_item + 2 * plan.n_seq:],
                          plan.n_rows)

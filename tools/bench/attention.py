@@ -23,6 +23,8 @@ HQ, HKV, HD = 32, 8, 80
 VARIANTS: dict[str, dict] = {
     "rule": {},
     "masked": {"UNMASKED_FULL": False},
+    "nofuse": {"fp_fusion": False},
+    "masked_nofuse": {"UNMASKED_FULL": False, "fp_fusion": False},
     "m128_w8": {"BLOCK_M": 128, "num_warps": 8},
     "m128_w8_s2": {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
     "m128_w8_s4": {"BLOCK_M": 128, "num_warps": 8, "num_stages": 4},
