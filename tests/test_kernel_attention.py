@@ -225,3 +225,41 @@ def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop
                                              split_keys=split_keys))
     assert rule0(d)["UNMASKED_FULL"] and rule0(d)["BLOCK_N"] == 64
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("d", [80, 48])
+@pytest.mark.parametrize("split_keys", [None, 32], ids=["whole", "split"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_attention_prefill_head_dim_in_two_chunks_matches_one_chunk_and_oracle(device, dtype, split_keys, d,
+                                                                               monkeypatch):
+    """A head dim that is not a power of two runs its dots in two chunks (80 = 64 + 16, 48 = 32 + 16) instead of
+    one zero-padded chunk: outputs (and the split partials, merged) vs the one-chunk kernel within rounding and vs
+    fp64 attention."""
+    _skip_cpu_without_interpreter(device)
+    import fastpath.kernels.attention as attn
+    assert attn.head_dim_chunks(d) == ({80: 64, 48: 32}[d], 16) and attn.head_dim_chunks(128) == (128, 0)
+    Hq, Hkv, S, M, scale = 4, 2, 3, 128, d ** -0.5
+    gen = torch.Generator().manual_seed(23)
+    pieces = [(0, 0, 70), (2, 30, 40)]                                      # (slot, start, length)
+    cu = [0, 70, 110]
+    q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
+    kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    rule0 = attn.attention_launch_rule
+    outs, caches = [], []
+    for split_d in (True, False):
+        dq, d2 = attn.head_dim_chunks(d, split_d)
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, a=dq, b=d2: {**rule0(hd), "BLOCK_DQ": a,
+                                                                                  "BLOCK_D2": b})
+        kc, vc = kc0.clone(), vc0.clone()
+        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
+                                             torch.tensor([p[0] for p in pieces], device=device),
+                                             torch.tensor([p[1] for p in pieces], device=device), scale,
+                                             split_keys=split_keys))
+        caches.append((kc, vc))
+    assert rel(outs[0], outs[1]) < REL[dtype]
+    kc, vc = caches[0]
+    for i, (s, st, n) in enumerate(pieces):
+        ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
+                               vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
+        assert rel(outs[0][cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"

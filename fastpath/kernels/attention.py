@@ -51,15 +51,30 @@ def kv_cache_write_kernel(
 
 
 @triton.jit
-def _softmax_step(sc, m_i, l_i, acc, v_ptrs, v_mask, DOT_PREC: tl.constexpr):
-    """One key block of the online softmax: the running max, sum and output after scores `sc`, then V's rows."""
+def _scores(q, q2, k_ptrs, k2_ptrs, k_mask, k2_mask, BLOCK_D2: tl.constexpr, DOT_PREC: tl.constexpr):
+    """q·kᵀ of one key block over the head dim's first chunk, then (BLOCK_D2 > 0) its second, accumulated."""
+    k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+    sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if BLOCK_D2 > 0:
+        k2 = tl.load(k2_ptrs, mask=k2_mask, other=0.0)
+        sc = tl.dot(q2, tl.trans(k2), acc=sc, input_precision=DOT_PREC)
+    return sc
+
+
+@triton.jit
+def _online_softmax(sc, m_i, l_i):
+    """One key block of the online softmax: the new running max and sum, the old output's factor, the weights."""
     m_new = tl.maximum(m_i, tl.max(sc, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), alpha, p
+
+
+@triton.jit
+def _weighted_values(acc, alpha, p, v_ptrs, v_mask, DOT_PREC: tl.constexpr):
+    """The output chunk after one key block: acc·alpha + p·V (V's rows of this chunk of the head dim)."""
     v = tl.load(v_ptrs, mask=v_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-    return m_new, l_i, acc
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -68,8 +83,8 @@ def attention_kernel(
     scale, q_per_kv, D, Hq, n_blk, n_item, n_seq, chunk,
     stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
     stride_o_t, stride_o_h,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-    UNMASKED_FULL: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
+    DOT_PREC: tl.constexpr, UNMASKED_FULL: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (n_items, Hq): flash-style online softmax of one query block over keys [lo, hi) of the slot's cache.
     meta (int32): blk_seq, blk_q0 [n_blk] | item_blk, item_split [n_item] | part_base, n_split [n_seq]. Split -1:
@@ -93,8 +108,15 @@ def attention_kernel(
     md = d < D
     mm = offs_m < L
     qpos = sp + offs_m
-    q = tl.load(q_ptr + (first + offs_m)[:, None] * stride_q_t + hq * stride_q_h + d[None, :],
-                mask=mm[:, None] & md[None, :], other=0.0)
+    q_rows = q_ptr + (first + offs_m)[:, None] * stride_q_t + hq * stride_q_h
+    q = tl.load(q_rows + d[None, :], mask=mm[:, None] & md[None, :], other=0.0)
+    if BLOCK_D2 > 0:                                  # the head dim's second chunk, [BLOCK_D, BLOCK_D + BLOCK_D2)
+        d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        md2 = d2 < D
+        q2 = tl.load(q_rows + d2[None, :], mask=mm[:, None] & md2[None, :], other=0.0)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
+    else:                                             # unused: one chunk holds the head dim
+        d2, md2, q2, acc2 = d, md, q, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -110,38 +132,62 @@ def attention_kernel(
     n_full = tl.maximum(n_full, 0)
     for i in range(0, n_full):
         offs_n = lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=md[None, :], other=0.0)
-        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
-        m_i, l_i, acc = _softmax_step(sc, m_i, l_i, acc, vbase + offs_n[:, None] * stride_vc_p + d[None, :],
-                                      md[None, :], DOT_PREC)
+        krow, vrow = kbase + offs_n[:, None] * stride_kc_p, vbase + offs_n[:, None] * stride_vc_p
+        sc = _scores(q, q2, krow + d[None, :], krow + d2[None, :], md[None, :], md2[None, :], BLOCK_D2,
+                     DOT_PREC) * scale
+        m_i, l_i, alpha, p = _online_softmax(sc, m_i, l_i)
+        acc = _weighted_values(acc, alpha, p, vrow + d[None, :], md[None, :], DOT_PREC)
+        if BLOCK_D2 > 0:
+            acc2 = _weighted_values(acc2, alpha, p, vrow + d2[None, :], md2[None, :], DOT_PREC)
     for n0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mn = offs_n < hi
-        k = tl.load(kbase + offs_n[:, None] * stride_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
+        krow, vrow = kbase + offs_n[:, None] * stride_kc_p, vbase + offs_n[:, None] * stride_vc_p
         vis = (offs_n[None, :] <= qpos[:, None]) & mn[None, :]
-        sc = tl.where(vis, tl.dot(q, tl.trans(k), input_precision=DOT_PREC), float("-inf")) * scale
-        m_i, l_i, acc = _softmax_step(sc, m_i, l_i, acc, vbase + offs_n[:, None] * stride_vc_p + d[None, :],
-                                      mn[:, None] & md[None, :], DOT_PREC)
+        sc = _scores(q, q2, krow + d[None, :], krow + d2[None, :], mn[:, None] & md[None, :],
+                     mn[:, None] & md2[None, :], BLOCK_D2, DOT_PREC)
+        sc = tl.where(vis, sc, float("-inf")) * scale
+        m_i, l_i, alpha, p = _online_softmax(sc, m_i, l_i)
+        acc = _weighted_values(acc, alpha, p, vrow + d[None, :], mn[:, None] & md[None, :], DOT_PREC)
+        if BLOCK_D2 > 0:
+            acc2 = _weighted_values(acc2, alpha, p, vrow + d2[None, :], mn[:, None] & md2[None, :], DOT_PREC)
     if j < 0:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        o = tl.where(live, o, 0.0)
-        tl.store(o_ptr + (first + offs_m)[:, None] * stride_o_t + hq * stride_o_h + d[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & md[None, :])
+        norm = tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_rows = o_ptr + (first + offs_m)[:, None] * stride_o_t + hq * stride_o_h
+        tl.store(o_rows + d[None, :], tl.where(live, acc / norm, 0.0).to(o_ptr.dtype.element_ty),
+                 mask=mm[:, None] & md[None, :])
+        if BLOCK_D2 > 0:
+            tl.store(o_rows + d2[None, :], tl.where(live, acc2 / norm, 0.0).to(o_ptr.dtype.element_ty),
+                     mask=mm[:, None] & md2[None, :])
     else:
         base = tl.load(meta_ptr + 2 * n_blk + 2 * n_item + s).to(tl.int64)
         nsp = tl.load(meta_ptr + 2 * n_blk + 2 * n_item + n_seq + s).to(tl.int64)
         row = (base + offs_m * nsp + j) * Hq + hq
         tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=mm[:, None] & md[None, :])
+        if BLOCK_D2 > 0:
+            tl.store(acc_ptr + row[:, None] * D + d2[None, :], acc2, mask=mm[:, None] & md2[None, :])
         tl.store(ml_ptr + 2 * row, m_i, mask=mm)
         tl.store(ml_ptr + 2 * row + 1, l_i, mask=mm)
 
 
+def head_dim_chunks(head_dim: int, split: bool = True) -> tuple[int, int]:
+    """(first, second) chunk widths the attention kernel's dots take the head dim in: the largest power of two
+    <= head_dim (>= 16), then the rest rounded up to a power of two (0: none), so a head dim of 80 is 64 + 16 wide
+    instead of 128 (37.5% of the padded multiply-adds were zeros); split False: one chunk, the next power of two."""
+    if not split or head_dim <= 16:
+        return next_pow2(head_dim, 16), 0
+    first = 1 << (head_dim.bit_length() - 1)
+    return first, (next_pow2(head_dim - first, 16) if head_dim > first else 0)
+
+
 def attention_launch_rule(head_dim: int) -> dict:
     """64 query rows and 64 keys per step, 4 warps; key blocks every row sees run without masks (UNMASKED_FULL);
-    num_stages None: Triton's default; fp_fusion (bench key, default on): the compiler may fuse a multiply and an
-    add into one FMA."""
-    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), num_warps=4,
-                UNMASKED_FULL=True, num_stages=None)
+    the head dim in two power-of-two chunks (BLOCK_DQ + BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's
+    tile); num_stages None: Triton's default; fp_fusion (bench key, default on): the compiler may fuse a multiply
+    and an add into one FMA."""
+    dq, d2 = head_dim_chunks(head_dim)
+    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq,
+                BLOCK_D2=d2, num_warps=4, UNMASKED_FULL=True, num_stages=None)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
@@ -270,8 +316,8 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         q, k_cache, v_cache, out, meta, cu, slot, start, plan.acc, plan.ml, float(scale), Hq // Hkv, D, Hq,
         plan.n_blk, plan.n_item, cu.shape[0] - 1, plan.chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
-        BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_D"],
-        DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule.get("UNMASKED_FULL", True), num_warps=rule["num_warps"],
+        BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule.get("BLOCK_DQ", rule["BLOCK_D"]),
+        BLOCK_D2=rule.get("BLOCK_D2", 0), DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule.get("UNMASKED_FULL", True), num_warps=rule["num_warps"],
         **({} if rule.get("num_stages") is None else {"num_stages": rule["num_stages"]}),
         **({} if rule.get("fp_fusion", True) else {"enable_fp_fusion": False}), **pm)
     if plan.n_rows:

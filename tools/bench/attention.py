@@ -23,6 +23,9 @@ HQ, HKV, HD = 32, 8, 80
 VARIANTS: dict[str, dict] = {
     "rule": {},
     "masked": {"UNMASKED_FULL": False},
+    "one_chunk": {"BLOCK_DQ": 128, "BLOCK_D2": 0},
+    "one_chunk_masked": {"BLOCK_DQ": 128, "BLOCK_D2": 0, "UNMASKED_FULL": False},
+    "m128_w8_one_chunk": {"BLOCK_M": 128, "num_warps": 8, "BLOCK_DQ": 128, "BLOCK_D2": 0},
     "nofuse": {"fp_fusion": False},
     "masked_nofuse": {"UNMASKED_FULL": False, "fp_fusion": False},
     "m128_w8": {"BLOCK_M": 128, "num_warps": 8},
