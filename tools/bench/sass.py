@@ -3,7 +3,8 @@ ptxas) at its launch rule, reporting registers, spill stack, and what its loops 
 shared-memory and local-memory ops). A spill or a shared-memory round trip in a streaming loop is a cost the GPU
 figures show later; this finds it on a CPU machine.
 
-    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,ssd_fused,decode] [--arch 90] [--out sass.json]
+    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,ssd_fused,decode,prefill_attention] [--arch 90]
+        [--out sass.json]
 
 The figures depend on the Triton version that compiles (the GPU image's may differ from this machine's: a venv
 with that version's wheel first on PYTHONPATH compiles with it).
@@ -192,9 +193,9 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     unit = ("stride_x_p", "stride_b_n", "stride_c_n", "stride_y_p")     # x, B, C, y rows are contiguous at launch
     out = [replace(sp, ones=tuple(n for n in sp.fn.arg_names if n in unit)) if sp.name.startswith("ssd") else sp
            for sp in out]
-    out += _decode_specs()
+    out += _decode_specs() + _prefill_attention_specs()
     groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state",
-              "ssd_fused": "ssd_fused", "decode": "decode "}
+              "ssd_fused": "ssd_fused", "decode": "decode ", "prefill_attention": "prefill attention"}
     if names is None:
         return out
     unknown = names - set(groups)
@@ -217,6 +218,25 @@ def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
                  dict(consts, BLOCK_S=s, SCAN_STAGES=scan_stages(s, fr["use_cb"])), w, fr["num_stages"], types,
                  strides(ssd_fused_kernel) + ("H", "P", "N"))
             for w, s in ((fr["num_warps"], fr["BLOCK_S"]), (8, fr["BLOCK_S"]), (8, 32))]
+
+
+def _prefill_attention_specs() -> list[Spec]:
+    """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (unmasked full key blocks, the head dim
+    in chunks 64 + 16), the kernel before them (one 128-wide chunk, every block masked), and 128 × 128 blocks at 8
+    warps (timed faster, other bits: docs/performance.md)."""
+    from fastpath.kernels.attention import attention_kernel, attention_launch_rule
+    r = attention_launch_rule(80)
+    types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
+             "ml_ptr": "*fp32", "scale": "fp32"}
+    base = dict(BLOCK_M=r["BLOCK_M"], BLOCK_N=r["BLOCK_N"], BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
+                DOT_PREC="tf32", UNMASKED_FULL=r["UNMASKED_FULL"], PDL=0)
+    return [Spec(f"prefill attention {name}", attention_kernel, {**base, **c}, w, 3, types,
+                 ("D", "Hq", "stride_q_t", "stride_q_h", "stride_kc_s", "stride_kc_p", "stride_kc_h", "stride_vc_s",
+                  "stride_vc_p", "stride_vc_h", "stride_o_t", "stride_o_h"))
+            for name, c, w in (("rule", {}, r["num_warps"]),
+                               ("before (d 128, masked)", dict(BLOCK_D=128, BLOCK_D2=0, UNMASKED_FULL=False),
+                                r["num_warps"]),
+                               ("M128 N128 w8", dict(BLOCK_M=128, BLOCK_N=128), 8))]
 
 
 def _decode_specs() -> list[Spec]:
@@ -255,7 +275,8 @@ def _decode_specs() -> list[Spec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", default=None,
-                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, ssd_fused, decode (default all)")
+                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, ssd_fused, decode, prefill_attention "
+                         "(default all)")
     ap.add_argument("--arch", type=int, default=90, choices=ARCHS,
                     help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
