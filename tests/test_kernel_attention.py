@@ -263,3 +263,26 @@ def test_attention_prefill_head_dim_in_two_chunks_matches_one_chunk_and_oracle(d
         ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
                                vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
         assert rel(outs[0][cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
+
+
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_attention_split_merge_has_the_same_bits_whatever_heads_a_program_merges(device, dtype, monkeypatch):
+    """The merge of split-key partials (attention_combine) run with 1, 2 or all 4 heads a program: each head's
+    merge is its own, so the outputs are bitwise equal (a 5-token suffix and a 66-token piece over split keys)."""
+    _skip_cpu_without_interpreter(device)
+    import fastpath.kernels.attention as attn
+    Hq, Hkv, d, S, M, scale = 4, 2, 16, 2, 192, 0.3
+    gen = torch.Generator().manual_seed(29)
+    cu, slots, starts = [0, 5, 71], [1, 0], [150, 100]
+    q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
+    kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    rule0 = attn.attention_launch_rule
+    outs = []
+    for heads in (None, 1, 2):
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, h=heads: {**rule0(hd), "COMBINE_H": h})
+        outs.append(attention_prefill_varlen(q, k, v, kc0.clone(), vc0.clone(), torch.tensor(cu, device=device),
+                                             torch.tensor(slots, device=device), torch.tensor(starts, device=device),
+                                             scale, split_keys=48))
+    assert rule0(d)["COMBINE_H"] is None
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -184,10 +184,10 @@ def attention_launch_rule(head_dim: int) -> dict:
     """64 query rows and 64 keys per step, 4 warps; key blocks every row sees run without masks (UNMASKED_FULL);
     the head dim in two power-of-two chunks (BLOCK_DQ + BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's
     tile); num_stages None: Triton's default; fp_fusion (bench key, default on): the compiler may fuse a multiply
-    and an add into one FMA."""
+    and an add into one FMA; COMBINE_H (bench key): heads per program of the split merge (None: all in one)."""
     dq, d2 = head_dim_chunks(head_dim)
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq,
-                BLOCK_D2=d2, num_warps=4, UNMASKED_FULL=True, num_stages=None)
+                BLOCK_D2=d2, num_warps=4, UNMASKED_FULL=True, num_stages=None, COMBINE_H=None)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
@@ -322,7 +322,7 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         **({} if rule.get("fp_fusion", True) else {"enable_fp_fusion": False}), **pm)
     if plan.n_rows:
         combine_partials(plan.acc, plan.ml, out, meta[2 * plan.n_blk + 2 * plan.n_item + 2 * plan.n_seq:],
-                         plan.n_rows)
+                         plan.n_rows, rule.get("COMBINE_H"))
 
 
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,

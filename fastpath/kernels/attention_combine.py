@@ -20,13 +20,14 @@ def attention_combine_kernel(
     acc_ptr, ml_ptr, o_ptr, row_ptr, Hq, D, stride_o_t, stride_o_h,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (n_rows,): row_ptr holds (packed token t, first workspace row, number of splits) per row."""
+    """Grid (n_rows, cdiv(Hq, BLOCK_H)): row_ptr holds (packed token t, first workspace row, number of splits) per
+    row; a program merges BLOCK_H heads of one row (each head's merge is its own: the bits do not depend on it)."""
     pdl_enter(PDL)
     r = tl.program_id(0)
     t = tl.load(row_ptr + 3 * r).to(tl.int64)
     base = tl.load(row_ptr + 3 * r + 1).to(tl.int64)
     n = tl.load(row_ptr + 3 * r + 2)
-    h = tl.arange(0, BLOCK_H)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     mh = h < Hq
     mhd = mh[:, None] & (d < D)[None, :]
@@ -48,9 +49,12 @@ def attention_combine_kernel(
     tl.store(o_ptr + t * stride_o_t + h[:, None] * stride_o_h + d[None, :], o.to(o_ptr.dtype.element_ty), mask=mhd)
 
 
-def combine_partials(acc: Tensor, ml: Tensor, out: Tensor, rows: Tensor, n_rows: int) -> None:
-    """out[t] := the merge of workspace rows base..base+n-1 for each (t, base, n) of `rows` (int32 [3·n_rows])."""
+def combine_partials(acc: Tensor, ml: Tensor, out: Tensor, rows: Tensor, n_rows: int,
+                     heads_per_program: int | None = None) -> None:
+    """out[t] := the merge of workspace rows base..base+n-1 for each (t, base, n) of `rows` (int32 [3·n_rows]);
+    heads_per_program (a power of two; None: every head in one program) sets how many heads a program merges."""
     Hq, D = out.shape[1], out.shape[2]
-    attention_combine_kernel[(n_rows,)](
+    bh = next_pow2(Hq) if heads_per_program is None else heads_per_program
+    attention_combine_kernel[(n_rows, triton.cdiv(Hq, bh))](
         acc, ml, out, rows, Hq, D, out.stride(0), out.stride(1),
-        BLOCK_H=next_pow2(Hq), BLOCK_D=next_pow2(D, 16), num_warps=4, **pdl_meta(out.device))
+        BLOCK_H=bh, BLOCK_D=next_pow2(D, 16), num_warps=4, **pdl_meta(out.device))

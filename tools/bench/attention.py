@@ -5,7 +5,7 @@ same shape, in one run.
 
 Shapes: anchor-3b's attention (32 query heads, 8 KV heads, head dim 80, bf16): one 8,192-token piece from position
 0; the first and the last 16,384-token piece of a 131,072-token prompt (the long prefill's pieces, the last over a
-131k-key cache). Per shape and variant: median ms (triton.testing.do_bench), causal TFLOP/s (4·Hq·d per visible
+131k-key cache); a prefix-cache hit's 100-token suffix over 32,768 cached keys (split over the keys, then merged). Per shape and variant: median ms (triton.testing.do_bench), causal TFLOP/s (4·Hq·d per visible
 query-key pair), and the output against the launch rule's: bitwise or the largest |Δ|. SDPA is the peer where its
 causal mask is this one's (pieces from position 0; `enable_gqa`).
 """
@@ -38,9 +38,12 @@ VARIANTS: dict[str, dict] = {
     "m64_n128_w4": {"BLOCK_N": 128},
     "m64_n128_w8": {"BLOCK_N": 128, "num_warps": 8},
     "m128_n128_w8": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8},
+    "combine_h4": {"COMBINE_H": 4},
+    "combine_h1": {"COMBINE_H": 1},
 }
 SHAPES = (("L8192", 0, 8192, 8192), ("131k first piece", 0, 16384, 16384),
-          ("131k last piece", 131072 - 16384, 16384, 131072))
+          ("131k last piece", 131072 - 16384, 16384, 131072),
+          ("hit 100 over 32k", 32768, 100, 32868))     # a prefix-cache hit's suffix: split over the keys, merged
 
 
 def _flops(start: int, n: int) -> float:
