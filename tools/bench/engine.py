@@ -17,6 +17,8 @@
    more hit timed by stage (validate, lookup, restore, forward, sample, resolve: host and CUDA-event device
    times) and one under torch.profiler (top-10 kernels by device time, launches, syncs), printed last.
    `--prefix-cache --tiny`: the same code path on a tiny model in seconds (CPU: TRITON_INTERPRET=1), a smoke run.
+5. The long prefill (`--long-only`: only it): a 131,072-token prompt at bs1 in 16,384-token pieces, after a warm-up
+   request that compiles the kernels; time to the first token and decode time; memory predicted vs peak.
 """
 from __future__ import annotations
 
