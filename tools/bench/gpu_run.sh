@@ -162,6 +162,21 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
+# Optional: what 2026-12-06's H100 calls left to measure, for an H200 in one call (~4 min): the prefill attention's
+# rule beside the split merge with fewer heads a program and 128 x 128 blocks, the SSD row beside mamba_ssm, the
+# prefix-hit rows of both modes, the 131k prefill.
+step_pending() {
+  local rc=0
+  timeout 200 $PY -m hybridqual.bench.attention --only rule,combine_h4,combine_h1,m128_n128_w8 2>&1 | tail -n 20 \
+    > "$OUT/pending.summary" || rc=1
+  timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 || rc=1
+  cat "$OUT/pending_ssd.txt" >> "$OUT/pending.summary" 2>/dev/null
+  step_bench_prefix > /dev/null 2>&1 || rc=1
+  grep -E "^prefix cache: 100|^bucketed|first hit|warm hit" "$OUT/bench_prefix.summary" >> "$OUT/pending.summary" 2>/dev/null
+  timeout 120 $PY -m hybridqual.bench.engine --long-only 2>&1 | grep "^long prefill 131072" | tail -n 1 \
+    >> "$OUT/pending.summary" || rc=1
+  return $rc
+}
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
