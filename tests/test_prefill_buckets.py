@@ -142,18 +142,19 @@ def test_hits_of_never_seen_suffix_lengths_run_their_bucket_not_eager_and_equal_
 
 
 def test_default_mode_hits_of_never_seen_suffix_lengths_run_their_bucket_and_equal_cache_off_bitwise():
-    """CPU, the default model (its projections' bits depend on M, `_MDependentModel`): the hits and the cold pieces all run their
-    bucket's kept batch, none eager; == a cache-off run with the same buckets, tokens and logits bitwise."""
+    """CPU, the default model (its projections' bits depend on M, `_MDependentModel`): the hits and the cold pieces
+    all run their bucket's kept batch, none eager; == a cache-off run with the same buckets, tokens and logits
+    bitwise."""
     b = _check(_default_model(), graphs=False).prefill_graphs
     assert b.eager == 0 and not b.seen and not b.kept
     assert b.buckets.runs == 11 and b.buckets.fallbacks == 0 and b.buckets.storing == 0
 
 
 def test_a_bucket_step_storing_checkpoints_inside_its_piece_has_the_bits_of_the_step_without_them():
-    """CPU, the default model (bits depending on M): 16-token pieces over 8-token blocks, so every cold piece stores a checkpoint inside
-    it (run eagerly through its bucket's layout) and the cache-off run's equal piece replays the bucket's kept
-    batch: tokens and logits bitwise; a later request hits the piece-end checkpoint at 32 (its piece (32, 5) is the
-    cache-off run's last piece) and one the interior checkpoint at 24."""
+    """CPU, the default model (bits depending on M): 16-token pieces over 8-token blocks, so every cold piece stores
+    a checkpoint inside it (run eagerly through its bucket's layout) and the cache-off run's equal piece replays the
+    bucket's kept batch: tokens and logits bitwise; a later request hits the piece-end checkpoint at 32 (its piece
+    (32, 5) is the cache-off run's last piece) and one the interior checkpoint at 24."""
     model = _default_model()
     a = tuple(16 + (7 * i + 3) % 48 for i in range(40))
     tail = lambda n, k: tuple(20 + (3 * j + k) % 40 for j in range(n))   # noqa: E731

@@ -56,7 +56,7 @@ def check_buckets(buckets, model, engine_config, max_len: int, prefill_graphs: b
     if buckets is None:
         return None
     name, cs = "prefill_buckets", model.config.chunk_size
-    if isinstance(buckets, str) and buckets == "default":
+    if buckets == "default":
         buckets = default_buckets(cs, min(engine_config.max_tokens_per_step, max_len - cs))
     if not isinstance(buckets, (tuple, list)) or not buckets or not all(type(b) is int for b in buckets):
         raise ArgumentError(name, f"must be None, 'default' or a non-empty tuple of ints, got {buckets!r:.80}")

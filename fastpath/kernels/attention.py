@@ -183,11 +183,11 @@ def head_dim_chunks(head_dim: int, split: bool = True) -> tuple[int, int]:
 def attention_launch_rule(head_dim: int) -> dict:
     """64 query rows and 64 keys per step, 4 warps; key blocks every row sees run without masks (UNMASKED_FULL);
     the head dim in two power-of-two chunks (BLOCK_DQ + BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's
-    tile); num_stages None: Triton's default; fp_fusion (bench key, default on): the compiler may fuse a multiply
-    and an add into one FMA; COMBINE_H (bench key): heads per program of the split merge (None: all in one)."""
+    tile); num_stages None: Triton's default; fp_fusion (on; a bench key): the compiler may fuse a multiply and an
+    add into one FMA; COMBINE_H (a bench key): heads per program of the split merge (None: all in one)."""
     dq, d2 = head_dim_chunks(head_dim)
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq,
-                BLOCK_D2=d2, num_warps=4, UNMASKED_FULL=True, num_stages=None, COMBINE_H=None)
+                BLOCK_D2=d2, num_warps=4, UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=None)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
@@ -316,13 +316,13 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         q, k_cache, v_cache, out, meta, cu, slot, start, plan.acc, plan.ml, float(scale), Hq // Hkv, D, Hq,
         plan.n_blk, plan.n_item, cu.shape[0] - 1, plan.chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
-        BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule.get("BLOCK_DQ", rule["BLOCK_D"]),
-        BLOCK_D2=rule.get("BLOCK_D2", 0), DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule.get("UNMASKED_FULL", True), num_warps=rule["num_warps"],
-        **({} if rule.get("num_stages") is None else {"num_stages": rule["num_stages"]}),
-        **({} if rule.get("fp_fusion", True) else {"enable_fp_fusion": False}), **pm)
+        BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_DQ"], BLOCK_D2=rule["BLOCK_D2"],
+        DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule["UNMASKED_FULL"], num_warps=rule["num_warps"],
+        **({} if rule["num_stages"] is None else {"num_stages": rule["num_stages"]}),
+        **({} if rule["fp_fusion"] else {"enable_fp_fusion": False}), **pm)
     if plan.n_rows:
         combine_partials(plan.acc, plan.ml, out, meta[2 * plan.n_blk + 2 * plan.n_item + 2 * plan.n_seq:],
-                         plan.n_rows, rule.get("COMBINE_H"))
+                         plan.n_rows, rule["COMBINE_H"])
 
 
 def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,

@@ -5,9 +5,10 @@ same shape, in one run.
 
 Shapes: anchor-3b's attention (32 query heads, 8 KV heads, head dim 80, bf16): one 8,192-token piece from position
 0; the first and the last 16,384-token piece of a 131,072-token prompt (the long prefill's pieces, the last over a
-131k-key cache); a prefix-cache hit's 100-token suffix over 32,768 cached keys (split over the keys, then merged). Per shape and variant: median ms (triton.testing.do_bench), causal TFLOP/s (4·Hq·d per visible
-query-key pair), and the output against the launch rule's: bitwise or the largest |Δ|. SDPA is the peer where its
-causal mask is this one's (pieces from position 0; `enable_gqa`).
+131k-key cache); a prefix-cache hit's 100-token suffix over 32,768 cached keys (split over the keys, then merged).
+Per shape and variant: median ms (triton.testing.do_bench), causal TFLOP/s (4·Hq·d per visible query-key pair),
+and the output against the launch rule's: bitwise or the largest |Δ|. SDPA is the peer where its causal mask is
+this one's (pieces from position 0; `enable_gqa`).
 """
 from __future__ import annotations
 

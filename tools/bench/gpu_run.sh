@@ -169,10 +169,12 @@ step_pending() {
   local rc=0
   timeout 200 $PY -m hybridqual.bench.attention --only rule,combine_h4,combine_h1,m128_n128_w8 2>&1 | tail -n 20 \
     > "$OUT/pending.summary" || rc=1
-  timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 || rc=1
+  timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 \
+    || rc=1
   cat "$OUT/pending_ssd.txt" >> "$OUT/pending.summary" 2>/dev/null
   step_bench_prefix > /dev/null 2>&1 || rc=1
-  grep -E "^prefix cache: 100|^bucketed|first hit|warm hit" "$OUT/bench_prefix.summary" >> "$OUT/pending.summary" 2>/dev/null
+  grep -E "^prefix cache: 100|^bucketed|first hit|warm hit" "$OUT/bench_prefix.summary" \
+    >> "$OUT/pending.summary" 2>/dev/null
   timeout 120 $PY -m hybridqual.bench.engine --long-only 2>&1 | grep "^long prefill 131072" | tail -n 1 \
     >> "$OUT/pending.summary" || rc=1
   return $rc

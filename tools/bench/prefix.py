@@ -221,17 +221,17 @@ def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, bl
     from fastpath.engine.engine import engine_class
     from fastpath.engine.prefill_buckets import default_buckets
     from oracle.trace import PrefixCacheConfig
-    bi = model.with_options(batch_invariant=batch_invariant)
-    cls, cs = engine_class(bi.options), model.config.chunk_size
+    m = model.with_options(batch_invariant=batch_invariant)
+    cls, cs = engine_class(m.options), model.config.chunk_size
     buckets = default_buckets(cs, min(512, chunk))
     top = buckets[-1] - 1                                    # longest suffix a bucket serves
     lengths = [n for n in dict.fromkeys((min(suffix + 7, top), max(1, suffix // 2 + 1), min(3 * suffix, top)))]
     max_len = max(max_len, len(prefix) + max(lengths) + 8, buckets[-1] + cs)
     ec = EngineConfig(1, chunk, chunk, "legacy", prefix_cache=PrefixCacheConfig(block, 2))
     t0 = time.perf_counter()
-    eng = cls(bi, ec, max_len=max_len, prefill_graphs=True, prefill_buckets=buckets)
+    eng = cls(m, ec, max_len=max_len, prefill_graphs=True, prefill_buckets=buckets)
     build_s = time.perf_counter() - t0
-    eager = cls(bi, ec, max_len=max_len)
+    eager = cls(m, ec, max_len=max_len)
     for e in (eng, eager):
         _ttft(e, "cold", prefix + tail(0))                   # stores the checkpoints; its last piece: `suffix`
     cold_eager = eng.prefill_graphs.eager                   # the cold request's long pieces (no bucket)
@@ -243,8 +243,8 @@ def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, bl
     pg = eng.prefill_graphs
     b = pg.buckets
     med = lambda ts: sorted(ts)[len(ts) // 2]   # noqa: E731
-    res = {"mode": "batch-invariant" if batch_invariant else "default", "buckets": list(buckets), "lengths": lengths, "build_s": build_s, "ttft_first_s": first,
-           "ttft_warm_s": warm, "ttft_warm_med_s": med(warm), "ttft_eager_s": ehit, "ttft_eager_med_s": med(ehit),
+    res = {"mode": "batch-invariant" if batch_invariant else "default", "buckets": list(buckets), "lengths": lengths,
+           "build_s": build_s, "ttft_first_s": first, "ttft_warm_s": warm, "ttft_warm_med_s": med(warm), "ttft_eager_s": ehit, "ttft_eager_med_s": med(ehit),
            "counts": {"runs": b.runs, "replays": b.replays, "captures": b.captures, "fallbacks": b.fallbacks,
                       "storing": b.storing, "eager_hits": pg.eager - cold_eager + b.storing - cold_storing},
            "nbytes": b.nbytes()}
@@ -295,7 +295,7 @@ def prefix_lines(r: dict) -> list[str]:
 def _bucket_section(out: list[str], d: dict, ms, mib) -> None:
     """One bucket_hits result: the ratio against the goal, then each first hit, the warm and the eager hit."""
     _section(out, d, "bucketed prefill graphs",
-             lambda d: f"bucketed prefill graphs ({d.get('mode', 'batch-invariant')} model, buckets {d['buckets']}, "
+             lambda d: f"bucketed prefill graphs ({d['mode']} model, buckets {d['buckets']}, "
                        f"built + captured in {d['build_s']:.2f} s, {mib(d['nbytes'])}): first hit of a never-seen "
                        f"suffix length vs a warm hit -> {d['ratio']:.2f}x (goal <= 2x); counts {d['counts']}",
              lambda d: [f"  first hit, suffix {n:5d} (never seen): {1e3 * t:9.2f} ms"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from hybridqual.mutants.runner import Mutant
 from hybridqual.mutants.zoo_paths import (ENGINE, MODEL, K, PC, BANK, ORACLE_PC, T_PC_TRACES, T_PC_POOL, T_PC_LOOKUP,
-                                         T_PC_LATE, T_PC_INERT, T_PC_INSIDE_BITS, T_PC_INSIDE_HYBRID, PB, PG, T_PB_PADDED,
-                                         T_PB_STORING)
+                                         T_PC_LATE, T_PC_INERT, T_PC_INSIDE_BITS, T_PC_INSIDE_HYBRID, PB, PG,
+                                         T_PB_PADDED, T_PB_STORING)
 
 
 _RESTORE = "            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)\n"
