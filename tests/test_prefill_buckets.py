@@ -210,6 +210,8 @@ def test_prefill_buckets_are_checked():
     assert default_buckets(8, 40) == (8, 16, 32) and default_buckets(256, 512) == (256, 512)
     eng = Engine(bi, cfg, max_len=36, prefill_graphs=True, prefill_buckets="default")   # budget 32, max_len - 8 = 28
     assert eng.prefill_graphs.buckets.buckets == (8, 16)
+    eng = Engine(bi, cfg, max_len=12, prefill_graphs=True, prefill_buckets="default")   # max_len - 8 = 4: no bucket
+    assert eng.prefill_graphs.buckets is None
 
 
 @pytest.mark.gpu

@@ -68,10 +68,10 @@ class Engine:
         bucket shapes eagerly (the bitwise reference for graphs, and the pad-row path on CPU); prefill_graphs: a
         short prefill-only step shape seen before (a prefix-cache hit's suffix) replays a CUDA graph
         (fastpath/engine/prefill_graphs.py; on CPU its kept-batch path runs eagerly); prefill_buckets (None: off;
-        "default": chunk size · 1, 2, 4, … within the step budget; the Triton backend): one-piece prefill-only
-        steps padded to these token counts, built (captured) here, so a hit of any suffix length below the largest,
-        at any start and slot, is never eager; in the default mode a padded step's bits are its bucket's
-        (fastpath/engine/prefill_buckets.py)."""
+        "default": chunk size · 1, 2, 4, … within the step budget and max_len, none if none fits; the Triton
+        backend): one-piece prefill-only steps padded to these token counts, built (captured) here, so a hit of any
+        suffix length below the largest, at any start and slot, is never eager; in the default mode a padded step's
+        bits are its bucket's (fastpath/engine/prefill_buckets.py)."""
         engine_config = check_engine_args(model, engine_config, max_len, graphs, pad_decode)  # before allocating
         _flag("prefill_graphs", prefill_graphs)
         from .prefill_buckets import check_buckets

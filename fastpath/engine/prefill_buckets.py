@@ -50,14 +50,17 @@ def default_buckets(chunk_size: int, max_tokens: int) -> tuple[int, ...]:
 
 
 def check_buckets(buckets, model, engine_config, max_len: int, prefill_graphs: bool) -> tuple[int, ...] | None:
-    """None, "default" (`default_buckets` up to the step budget and max_len - chunk size), or rising ints >= 2,
-    multiples of the chunk size, within the step budget and max_len, on the Triton backend. Errors name
-    `prefill_buckets`."""
+    """None, "default" (the `default_buckets` within the step budget and max_len - chunk size; None when not even
+    one chunk fits), or rising ints >= 2, multiples of the chunk size, within the step budget and max_len, on the
+    Triton backend. Errors name `prefill_buckets`."""
     if buckets is None:
         return None
     name, cs = "prefill_buckets", model.config.chunk_size
     if buckets == "default":
-        buckets = default_buckets(cs, min(engine_config.max_tokens_per_step, max_len - cs))
+        top = min(engine_config.max_tokens_per_step, max_len - cs)
+        buckets = tuple(b for b in default_buckets(cs, top) if b <= top)
+        if not buckets:
+            return None
     if not isinstance(buckets, (tuple, list)) or not buckets or not all(type(b) is int for b in buckets):
         raise ArgumentError(name, f"must be None, 'default' or a non-empty tuple of ints, got {buckets!r:.80}")
     if not prefill_graphs:
