@@ -348,7 +348,8 @@ class FastModel:
                 and b.ids.shape[0] > b.n_dec):
             kc, _ = bank.kv(c.attention_layer_ids[0])
             b.attn_plan = ops.attention_prefill_plan(b.pre_cu_host, b.pre_slot_host, b.pre_start_host, kc.shape[0],
-                                                     kc.shape[1], c.n_attn_heads, c.attn_head_dim, kc.device)
+                                                     kc.shape[1], c.n_attn_heads, c.attn_head_dim, kc.device,
+                                                     dtype=kc.dtype)
         return b
 
     def forward(self, b: StepBatch, bank: StateBank) -> Tensor:

@@ -37,6 +37,7 @@ def main() -> int:
         chosen = [s for s in specs({"gemv_rows", "gemv", "decode"}) if "attention" not in s.name]  # not asserted
         rows = [report(s) for s in chosen + [probe]]
         rows += fused_scan_loops()
+        rows += attention_shared_memory()
     except SassError as e:
         print(json.dumps({"skip": str(e)}))
         return 0
@@ -60,6 +61,25 @@ def fused_scan_loops() -> list[dict]:
         end = next(i for i in range(start + 1, len(lines)) if re.match(r"\s{4}\}", lines[i]))
         out.append({"kernel": name, "async_copies": sum("async_copy_global_to_local" in line
                                                         for line in lines[start:end])})
+    return out
+
+
+def attention_shared_memory() -> list[dict]:
+    """The prefill attention's dynamic shared memory at its launch rule for bf16 and fp32 inputs (head dims 80 and
+    128), and at 128 × 128 blocks with fp32 inputs (the control: what the rule must not pick, over the limit)."""
+    from fastpath.kernels.attention import attention_kernel, attention_launch_rule
+    out = []
+    for dt, d, force in (("bf16", 80, None), ("bf16", 128, None), ("fp32", 80, None), ("fp32", 128, None),
+                         ("fp32", 80, (128, 128, 8))):
+        r = attention_launch_rule(d, 2 if dt == "bf16" else 4)
+        bm, bn, w = force or (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"])
+        types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
+                 "ml_ptr": "*fp32", "scale": "fp32", **{p: "*" + dt for p in ("q_ptr", "kc_ptr", "vc_ptr", "o_ptr")}}
+        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
+                      DOT_PREC="tf32" if dt == "fp32" else "ieee", UNMASKED_FULL=True, PDL=0)
+        k = compile_spec(Spec("attention", attention_kernel, consts, w, 3, types))
+        out.append({"kernel": f"prefill attention {dt} d{d}{' M128 N128 w8' if force else ''}",
+                    "shared": k.metadata.shared})
     return out
 
 

@@ -107,6 +107,22 @@ def test_attention_rejects_bad_inputs_naming_the_field():
                                  torch.tensor([0, 0]), 1.0)
 
 
+def test_attention_plan_keys_its_tiles_on_the_dtype_and_refuses_another():
+    """The launch rule's tiles depend on the element size (128 × 128 for bf16 would overflow an H100's shared memory
+    in fp32): a plan built for bf16 passed to an fp32 call raises KernelInputError naming dtype, not a launch error."""
+    import fastpath.kernels.attention as attn
+    assert attn.attention_launch_rule(80, 2)["BLOCK_N"] == 128 and attn.attention_launch_rule(80, 4)["BLOCK_N"] == 64
+    q, k = torch.randn(4, 4, 16), torch.randn(4, 2, 16)
+    kc = torch.zeros(3, 8, 2, 16)
+    plan = attn.attention_prefill_plan([0, 4], [1], [0], 3, 8, 4, 16, "cpu", dtype=torch.bfloat16)
+    assert plan.rule["BLOCK_M"] == 128
+    with pytest.raises(KernelInputError, match="dtype"):
+        attention_prefill_varlen(q, k, k, kc, kc.clone(), torch.tensor([0, 4]), torch.tensor([1]), torch.tensor([0]),
+                                 1.0, plan=plan)
+    plan = attn.attention_prefill_plan([0, 4], [1], [0], 3, 8, 4, 16, "cpu", dtype=torch.float32)
+    assert plan.rule["BLOCK_M"] == 64
+
+
 @pytest.mark.parametrize("rot", ["none", "partial", "full"])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_attention_decode_split_context_with_rope_matches_oracle(device, dtype, rot):
@@ -197,33 +213,37 @@ def test_attention_prefill_split_over_keys_matches_unsplit_and_oracle(device, dt
     assert torch.equal(again, torch.cat([split[cu[3]:cu[4]], split[cu[0]:cu[1]]])), "repacked run differs"
 
 
-@pytest.mark.parametrize("split_keys", [None, 128], ids=["whole", "split"])
+@pytest.mark.parametrize("blocks", [(64, 64, 4), (128, 128, 8)], ids=["b64", "b128"])
+@pytest.mark.parametrize("split_keys", [None, 2], ids=["whole", "split"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop(device, dtype, split_keys,
+def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop(device, dtype, split_keys, blocks,
                                                                                  monkeypatch):
     """The key blocks every query row of a block sees run without the key and causal masks (UNMASKED_FULL); the
     blocks run in the same order, so the output is bitwise the masked loop's: pieces from 0 and mid-context, query
-    blocks with 0, 1 and 2 full key blocks, a start one key short of a block edge, unsplit and split over the keys
-    (128-key splits)."""
+    blocks with 0, 1 and 2 full key blocks, a start two keys short of a block edge, unsplit and split over the keys
+    (splits of two key blocks), at the launch rule's block shape and the 64 × 64 one."""
     _skip_cpu_without_interpreter(device)
     import fastpath.kernels.attention as attn
-    Hq, Hkv, d, S, M, scale = 4, 2, 16, 3, 320, 0.3
+    bm, bn, warps = blocks
+    rule0 = attn.attention_launch_rule
+    assert rule0(16)["UNMASKED_FULL"] and (rule0(16)["BLOCK_M"], rule0(16)["BLOCK_N"]) in ((64, 64), (128, 128))
+    Hq, Hkv, d, S, M, scale = 4, 2, 16, 3, 5 * bn, 0.3
     gen = torch.Generator().manual_seed(17)
-    pieces = [(0, 0, 150), (2, 100, 166), (1, 126, 40)]          # (slot, start, length); 126: the edge case
-    cu = [0, 150, 316, 356]                                        # where one more key block would be unmasked
+    pieces = [(0, 0, 2 * bn + 22), (2, bn + 36, 2 * bn + 38), (1, 2 * bn - 2, 40)]   # (slot, start, length);
+    cu = [0, 2 * bn + 22, 4 * bn + 60, 4 * bn + 100]     # 2·bn − 2: where one more key block would be unmasked
+    split_keys = split_keys and split_keys * bn
     q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
     kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
     vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
-    rule0 = attn.attention_launch_rule
     outs = []
     for unmasked in (True, False):
-        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, u=unmasked: {**rule0(hd), "UNMASKED_FULL": u})
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, u=unmasked: {
+            **rule0(hd, eb), "UNMASKED_FULL": u, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps})
         kc, vc = kc0.clone(), vc0.clone()
         outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
                                              torch.tensor([p[0] for p in pieces], device=device),
                                              torch.tensor([p[1] for p in pieces], device=device), scale,
                                              split_keys=split_keys))
-    assert rule0(d)["UNMASKED_FULL"] and rule0(d)["BLOCK_N"] == 64
     assert torch.equal(outs[0], outs[1])
 
 
@@ -249,8 +269,8 @@ def test_attention_prefill_head_dim_in_two_chunks_matches_one_chunk_and_oracle(d
     outs, caches = [], []
     for split_d in (True, False):
         dq, d2 = attn.head_dim_chunks(d, split_d)
-        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, a=dq, b=d2: {**rule0(hd), "BLOCK_DQ": a,
-                                                                                  "BLOCK_D2": b})
+        monkeypatch.setattr(attn, "attention_launch_rule",
+                            lambda hd, eb=2, a=dq, b=d2: {**rule0(hd, eb), "BLOCK_DQ": a, "BLOCK_D2": b})
         kc, vc = kc0.clone(), vc0.clone()
         outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
                                              torch.tensor([p[0] for p in pieces], device=device),
@@ -280,9 +300,9 @@ def test_attention_split_merge_has_the_same_bits_whatever_heads_a_program_merges
     rule0 = attn.attention_launch_rule
     outs = []
     for heads in (None, 1, 2):
-        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, h=heads: {**rule0(hd), "COMBINE_H": h})
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, h=heads: {**rule0(hd, eb), "COMBINE_H": h})
         outs.append(attention_prefill_varlen(q, k, v, kc0.clone(), vc0.clone(), torch.tensor(cu, device=device),
                                              torch.tensor(slots, device=device), torch.tensor(starts, device=device),
                                              scale, split_keys=48))
-    assert rule0(d)["COMBINE_H"] is None
+    assert rule0(d)["COMBINE_H"] == 1
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -1,7 +1,7 @@
 """Static properties of compiled kernels, checked on a CPU machine (tools/bench/sass.py: sm_90 SASS from Triton's
 own ptxas): the few-row GEMV streams its weights with no spill and no shared-memory round trip or barrier in its
 K loop, at every row count and both launch rules — and the checker does see such a round trip where one exists;
-the decode step's GEMVs and state kernels do not spill."""
+the decode step's GEMVs and state kernels do not spill; the prefill attention's rule fits the shared memory."""
 from __future__ import annotations
 
 import json
@@ -59,3 +59,15 @@ def test_fused_ssd_scan_loop_is_not_pipelined_below_64_token_sub_chunks(reports)
     2 stages, has async copies: the check sees pipelining where there is some."""
     assert reports["ssd_fused scan loop S32"]["async_copies"] == 0
     assert reports["ssd_fused scan loop S32 control"]["async_copies"] > 0
+
+
+def test_prefill_attention_rule_fits_hopper_shared_memory_in_bf16_and_fp32(reports):
+    """The prefill attention's launch rule (128 × 128 blocks for 2-byte inputs, 64 × 64 for fp32) fits the 227 KiB
+    an sm_90 block may use, at head dims 80 and 128; the control, fp32 at 128 × 128, does not (it failed on an H100
+    with OutOfResources before the rule keyed on the element size)."""
+    limit = 232448
+    for dt in ("bf16", "fp32"):
+        for d in (80, 128):
+            assert 0 < reports[f"prefill attention {dt} d{d}"]["shared"] <= limit, (dt, d)
+    assert reports["prefill attention fp32 d80 M128 N128 w8"]["shared"] > limit
+

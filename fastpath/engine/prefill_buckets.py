@@ -97,7 +97,7 @@ class BucketGraphs:
         self.capture = capture and model.device.type == "cuda"
         self.max_len, self.n_slots = bank.max_len, bank.ssm_state.shape[1]
         c = model.config
-        self.rule = attention_launch_rule(c.attn_head_dim)
+        self.rule = attention_launch_rule(c.attn_head_dim, model.dtype.itemsize)
         self.key_chunk = attention_split_rule(self.max_len)
         self.splits = max(1, -(-self.max_len // self.key_chunk))
         self.entries: dict[int, dict] = {}
@@ -177,7 +177,7 @@ class BucketGraphs:
         m = torch.tensor(meta, dtype=torch.int32, device=dev)
         return AttentionPlan(tuple(sb.pre_cu_host), tuple(sb.pre_slot_host), tuple(sb.pre_start_host), self.n_slots,
                              self.max_len, c.n_attn_heads, c.attn_head_dim, self.key_chunk, self.rule, NB, NI, NR, m,
-                             *self.workspace)
+                             *self.workspace, self.model.dtype)
 
     def prepare(self) -> None:
         """Build every bucket's kept batch now (a layout whose pieces are all slot -1: nothing in the bank is read

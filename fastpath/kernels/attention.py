@@ -180,14 +180,18 @@ def head_dim_chunks(head_dim: int, split: bool = True) -> tuple[int, int]:
     return first, (next_pow2(head_dim - first, 16) if head_dim > first else 0)
 
 
-def attention_launch_rule(head_dim: int) -> dict:
-    """64 query rows and 64 keys per step, 4 warps; key blocks every row sees run without masks (UNMASKED_FULL);
-    the head dim in two power-of-two chunks (BLOCK_DQ + BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's
-    tile); num_stages None: Triton's default; fp_fusion (on; a bench key): the compiler may fuse a multiply and an
-    add into one FMA; COMBINE_H (a bench key): heads per program of the split merge (None: all in one)."""
+def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
+    """128 query rows and 128 keys per step at 8 warps for 2-byte inputs with head dims up to 128; 64 × 64 at 4
+    warps otherwise (64 × 32 above 128: fp32's tf32 tiles need 1.8–2× the shared memory of 128-wide bf16 ones); key
+    blocks every row sees run without masks (UNMASKED_FULL); the head dim in two power-of-two chunks (BLOCK_DQ +
+    BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's tile); num_stages None: Triton's default; fp_fusion (on;
+    a bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the
+    split merge (1; None: all in one program; the merge's bits do not depend on it)."""
     dq, d2 = head_dim_chunks(head_dim)
-    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq,
-                BLOCK_D2=d2, num_warps=4, UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=None)
+    big = head_dim <= 128 and elem_bytes <= 2
+    return dict(BLOCK_M=128 if big else 64, BLOCK_N=128 if big else 64 if head_dim <= 128 else 32,
+                BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq, BLOCK_D2=d2, num_warps=8 if big else 4,
+                UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=1)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
@@ -265,6 +269,7 @@ class AttentionPlan:
     meta: Tensor           # int32: the split plan's blocks and items | the merge rows (t, base, n)
     acc: Tensor
     ml: Tensor
+    dtype: torch.dtype     # q's and the caches' (the launch rule's tiles depend on its size)
 
     @property
     def n_seq(self) -> int:
@@ -272,9 +277,11 @@ class AttentionPlan:
 
 
 def attention_prefill_plan(cu_seqlens, slot, start_pos, n_slots: int, max_len: int, n_heads: int, head_dim: int,
-                           device: torch.device | str, split_keys: int | None = None) -> AttentionPlan:
+                           device: torch.device | str, split_keys: int | None = None,
+                           dtype: torch.dtype = torch.bfloat16) -> AttentionPlan:
     """The AttentionPlan of a packed prefill call from its host lists (or small tensors, read back once):
-    cu_seqlens rising from 0, slots -1 or distinct inside the bank of n_slots, every sequence inside max_len."""
+    cu_seqlens rising from 0, slots -1 or distinct inside the bank of n_slots, every sequence inside max_len;
+    dtype: q's and the caches' (the call's must equal it)."""
     op, dev = OP_PREFILL, torch.device(device)
     cu, sl, sp = (host_ints(op, n, t) for n, t in (("cu_seqlens", cu_seqlens), ("slot", slot),
                                                    ("start_pos", start_pos)))
@@ -291,7 +298,7 @@ def attention_prefill_plan(cu_seqlens, slot, start_pos, n_slots: int, max_len: i
                                    f"does not fit the cache's max_len {max_len}")
     if split_keys is not None and split_keys < 1:
         raise KernelInputError(f"{op}: `split_keys`={split_keys} must be >= 1")
-    rule = attention_launch_rule(head_dim)
+    rule = attention_launch_rule(head_dim, dtype.itemsize)
     chunk = split_keys or attention_split_rule(max_len)
     plan = split_plan(cu, sp, sl, rule["BLOCK_M"], chunk)
     host = torch.tensor(plan["meta"] + plan["rows"], dtype=torch.int32)
@@ -299,7 +306,7 @@ def attention_prefill_plan(cu_seqlens, slot, start_pos, n_slots: int, max_len: i
     acc = torch.empty(max(plan["part_rows"], 1) * n_heads * head_dim, dtype=torch.float32, device=dev)
     ml = torch.empty(max(plan["part_rows"], 1) * n_heads * 2, dtype=torch.float32, device=dev)
     return AttentionPlan(tuple(cu), tuple(sl), tuple(sp), n_slots, max_len, n_heads, head_dim, chunk, rule,
-                         plan["n_blk"], plan["n_item"], len(plan["rows"]) // 3, meta, acc, ml)
+                         plan["n_blk"], plan["n_item"], len(plan["rows"]) // 3, meta, acc, ml, dtype)
 
 
 def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: AttentionPlan, scale) -> None:
@@ -348,12 +355,12 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
             raise KernelInputError(f"{op}: `host` lists have lengths {tuple(map(len, host))}, expected "
                                    f"{(n_seq + 1, n_seq, n_seq)} (cu_seqlens, slot, start_pos)")
         plan = attention_prefill_plan(*(host if host is not None else (cu_seqlens, slot, start_pos)),
-                                      k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev, split_keys)
+                                      k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev, split_keys, q.dtype)
     else:
-        got = (plan.n_seq, plan.n_slots, plan.max_len, plan.n_heads, plan.head_dim, plan.meta.device)
-        want = (n_seq, k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev)
+        got = (plan.n_seq, plan.n_slots, plan.max_len, plan.n_heads, plan.head_dim, plan.meta.device, plan.dtype)
+        want = (n_seq, k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev, q.dtype)
         if got != want or (split_keys is not None and split_keys != plan.chunk):
-            raise KernelInputError(f"{op}: `plan` was built for (sequences, slots, max_len, heads, head_dim, device) "
+            raise KernelInputError(f"{op}: `plan` was built for (sequences, slots, max_len, heads, head_dim, device, dtype) "
                                    f"{got}, this call has {want}")
     if plan.cu[-1] != T:
         raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}")

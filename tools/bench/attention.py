@@ -23,6 +23,8 @@ HQ, HKV, HD = 32, 8, 80
 # name -> updates of attention_launch_rule(80); "rule": the rule as it is
 VARIANTS: dict[str, dict] = {
     "rule": {},
+    "m64_n64_w4": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "COMBINE_H": None},   # the rule before 2026-12-06
+    "combine_all": {"COMBINE_H": None},
     "masked": {"UNMASKED_FULL": False},
     "one_chunk": {"BLOCK_DQ": 128, "BLOCK_D2": 0},
     "one_chunk_masked": {"BLOCK_DQ": 128, "BLOCK_D2": 0, "UNMASKED_FULL": False},
@@ -69,7 +71,7 @@ def run(only: list[str] | None = None) -> list[dict]:
             args = tuple(torch.tensor(x, device=dev) for x in host)
             ref = None
             for name in names:
-                attn.attention_launch_rule = lambda hd, u=VARIANTS[name]: {**rule0(hd), **u}
+                attn.attention_launch_rule = lambda hd, eb=2, u=VARIANTS[name]: {**rule0(hd, eb), **u}
                 out = torch.empty_like(q)
                 call = lambda: attn.attention_prefill_varlen(q, k, v, kc, vc, *args, HD ** -0.5, out=out,  # noqa
                                                              host=host)
