@@ -179,6 +179,27 @@ step_pending() {
     >> "$OUT/pending.summary" || rc=1
   return $rc
 }
+# The speed figures of docs/performance.md's targets in one run, each beside its peer or roofline of the same run:
+# SSD prefill beside mamba_ssm, prefill attention beside SDPA, bs1 decode beside the copy roofline, speculation at
+# k = 2 (upper bound, drafts forced right, 0% acceptance with backoff 64), prefix hits, the 131k prefill (~8 min).
+step_speed() {
+  local rc=0 tmp s="$OUT/speed.summary"
+  tmp=$(mktemp -d)
+  : > "$s"
+  timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$tmp/ssd.txt" > /dev/null 2>&1 || rc=1
+  cat "$tmp/ssd.txt" >> "$s" 2>/dev/null
+  timeout 120 $PY -m hybridqual.bench.attention --only rule 2>&1 | grep -E "^(device|L8192|131k)" >> "$s" || rc=1
+  timeout 180 $PY -m hybridqual.bench.engine --bs1-only 2>&1 | grep -E "^anchor-3b|^bs1 async +graphs=on" >> "$s" \
+    || rc=1
+  timeout 240 $PY -m hybridqual.bench.engine --spec --spec-k 2 --spec-rows upper_bound,draft_right,draft_backoff \
+    --spec-backoff 64 --summary "$tmp/spec.txt" > /dev/null 2>&1 || rc=1
+  cat "$tmp/spec.txt" >> "$s" 2>/dev/null
+  step_bench_prefix > /dev/null 2>&1 || rc=1
+  grep -E "^prefix cache: 100|^bucketed" "$OUT/bench_prefix.summary" >> "$s" 2>/dev/null
+  timeout 120 $PY -m hybridqual.bench.engine --long-only 2>&1 | grep "^long prefill 131072" | tail -n 1 >> "$s" || rc=1
+  rm -rf "$tmp"
+  return $rc
+}
 STEPS=${STEPS:-$DEFAULT_STEPS}
 declare -a SUMMARY=()
 
