@@ -285,6 +285,39 @@ def test_attention_prefill_head_dim_in_two_chunks_matches_one_chunk_and_oracle(d
         assert rel(outs[0][cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
 
 
+@pytest.mark.parametrize("split_keys", [None, 48], ids=["whole", "split"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_attention_prefill_base_2_exponentials_match_the_rule_and_oracle(device, dtype, split_keys, monkeypatch):
+    """Bench key EXP2 (log2 e folded into the scale, exp2 for the weights; the split partials' max stored back in
+    natural units for the merge): outputs vs the rule's within rounding and vs fp64 attention, unsplit and split."""
+    _skip_cpu_without_interpreter(device)
+    import fastpath.kernels.attention as attn
+    Hq, Hkv, d, S, M, scale = 4, 2, 16, 3, 192, 0.3
+    gen = torch.Generator().manual_seed(31)
+    pieces = [(0, 0, 70), (2, 100, 5), (1, 60, 66)]                       # (slot, start, length)
+    cu = [0, 70, 75, 141]
+    q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
+    kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
+    rule0 = attn.attention_launch_rule
+    assert rule0(d)["EXP2"] is False
+    outs, caches = [], []
+    for exp2 in (True, False):
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, e=exp2: {**rule0(hd, eb), "EXP2": e})
+        kc, vc = kc0.clone(), vc0.clone()
+        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
+                                             torch.tensor([p[0] for p in pieces], device=device),
+                                             torch.tensor([p[1] for p in pieces], device=device), scale,
+                                             split_keys=split_keys))
+        caches.append((kc, vc))
+    assert rel(outs[0], outs[1]) < REL[dtype]
+    kc, vc = caches[0]
+    for i, (s, st, n) in enumerate(pieces):
+        ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
+                               vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
+        assert rel(outs[0][cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
+
+
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_attention_split_merge_has_the_same_bits_whatever_heads_a_program_merges(device, dtype, monkeypatch):
     """The merge of split-key partials (attention_combine) run with 1, 2 or all 4 heads a program: each head's

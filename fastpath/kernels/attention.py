@@ -62,11 +62,16 @@ def _scores(q, q2, k_ptrs, k2_ptrs, k_mask, k2_mask, BLOCK_D2: tl.constexpr, DOT
 
 
 @triton.jit
-def _online_softmax(sc, m_i, l_i):
-    """One key block of the online softmax: the new running max and sum, the old output's factor, the weights."""
+def _online_softmax(sc, m_i, l_i, EXP2: tl.constexpr = False):
+    """One key block of the online softmax: the new running max and sum, the old output's factor, the weights.
+    EXP2: the scores are in base-2 units (the scale carries log2 e), so the weights are powers of two."""
     m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(sc - m_new[:, None])
+    if EXP2:
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+    else:
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
     return m_new, l_i * alpha + tl.sum(p, axis=1), alpha, p
 
 
@@ -84,7 +89,7 @@ def attention_kernel(
     stride_q_t, stride_q_h, stride_kc_s, stride_kc_p, stride_kc_h, stride_vc_s, stride_vc_p, stride_vc_h,
     stride_o_t, stride_o_h,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
-    DOT_PREC: tl.constexpr, UNMASKED_FULL: tl.constexpr, PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, UNMASKED_FULL: tl.constexpr, PDL: tl.constexpr, EXP2: tl.constexpr = False,
 ):
     """Grid (n_items, Hq): flash-style online softmax of one query block over keys [lo, hi) of the slot's cache.
     meta (int32): blk_seq, blk_q0 [n_blk] | item_blk, item_split [n_item] | part_base, n_split [n_seq]. Split -1:
@@ -135,7 +140,7 @@ def attention_kernel(
         krow, vrow = kbase + offs_n[:, None] * stride_kc_p, vbase + offs_n[:, None] * stride_vc_p
         sc = _scores(q, q2, krow + d[None, :], krow + d2[None, :], md[None, :], md2[None, :], BLOCK_D2,
                      DOT_PREC) * scale
-        m_i, l_i, alpha, p = _online_softmax(sc, m_i, l_i)
+        m_i, l_i, alpha, p = _online_softmax(sc, m_i, l_i, EXP2)
         acc = _weighted_values(acc, alpha, p, vrow + d[None, :], md[None, :], DOT_PREC)
         if BLOCK_D2 > 0:
             acc2 = _weighted_values(acc2, alpha, p, vrow + d2[None, :], md2[None, :], DOT_PREC)
@@ -147,7 +152,7 @@ def attention_kernel(
         sc = _scores(q, q2, krow + d[None, :], krow + d2[None, :], mn[:, None] & md[None, :],
                      mn[:, None] & md2[None, :], BLOCK_D2, DOT_PREC)
         sc = tl.where(vis, sc, float("-inf")) * scale
-        m_i, l_i, alpha, p = _online_softmax(sc, m_i, l_i)
+        m_i, l_i, alpha, p = _online_softmax(sc, m_i, l_i, EXP2)
         acc = _weighted_values(acc, alpha, p, vrow + d[None, :], mn[:, None] & md[None, :], DOT_PREC)
         if BLOCK_D2 > 0:
             acc2 = _weighted_values(acc2, alpha, p, vrow + d2[None, :], mn[:, None] & md2[None, :], DOT_PREC)
@@ -166,6 +171,8 @@ def attention_kernel(
         tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=mm[:, None] & md[None, :])
         if BLOCK_D2 > 0:
             tl.store(acc_ptr + row[:, None] * D + d2[None, :], acc2, mask=mm[:, None] & md2[None, :])
+        if EXP2:                                       # the merge reads the max in natural units
+            m_i = m_i * 0.6931471805599453
         tl.store(ml_ptr + 2 * row, m_i, mask=mm)
         tl.store(ml_ptr + 2 * row + 1, l_i, mask=mm)
 
@@ -187,12 +194,13 @@ def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
     BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's tile); num_stages None: Triton's default; fp_fusion (on;
     a bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the
     split merge (1 with the big blocks, timed faster in bf16; None: all in one program, fewer programs for the CPU
-    interpreter's fp32; the merge's bits do not depend on it)."""
+    interpreter's fp32; the merge's bits do not depend on it); EXP2 (a bench key, off): base-2 exponentials with
+    log2 e folded into the scale (one multiply fewer a score; other bits)."""
     dq, d2 = head_dim_chunks(head_dim)
     big = head_dim <= 128 and elem_bytes <= 2
     return dict(BLOCK_M=128 if big else 64, BLOCK_N=128 if big else 64 if head_dim <= 128 else 32,
                 BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq, BLOCK_D2=d2, num_warps=8 if big else 4,
-                UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=1 if big else None)
+                UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=1 if big else None, EXP2=False)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
@@ -321,11 +329,13 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         BLOCK_D=rule["BLOCK_D"], num_warps=1, **pm)
     attention_kernel[(plan.n_item, Hq)](
-        q, k_cache, v_cache, out, meta, cu, slot, start, plan.acc, plan.ml, float(scale), Hq // Hkv, D, Hq,
+        q, k_cache, v_cache, out, meta, cu, slot, start, plan.acc, plan.ml,
+        float(scale) * (1.4426950408889634 if rule["EXP2"] else 1.0), Hq // Hkv, D, Hq,
         plan.n_blk, plan.n_item, cu.shape[0] - 1, plan.chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_DQ"], BLOCK_D2=rule["BLOCK_D2"],
-        DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule["UNMASKED_FULL"], num_warps=rule["num_warps"],
+        DOT_PREC=dot_precision(q.dtype), UNMASKED_FULL=rule["UNMASKED_FULL"], EXP2=rule["EXP2"],
+        num_warps=rule["num_warps"],
         **({} if rule["num_stages"] is None else {"num_stages": rule["num_stages"]}),
         **({} if rule["fp_fusion"] else {"enable_fp_fusion": False}), **pm)
     if plan.n_rows:

@@ -222,8 +222,9 @@ def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
 
 def _prefill_attention_specs() -> list[Spec]:
     """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (128 × 128 blocks at 8 warps, unmasked
-    full key blocks, the head dim in chunks 64 + 16), 64 × 64 blocks at 4 warps (the rule before), and the kernel
-    before the chunks (64 × 64, one 128-wide chunk, every block masked)."""
+    full key blocks, the head dim in chunks 64 + 16), the same with base-2 exponentials (bench key EXP2), 64 × 64
+    blocks at 4 warps (the rule before), and the kernel before the chunks (64 × 64, one 128-wide chunk, every block
+    masked)."""
     from fastpath.kernels.attention import attention_kernel, attention_launch_rule
     r = attention_launch_rule(80)
     types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
@@ -234,6 +235,7 @@ def _prefill_attention_specs() -> list[Spec]:
                  ("D", "Hq", "stride_q_t", "stride_q_h", "stride_kc_s", "stride_kc_p", "stride_kc_h", "stride_vc_s",
                   "stride_vc_p", "stride_vc_h", "stride_o_t", "stride_o_h"))
             for name, c, w in (("rule", {}, r["num_warps"]),
+                               ("rule + EXP2", dict(EXP2=True), r["num_warps"]),
                                ("M64 N64 w4", dict(BLOCK_M=64, BLOCK_N=64), 4),
                                ("before (M64 N64 w4, d 128, masked)",
                                 dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, BLOCK_D2=0, UNMASKED_FULL=False), 4))]
