@@ -247,6 +247,32 @@ def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop
     assert torch.equal(outs[0], outs[1])
 
 
+def _run_rule_variants(monkeypatch, updates, q, k, v, kc0, vc0, cu, pieces, scale, split_keys):
+    """attention_prefill_varlen once per dict of launch-rule updates, each on fresh copies of the caches ->
+    (outputs, caches)."""
+    import fastpath.kernels.attention as attn
+    rule0, device = attn.attention_launch_rule, q.device
+    outs, caches = [], []
+    for u in updates:
+        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, u=u: {**rule0(hd, eb), **u})
+        kc, vc = kc0.clone(), vc0.clone()
+        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
+                                             torch.tensor([p[0] for p in pieces], device=device),
+                                             torch.tensor([p[1] for p in pieces], device=device), scale,
+                                             split_keys=split_keys))
+        caches.append((kc, vc))
+    monkeypatch.setattr(attn, "attention_launch_rule", rule0)
+    return outs, caches
+
+
+def _assert_matches_fp64_attention(out, q, kc, vc, cu, pieces, scale, dtype):
+    """Each piece's output vs the fp64 oracle's attention over the cache it wrote."""
+    for i, (s, st, n) in enumerate(pieces):
+        ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
+                               vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
+        assert rel(out[cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
+
+
 @pytest.mark.parametrize("d", [80, 48])
 @pytest.mark.parametrize("split_keys", [None, 32], ids=["whole", "split"])
 @pytest.mark.parametrize("device,dtype", TIERS)
@@ -265,24 +291,10 @@ def test_attention_prefill_head_dim_in_two_chunks_matches_one_chunk_and_oracle(d
     q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
     kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
     vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
-    rule0 = attn.attention_launch_rule
-    outs, caches = [], []
-    for split_d in (True, False):
-        dq, d2 = attn.head_dim_chunks(d, split_d)
-        monkeypatch.setattr(attn, "attention_launch_rule",
-                            lambda hd, eb=2, a=dq, b=d2: {**rule0(hd, eb), "BLOCK_DQ": a, "BLOCK_D2": b})
-        kc, vc = kc0.clone(), vc0.clone()
-        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
-                                             torch.tensor([p[0] for p in pieces], device=device),
-                                             torch.tensor([p[1] for p in pieces], device=device), scale,
-                                             split_keys=split_keys))
-        caches.append((kc, vc))
+    updates = [dict(zip(("BLOCK_DQ", "BLOCK_D2"), attn.head_dim_chunks(d, split_d))) for split_d in (True, False)]
+    outs, caches = _run_rule_variants(monkeypatch, updates, q, k, v, kc0, vc0, cu, pieces, scale, split_keys)
     assert rel(outs[0], outs[1]) < REL[dtype]
-    kc, vc = caches[0]
-    for i, (s, st, n) in enumerate(pieces):
-        ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
-                               vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
-        assert rel(outs[0][cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
+    _assert_matches_fp64_attention(outs[0], q, *caches[0], cu, pieces, scale, dtype)
 
 
 @pytest.mark.parametrize("split_keys", [None, 48], ids=["whole", "split"])
@@ -299,23 +311,11 @@ def test_attention_prefill_base_2_exponentials_match_the_rule_and_oracle(device,
     q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
     kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
     vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
-    rule0 = attn.attention_launch_rule
-    assert rule0(d)["EXP2"] is False
-    outs, caches = [], []
-    for exp2 in (True, False):
-        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, e=exp2: {**rule0(hd, eb), "EXP2": e})
-        kc, vc = kc0.clone(), vc0.clone()
-        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
-                                             torch.tensor([p[0] for p in pieces], device=device),
-                                             torch.tensor([p[1] for p in pieces], device=device), scale,
-                                             split_keys=split_keys))
-        caches.append((kc, vc))
+    assert attn.attention_launch_rule(d)["EXP2"] is False
+    outs, caches = _run_rule_variants(monkeypatch, [{"EXP2": True}, {}], q, k, v, kc0, vc0, cu, pieces, scale,
+                                      split_keys)
     assert rel(outs[0], outs[1]) < REL[dtype]
-    kc, vc = caches[0]
-    for i, (s, st, n) in enumerate(pieces):
-        ref = oracle_attention(q[cu[i]:cu[i + 1]].double().cpu(), kc[s, :st + n].double().cpu(),
-                               vc[s, :st + n].double().cpu(), torch.arange(st, st + n), torch.arange(st + n), scale)
-        assert rel(outs[0][cu[i]:cu[i + 1]].cpu(), ref) < REL[dtype], f"piece {i}"
+    _assert_matches_fp64_attention(outs[0], q, *caches[0], cu, pieces, scale, dtype)
 
 
 @pytest.mark.parametrize("device,dtype", TIERS)
