@@ -20,3 +20,9 @@ def test_bench_attention_lines_say_bits_against_the_rule_and_failures():
     assert got[0].endswith("bitwise") and "max|Δ| 3.00e-03" in got[1] and "400.0 TFLOP/s" in got[2]
     assert "FAILED OutOfResources" in got[3]
     assert attention._flops(0, 2) == 4.0 * attention.HQ * attention.HD * 3
+    assert attention._flops(0, 2, 128) == 4.0 * attention.HQ * 128 * 3
+
+
+def test_bench_attention_refuses_a_head_dim_it_cannot_run_naming_it(capsys):
+    assert attention.main(["--head-dim", "81"]) == 2
+    assert "--head-dim 81" in capsys.readouterr().out

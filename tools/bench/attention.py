@@ -1,9 +1,9 @@
 """Prefill attention launch-rule variants on one GPU, beside torch's SDPA (its flash kernel) where it can run the
 same shape, in one run.
 
-    python -m hybridqual.bench.attention [--only NAME,NAME] [--out a.json]
+    python -m hybridqual.bench.attention [--only NAME,NAME] [--head-dim D] [--out a.json]
 
-Shapes: anchor-3b's attention (32 query heads, 8 KV heads, head dim 80, bf16): one 8,192-token piece from position
+Shapes: anchor-3b's attention (32 query heads, 8 KV heads, head dim 80 or --head-dim, bf16): one 8,192-token piece from position
 0; the first and the last 16,384-token piece of a 131,072-token prompt (the long prefill's pieces, the last over a
 131k-key cache); a prefix-cache hit's 100-token suffix over 32,768 cached keys (split over the keys, then merged).
 Per shape and variant: median ms (triton.testing.do_bench), causal TFLOP/s (4·Hq·d per visible query-key pair),
@@ -50,23 +50,23 @@ SHAPES = (("L8192", 0, 8192, 8192), ("131k first piece", 0, 16384, 16384),
           ("hit 100 over 32k", 32768, 100, 32868))     # a prefix-cache hit's suffix: split over the keys, merged
 
 
-def _flops(start: int, n: int) -> float:
+def _flops(start: int, n: int, hd: int = HD) -> float:
     """4·Hq·d per visible (query, key) pair of a causal piece of n queries from `start`."""
-    return 4.0 * HQ * HD * (n * start + n * (n + 1) / 2)
+    return 4.0 * HQ * hd * (n * start + n * (n + 1) / 2)
 
 
-def run(only: list[str] | None = None) -> list[dict]:
-    """Every shape × variant (or `only` those variants), the rule first, then SDPA."""
+def run(only: list[str] | None = None, hd: int = HD) -> list[dict]:
+    """Every shape × variant (or `only` those variants) at head dim hd, the rule first, then SDPA."""
     from triton.testing import do_bench
     dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
     rule0, rows = attn.attention_launch_rule, []
     names = [n for n in VARIANTS if only is None or n in only or n == "rule"]
     try:
         for label, start, n, ctx in SHAPES:
-            q = torch.randn(n, HQ, HD, device=dev, dtype=torch.bfloat16, generator=g)
-            k = torch.randn(n, HKV, HD, device=dev, dtype=torch.bfloat16, generator=g)
+            q = torch.randn(n, HQ, hd, device=dev, dtype=torch.bfloat16, generator=g)
+            k = torch.randn(n, HKV, hd, device=dev, dtype=torch.bfloat16, generator=g)
             v = torch.randn_like(k)
-            kc = torch.randn(1, ctx, HKV, HD, device=dev, dtype=torch.bfloat16, generator=g)
+            kc = torch.randn(1, ctx, HKV, hd, device=dev, dtype=torch.bfloat16, generator=g)
             vc = torch.randn_like(kc)
             host = ([0, n], [0], [start])
             args = tuple(torch.tensor(x, device=dev) for x in host)
@@ -74,7 +74,7 @@ def run(only: list[str] | None = None) -> list[dict]:
             for name in names:
                 attn.attention_launch_rule = lambda hd, eb=2, u=VARIANTS[name]: {**rule0(hd, eb), **u}
                 out = torch.empty_like(q)
-                call = lambda: attn.attention_prefill_varlen(q, k, v, kc, vc, *args, HD ** -0.5, out=out,  # noqa
+                call = lambda: attn.attention_prefill_varlen(q, k, v, kc, vc, *args, hd ** -0.5, out=out,  # noqa
                                                              host=host)
                 try:
                     ms = do_bench(call, warmup=5, rep=40)
@@ -83,7 +83,7 @@ def run(only: list[str] | None = None) -> list[dict]:
                     continue
                 ref = out.clone() if ref is None else ref
                 diff = (out.float() - ref.float()).abs().max().item()
-                rows.append({"shape": label, "variant": name, "ms": ms, "tflops": _flops(start, n) / ms / 1e9,
+                rows.append({"shape": label, "variant": name, "ms": ms, "tflops": _flops(start, n, hd) / ms / 1e9,
                              "bitwise": bool(torch.equal(out, ref)), "max_abs_diff": diff})
             if start == 0:
                 qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -91,7 +91,7 @@ def run(only: list[str] | None = None) -> list[dict]:
                                                                              enable_gqa=True)
                 ms = do_bench(f, warmup=5, rep=40)
                 rows.append({"shape": label, "variant": "torch SDPA (peer)", "ms": ms,
-                             "tflops": _flops(start, n) / ms / 1e9})
+                             "tflops": _flops(start, n, hd) / ms / 1e9})
             del q, k, v, kc, vc
             torch.cuda.empty_cache()
     finally:
@@ -114,8 +114,12 @@ def lines(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma list of variants (the rule always runs)")
+    ap.add_argument("--head-dim", type=int, default=HD, help=f"the heads' dim (default {HD}, anchor-3b's)")
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args(argv)
+    if not 16 <= a.head_dim <= 256 or a.head_dim % 8:
+        print(f"bench attention: --head-dim {a.head_dim}: must be a multiple of 8 in [16, 256]")
+        return 2
     only = a.only.split(",") if a.only else None
     unknown = [n for n in only or [] if n not in VARIANTS]
     if unknown:
@@ -124,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench attention: needs CUDA")
         return 2
-    rows = run(only)
+    rows = run(only, a.head_dim)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"device {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    print(f"device {torch.cuda.get_device_name()} | torch {torch.__version__} | Hq {HQ} Hkv {HKV} d {a.head_dim}")
     print("\n".join(lines(rows)))
     return 0
 

@@ -169,6 +169,8 @@ step_pending() {
   local rc=0
   timeout 200 $PY -m hybridqual.bench.attention --only rule,exp2 2>&1 | tail -n 12 \
     > "$OUT/pending.summary" || rc=1
+  timeout 200 $PY -m hybridqual.bench.attention --only rule,m64_n64_w4 --head-dim 128 2>&1 | tail -n 12 \
+    >> "$OUT/pending.summary" || rc=1
   timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 \
     || rc=1
   cat "$OUT/pending_ssd.txt" >> "$OUT/pending.summary" 2>/dev/null
