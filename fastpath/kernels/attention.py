@@ -195,7 +195,7 @@ def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
     a bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the
     split merge (1 with the big blocks, timed faster in bf16; None: all in one program, fewer programs for the CPU
     interpreter's fp32; the merge's bits do not depend on it); EXP2 (a bench key, off): base-2 exponentials with
-    log2 e folded into the scale (one multiply fewer a score; other bits)."""
+    log2 e folded into the scale (tl.exp2's flush-to-zero form needs no subnormal fix-up; other bits)."""
     dq, d2 = head_dim_chunks(head_dim)
     big = head_dim <= 128 and elem_bytes <= 2
     return dict(BLOCK_M=128 if big else 64, BLOCK_N=128 if big else 64 if head_dim <= 128 else 32,
@@ -203,7 +203,7 @@ def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
                 UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=1 if big else None, EXP2=False)
 
 
-SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 4 query blocks: too few programs to fill the GPU
+SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 2–4 query blocks: too few programs to fill the GPU
 SPLIT_MAX_SPLITS = 16
 SPLIT_MIN_KEYS = 1024
 
