@@ -223,10 +223,12 @@ def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
 def _prefill_attention_specs() -> list[Spec]:
     """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (128 × 128 blocks at 8 warps, unmasked
     full key blocks, the head dim in chunks 64 + 16), the same with base-2 exponentials (bench key EXP2), 64 × 64
-    blocks at 4 warps (the rule before), and the kernel before the chunks (64 × 64, one 128-wide chunk, every block
-    masked)."""
+    blocks at 4 warps (the rule before), the kernel before the chunks (64 × 64, one 128-wide chunk, every block
+    masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
     from fastpath.kernels.attention import attention_kernel, attention_launch_rule
-    r = attention_launch_rule(80)
+    r, r128 = attention_launch_rule(80), attention_launch_rule(128)
+    same = (r128["BLOCK_M"], r128["BLOCK_N"], r128["BLOCK_DQ"], r128["BLOCK_D2"]) == (r["BLOCK_M"], r["BLOCK_N"], 128, 0)
+    assert same, "the d 128 spec below assumes d 80's blocks with one 128-wide head-dim chunk"
     types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
              "ml_ptr": "*fp32", "scale": "fp32"}
     base = dict(BLOCK_M=r["BLOCK_M"], BLOCK_N=r["BLOCK_N"], BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
@@ -238,7 +240,8 @@ def _prefill_attention_specs() -> list[Spec]:
                                ("rule + EXP2", dict(EXP2=True), r["num_warps"]),
                                ("M64 N64 w4", dict(BLOCK_M=64, BLOCK_N=64), 4),
                                ("before (M64 N64 w4, d 128, masked)",
-                                dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, BLOCK_D2=0, UNMASKED_FULL=False), 4))]
+                                dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, BLOCK_D2=0, UNMASKED_FULL=False), 4),
+                               ("rule at head dim 128", dict(BLOCK_D=128, BLOCK_D2=0), r128["num_warps"]))]
 
 
 def _decode_specs() -> list[Spec]:
