@@ -227,7 +227,8 @@ def _prefill_attention_specs() -> list[Spec]:
     masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
     from fastpath.kernels.attention import attention_kernel, attention_launch_rule
     r, r128 = attention_launch_rule(80), attention_launch_rule(128)
-    same = (r128["BLOCK_M"], r128["BLOCK_N"], r128["BLOCK_DQ"], r128["BLOCK_D2"]) == (r["BLOCK_M"], r["BLOCK_N"], 128, 0)
+    same = ((r128["BLOCK_M"], r128["BLOCK_N"], r128["BLOCK_DQ"], r128["BLOCK_D2"])
+            == (r["BLOCK_M"], r["BLOCK_N"], 128, 0))
     assert same, "the d 128 spec below assumes d 80's blocks with one 128-wide head-dim chunk"
     types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
              "ml_ptr": "*fp32", "scale": "fp32"}
