@@ -183,7 +183,8 @@ step_pending() {
 }
 # The speed figures of docs/performance.md's targets in one run, each beside its peer or roofline of the same run:
 # SSD prefill beside mamba_ssm, prefill attention beside SDPA, bs1 decode beside the copy roofline, speculation at
-# k = 2 (upper bound, drafts forced right, 0% acceptance with backoff 64), prefix hits, the 131k prefill (about 3–4 min on an H100).
+# k = 2 (upper bound, drafts forced right, 0% acceptance with backoff 64), prefix hits, the 131k prefill, batch
+# invariance at size (about 5 min on an H100).
 step_speed() {
   local rc=0 tmp s="$OUT/speed.summary"
   tmp=$(mktemp -d)
@@ -199,6 +200,8 @@ step_speed() {
   step_bench_prefix > /dev/null 2>&1 || rc=1
   grep -E "^prefix cache: 100|^bucketed" "$OUT/bench_prefix.summary" >> "$s" 2>/dev/null
   timeout 120 $PY -m hybridqual.bench.engine --long-only 2>&1 | grep "^long prefill 131072" | tail -n 1 >> "$s" || rc=1
+  timeout 240 $PY -m hybridqual.bench.invariant --summary "$tmp/invariant.txt" > /dev/null 2>&1 || rc=1
+  cat "$tmp/invariant.txt" >> "$s" 2>/dev/null
   rm -rf "$tmp"
   return $rc
 }
