@@ -213,7 +213,8 @@ def test_attention_prefill_split_over_keys_matches_unsplit_and_oracle(device, dt
     assert torch.equal(again, torch.cat([split[cu[3]:cu[4]], split[cu[0]:cu[1]]])), "repacked run differs"
 
 
-@pytest.mark.parametrize("blocks", [(64, 64, 4), (128, 128, 8)], ids=["b64", "b128"])
+@pytest.mark.parametrize("blocks", [(64, 64, 4, False), (128, 128, 8, False), (128, 128, 8, True)],
+                         ids=["b64", "b128", "b128_exp2"])
 @pytest.mark.parametrize("split_keys", [None, 2], ids=["whole", "split"])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop(device, dtype, split_keys, blocks,
@@ -221,10 +222,10 @@ def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop
     """The key blocks every query row of a block sees run without the key and causal masks (UNMASKED_FULL); the
     blocks run in the same order, so the output is bitwise the masked loop's: pieces from 0 and mid-context, query
     blocks with 0, 1 and 2 full key blocks, a start two keys short of a block edge, unsplit and split over the keys
-    (splits of two key blocks), at the launch rule's block shape and the 64 × 64 one."""
+    (splits of two key blocks), at the launch rule's block shape and the 64 × 64 one, and with the EXP2 key."""
     _skip_cpu_without_interpreter(device)
     import fastpath.kernels.attention as attn
-    bm, bn, warps = blocks
+    bm, bn, warps, exp2 = blocks
     rule0 = attn.attention_launch_rule
     assert rule0(16)["UNMASKED_FULL"] and (rule0(16)["BLOCK_M"], rule0(16)["BLOCK_N"]) in ((64, 64), (128, 128))
     Hq, Hkv, d, S, M, scale = 4, 2, 16, 3, 5 * bn, 0.3
@@ -238,7 +239,7 @@ def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop
     outs = []
     for unmasked in (True, False):
         monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, u=unmasked: {
-            **rule0(hd, eb), "UNMASKED_FULL": u, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps})
+            **rule0(hd, eb), "UNMASKED_FULL": u, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "EXP2": exp2})
         kc, vc = kc0.clone(), vc0.clone()
         outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
                                              torch.tensor([p[0] for p in pieces], device=device),
