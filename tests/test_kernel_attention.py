@@ -236,15 +236,9 @@ def test_attention_prefill_unmasked_full_blocks_keep_the_bits_of_the_masked_loop
     q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
     kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
     vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
-    outs = []
-    for unmasked in (True, False):
-        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, u=unmasked: {
-            **rule0(hd, eb), "UNMASKED_FULL": u, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "EXP2": exp2})
-        kc, vc = kc0.clone(), vc0.clone()
-        outs.append(attention_prefill_varlen(q, k, v, kc, vc, torch.tensor(cu, device=device),
-                                             torch.tensor([p[0] for p in pieces], device=device),
-                                             torch.tensor([p[1] for p in pieces], device=device), scale,
-                                             split_keys=split_keys))
+    updates = [{"UNMASKED_FULL": u, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "EXP2": exp2}
+               for u in (True, False)]
+    outs, _ = _run_rule_variants(monkeypatch, updates, q, k, v, kc0, vc0, cu, pieces, scale, split_keys)
     assert torch.equal(outs[0], outs[1])
 
 
@@ -327,16 +321,12 @@ def test_attention_split_merge_has_the_same_bits_whatever_heads_a_program_merges
     import fastpath.kernels.attention as attn
     Hq, Hkv, d, S, M, scale = 4, 2, 16, 2, 192, 0.3
     gen = torch.Generator().manual_seed(29)
-    cu, slots, starts = [0, 5, 71], [1, 0], [150, 100]
+    cu, pieces = [0, 5, 71], [(1, 150, 5), (0, 100, 66)]                   # (slot, start, length)
     q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
     kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
     vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
-    rule0 = attn.attention_launch_rule
-    outs = []
-    for heads in (None, 1, 2):
-        monkeypatch.setattr(attn, "attention_launch_rule", lambda hd, eb=2, h=heads: {**rule0(hd, eb), "COMBINE_H": h})
-        outs.append(attention_prefill_varlen(q, k, v, kc0.clone(), vc0.clone(), torch.tensor(cu, device=device),
-                                             torch.tensor(slots, device=device), torch.tensor(starts, device=device),
-                                             scale, split_keys=48))
-    assert rule0(d, 2)["COMBINE_H"] == 1 and rule0(d, 4)["COMBINE_H"] is None
+    outs, _ = _run_rule_variants(monkeypatch, [{"COMBINE_H": h} for h in (None, 1, 2)], q, k, v, kc0, vc0, cu,
+                                 pieces, scale, 48)
+    rule = attn.attention_launch_rule
+    assert rule(d, 2)["COMBINE_H"] == 1 and rule(d, 4)["COMBINE_H"] is None
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -189,7 +189,8 @@ def head_dim_chunks(head_dim: int, split: bool = True) -> tuple[int, int]:
 
 def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
     """128 query rows and 128 keys per step at 8 warps for 2-byte inputs with head dims up to 128; 64 × 64 at 4
-    warps otherwise (64 × 32 above 128: fp32's tf32 tiles need 1.8–2× the shared memory of 128-wide bf16 ones); key
+    warps otherwise (64 × 32 above 128; fp32 at 128 × 128 needs 264.5 KiB of shared memory at head dim 80, past
+    sm_90's 227 KiB); key
     blocks every row sees run without masks (UNMASKED_FULL); the head dim in two power-of-two chunks (BLOCK_DQ +
     BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's tile); num_stages None: Triton's default; fp_fusion (on;
     a bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the
@@ -371,8 +372,8 @@ def attention_prefill_varlen(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
         got = (plan.n_seq, plan.n_slots, plan.max_len, plan.n_heads, plan.head_dim, plan.meta.device, plan.dtype)
         want = (n_seq, k_cache.shape[0], k_cache.shape[1], Hq, q.shape[2], dev, q.dtype)
         if got != want or (split_keys is not None and split_keys != plan.chunk):
-            raise KernelInputError(f"{op}: `plan` was built for (sequences, slots, max_len, heads, head_dim, device, dtype) "
-                                   f"{got}, this call has {want}")
+            raise KernelInputError(f"{op}: `plan` was built for (sequences, slots, max_len, heads, head_dim, "
+                                   f"device, dtype) {got}, this call has {want}")
     if plan.cu[-1] != T:
         raise KernelInputError(f"{op}: `cu_seqlens` must rise from 0 to T={T}")
     if out is None:

@@ -244,7 +244,8 @@ def bucket_hits(model: FastModel, prefix: tuple[int, ...], tail, suffix: int, bl
     b = pg.buckets
     med = lambda ts: sorted(ts)[len(ts) // 2]   # noqa: E731
     res = {"mode": "batch-invariant" if batch_invariant else "default", "buckets": list(buckets), "lengths": lengths,
-           "build_s": build_s, "ttft_first_s": first, "ttft_warm_s": warm, "ttft_warm_med_s": med(warm), "ttft_eager_s": ehit, "ttft_eager_med_s": med(ehit),
+           "build_s": build_s, "ttft_first_s": first, "ttft_warm_s": warm, "ttft_warm_med_s": med(warm),
+           "ttft_eager_s": ehit, "ttft_eager_med_s": med(ehit),
            "counts": {"runs": b.runs, "replays": b.replays, "captures": b.captures, "fallbacks": b.fallbacks,
                       "storing": b.storing, "eager_hits": pg.eager - cold_eager + b.storing - cold_storing},
            "nbytes": b.nbytes()}
