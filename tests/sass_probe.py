@@ -13,7 +13,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from hybridqual.bench.sass import SassError, Spec, compile_spec, report, specs  # noqa: E402
+from hybridqual.bench.sass import SassError, Spec, compile_spec, prefill_attention_spec, report, specs  # noqa: E402
 
 
 @triton.jit
@@ -67,19 +67,12 @@ def fused_scan_loops() -> list[dict]:
 def attention_shared_memory() -> list[dict]:
     """The prefill attention's dynamic shared memory at its launch rule for bf16 and fp32 inputs (head dims 80 and
     128), and at 128 × 128 blocks with fp32 inputs (the control: what the rule must not pick, over the limit)."""
-    from fastpath.kernels.attention import attention_kernel, attention_launch_rule
     out = []
-    for dt, d, force in (("bf16", 80, None), ("bf16", 128, None), ("fp32", 80, None), ("fp32", 128, None),
-                         ("fp32", 80, (128, 128, 8))):
-        r = attention_launch_rule(d, 2 if dt == "bf16" else 4)
-        bm, bn, w = force or (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"])
-        types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
-                 "ml_ptr": "*fp32", "scale": "fp32", **{p: "*" + dt for p in ("q_ptr", "kc_ptr", "vc_ptr", "o_ptr")}}
-        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
-                      DOT_PREC="tf32" if dt == "fp32" else "ieee", UNMASKED_FULL=True, PDL=0)
-        k = compile_spec(Spec("attention", attention_kernel, consts, w, 3, types))
-        out.append({"kernel": f"prefill attention {dt} d{d}{' M128 N128 w8' if force else ''}",
-                    "shared": k.metadata.shared})
+    for dt, d, force in (("bf16", 80, {}), ("bf16", 128, {}), ("fp32", 80, {}), ("fp32", 128, {}),
+                         ("fp32", 80, dict(BLOCK_M=128, BLOCK_N=128, num_warps=8))):
+        name = f"prefill attention {dt} d{d}{' M128 N128 w8' if force else ''}"
+        k = compile_spec(prefill_attention_spec(name, d, dt, **force))
+        out.append({"kernel": name, "shared": k.metadata.shared})
     return out
 
 

@@ -220,29 +220,38 @@ def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
             for w, s in ((fr["num_warps"], fr["BLOCK_S"]), (8, fr["BLOCK_S"]), (8, 32))]
 
 
+def prefill_attention_spec(name: str, head_dim: int = 80, dtype: str = "bf16", **over) -> Spec:
+    """The prefill attention kernel at its launch rule for `head_dim` and `dtype` inputs ("bf16" or "fp32") at
+    anchor-3b's heads, compiled as a launch specializes it (its dot precision, strides divisible by 16), `over`
+    replacing constexprs (and num_warps)."""
+    import torch
+
+    from fastpath.kernels._common import dot_precision
+    from fastpath.kernels.attention import attention_kernel, attention_launch_rule
+    r = attention_launch_rule(head_dim, 2 if dtype == "bf16" else 4)
+    consts = dict(BLOCK_M=r["BLOCK_M"], BLOCK_N=r["BLOCK_N"], BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
+                  DOT_PREC=dot_precision(torch.bfloat16 if dtype == "bf16" else torch.float32),
+                  UNMASKED_FULL=r["UNMASKED_FULL"], PDL=0)
+    warps = over.pop("num_warps", r["num_warps"])
+    types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
+             "ml_ptr": "*fp32", "scale": "fp32", **{p: "*" + dtype for p in ("q_ptr", "kc_ptr", "vc_ptr", "o_ptr")}}
+    return Spec(name, attention_kernel, {**consts, **over}, warps, 3, types,
+                ("D", "Hq", "stride_q_t", "stride_q_h", "stride_kc_s", "stride_kc_p", "stride_kc_h", "stride_vc_s",
+                 "stride_vc_p", "stride_vc_h", "stride_o_t", "stride_o_h"))
+
+
 def _prefill_attention_specs() -> list[Spec]:
     """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (128 × 128 blocks at 8 warps, unmasked
     full key blocks, the head dim in chunks 64 + 16), the same with base-2 exponentials (bench key EXP2), 64 × 64
     blocks at 4 warps (the rule before), the kernel before the chunks (64 × 64, one 128-wide chunk, every block
     masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
-    from fastpath.kernels.attention import attention_kernel, attention_launch_rule
-    r, r128 = attention_launch_rule(80), attention_launch_rule(128)
-    same = ((r128["BLOCK_M"], r128["BLOCK_N"], r128["BLOCK_DQ"], r128["BLOCK_D2"])
-            == (r["BLOCK_M"], r["BLOCK_N"], 128, 0))
-    assert same, "the d 128 spec below assumes d 80's blocks with one 128-wide head-dim chunk"
-    types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
-             "ml_ptr": "*fp32", "scale": "fp32"}
-    base = dict(BLOCK_M=r["BLOCK_M"], BLOCK_N=r["BLOCK_N"], BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
-                DOT_PREC="tf32", UNMASKED_FULL=r["UNMASKED_FULL"], PDL=0)
-    return [Spec(f"prefill attention {name}", attention_kernel, {**base, **c}, w, 3, types,
-                 ("D", "Hq", "stride_q_t", "stride_q_h", "stride_kc_s", "stride_kc_p", "stride_kc_h", "stride_vc_s",
-                  "stride_vc_p", "stride_vc_h", "stride_o_t", "stride_o_h"))
-            for name, c, w in (("rule", {}, r["num_warps"]),
-                               ("rule + EXP2", dict(EXP2=True), r["num_warps"]),
-                               ("M64 N64 w4", dict(BLOCK_M=64, BLOCK_N=64), 4),
-                               ("before (M64 N64 w4, d 128, masked)",
-                                dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, BLOCK_D2=0, UNMASKED_FULL=False), 4),
-                               ("rule at head dim 128", dict(BLOCK_D=128, BLOCK_D2=0), r128["num_warps"]))]
+    n = "prefill attention "
+    return [prefill_attention_spec(n + "rule"),
+            prefill_attention_spec(n + "rule + EXP2", EXP2=True),
+            prefill_attention_spec(n + "M64 N64 w4", BLOCK_M=64, BLOCK_N=64, num_warps=4),
+            prefill_attention_spec(n + "before (M64 N64 w4, d 128, masked)", BLOCK_M=64, BLOCK_N=64, BLOCK_D=128,
+                                   BLOCK_D2=0, UNMASKED_FULL=False, num_warps=4),
+            prefill_attention_spec(n + "rule at head dim 128", 128)]
 
 
 def _decode_specs() -> list[Spec]:
