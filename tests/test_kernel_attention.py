@@ -295,8 +295,9 @@ def test_attention_prefill_head_dim_in_two_chunks_matches_one_chunk_and_oracle(d
 @pytest.mark.parametrize("split_keys", [None, 48], ids=["whole", "split"])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_attention_prefill_base_2_exponentials_match_the_rule_and_oracle(device, dtype, split_keys, monkeypatch):
-    """Bench key EXP2 (log2 e folded into the scale, exp2 for the weights; the split partials' max stored back in
-    natural units for the merge): outputs vs the rule's within rounding and vs fp64 attention, unsplit and split."""
+    """The rule's EXP2 (log2 e folded into the scale, exp2 for the weights; the split partials' max stored back in
+    natural units for the merge) vs natural exponentials: within rounding of each other and of fp64 attention,
+    unsplit and split."""
     _skip_cpu_without_interpreter(device)
     import fastpath.kernels.attention as attn
     Hq, Hkv, d, S, M, scale = 4, 2, 16, 3, 192, 0.3
@@ -306,11 +307,12 @@ def test_attention_prefill_base_2_exponentials_match_the_rule_and_oracle(device,
     q, k, v = (torch.randn(cu[-1], h, d, generator=gen).to(dtype).to(device) for h in (Hq, Hkv, Hkv))
     kc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
     vc0 = torch.randn(S, M, Hkv, d, generator=gen).to(dtype).to(device)
-    assert attn.attention_launch_rule(d)["EXP2"] is False
-    outs, caches = _run_rule_variants(monkeypatch, [{"EXP2": True}, {}], q, k, v, kc0, vc0, cu, pieces, scale,
+    assert attn.attention_launch_rule(d)["EXP2"] is True
+    outs, caches = _run_rule_variants(monkeypatch, [{}, {"EXP2": False}], q, k, v, kc0, vc0, cu, pieces, scale,
                                       split_keys)
     assert rel(outs[0], outs[1]) < REL[dtype]
-    _assert_matches_fp64_attention(outs[0], q, *caches[0], cu, pieces, scale, dtype)
+    for out, cache in zip(outs, caches):
+        _assert_matches_fp64_attention(out, q, *cache, cu, pieces, scale, dtype)
 
 
 @pytest.mark.parametrize("device,dtype", TIERS)

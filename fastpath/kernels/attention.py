@@ -195,13 +195,14 @@ def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
     BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's tile); num_stages None: Triton's default; fp_fusion (on;
     a bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the
     split merge (1 with the big blocks, timed faster in bf16; None: all in one program, fewer programs for the CPU
-    interpreter's fp32; the merge's bits do not depend on it); EXP2 (a bench key, off): base-2 exponentials with
-    log2 e folded into the scale (tl.exp2's flush-to-zero form needs no subnormal fix-up; other bits)."""
+    interpreter's fp32; the merge's bits do not depend on it); EXP2 (on; a bench key): base-2 exponentials with
+    log2 e folded into the scale (tl.exp2's flush-to-zero form needs no subnormal fix-up: 594 SASS instructions a
+    key block instead of 854; docs/performance.md)."""
     dq, d2 = head_dim_chunks(head_dim)
     big = head_dim <= 128 and elem_bytes <= 2
     return dict(BLOCK_M=128 if big else 64, BLOCK_N=128 if big else 64 if head_dim <= 128 else 32,
                 BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq, BLOCK_D2=d2, num_warps=8 if big else 4,
-                UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=1 if big else None, EXP2=False)
+                UNMASKED_FULL=True, num_stages=None, fp_fusion=True, COMBINE_H=1 if big else None, EXP2=True)
 
 
 SPLIT_MAX_QUERIES = 256     # a piece this short gets at most 2–4 query blocks: too few programs to fill the GPU

@@ -43,7 +43,7 @@ VARIANTS: dict[str, dict] = {
     "m128_n128_w8": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8},
     "combine_h4": {"COMBINE_H": 4},
     "combine_h1": {"COMBINE_H": 1},
-    "exp2": {"EXP2": True},
+    "natural_exp": {"EXP2": False},                                                   # the rule before 2026-12-06 12:00
 }
 SHAPES = (("L8192", 0, 8192, 8192), ("131k first piece", 0, 16384, 16384),
           ("131k last piece", 131072 - 16384, 16384, 131072),

@@ -167,7 +167,7 @@ step_anchor() {
 # prefix-hit rows of both modes, the 131k prefill.
 step_pending() {
   local rc=0
-  timeout 200 $PY -m hybridqual.bench.attention --only rule,exp2 2>&1 | tail -n 12 \
+  timeout 200 $PY -m hybridqual.bench.attention --only rule,natural_exp 2>&1 | tail -n 12 \
     > "$OUT/pending.summary" || rc=1
   timeout 200 $PY -m hybridqual.bench.attention --only rule,m64_n64_w4 --head-dim 128 2>&1 | tail -n 12 \
     >> "$OUT/pending.summary" || rc=1

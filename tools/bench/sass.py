@@ -242,12 +242,12 @@ def prefill_attention_spec(name: str, head_dim: int = 80, dtype: str = "bf16", *
 
 def _prefill_attention_specs() -> list[Spec]:
     """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (128 × 128 blocks at 8 warps, unmasked
-    full key blocks, the head dim in chunks 64 + 16), the same with base-2 exponentials (bench key EXP2), 64 × 64
-    blocks at 4 warps (the rule before), the kernel before the chunks (64 × 64, one 128-wide chunk, every block
+    full key blocks, the head dim in chunks 64 + 16, base-2 exponentials), the same with natural exponentials
+    (EXP2 off, the rule before 2026-12-06 12:00), 64 × 64 blocks at 4 warps, the kernel before the chunks (64 × 64, one 128-wide chunk, every block
     masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
     n = "prefill attention "
     return [prefill_attention_spec(n + "rule"),
-            prefill_attention_spec(n + "rule + EXP2", EXP2=True),
+            prefill_attention_spec(n + "rule, natural exp", EXP2=False),
             prefill_attention_spec(n + "M64 N64 w4", BLOCK_M=64, BLOCK_N=64, num_warps=4),
             prefill_attention_spec(n + "before (M64 N64 w4, d 128, masked)", BLOCK_M=64, BLOCK_N=64, BLOCK_D=128,
                                    BLOCK_D2=0, UNMASKED_FULL=False, num_warps=4),
