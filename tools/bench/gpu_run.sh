@@ -162,9 +162,9 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
-# Optional: what 2026-12-06's H100 calls left to measure, for an H200 in one call (~4 min): the prefill attention's
-# rule beside the split merge with fewer heads a program and 128 x 128 blocks, the SSD row beside mamba_ssm, the
-# prefix-hit rows of both modes, the 131k prefill.
+# Optional: what the H100 calls of 2026-12-06 measured, for an H200 in one call (~4 min): the prefill attention's
+# rule beside natural exponentials and, at head dim 128, beside 64 x 64 blocks; the SSD row beside mamba_ssm; the
+# prefix-hit rows of both modes; the 131k prefill.
 step_pending() {
   local rc=0
   timeout 200 $PY -m hybridqual.bench.attention --only rule,natural_exp 2>&1 | tail -n 12 \
