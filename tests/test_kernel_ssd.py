@@ -237,6 +237,47 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
     assert torch.equal(got["walk"][0], got["blocked"][0]) and torch.equal(got["walk"][1], got["blocked"][1])
 
 
+@pytest.mark.parametrize("slot,has_init", [(1, True), (-1, False)], ids=["banked", "slot-1"])
+@pytest.mark.parametrize("device,dtype", TIERS)
+def test_ssd_segmented_walk_has_the_bits_of_one_walk(device, dtype, slot, has_init):
+    """State key `segment_chunks` (the walk of one sequence cut into segments carried in fp32, each segment's scan
+    launched after it; on CUDA the walk runs on a side stream) == the uncut walk bitwise: outputs, the final bank
+    state and a checkpoint inside the piece, for segments of 1, 2 and 3 chunks of a mid-chunk continuation of 7
+    chunks (the last segment partial), vs fp64 too; NaN-poisoned scratch catches an unwritten carry."""
+    _skip_cpu_without_interpreter(device)
+    Q, H, P, G, N, S = 48, 2, 16, 1, 16, 4
+    L, sp = 6 * Q - 5, Q + 3                                            # 7 chunks: 45 + 5 × 48 + 4 tokens
+    gen = torch.Generator().manual_seed(47 + has_init)
+    inp = to(make_inputs(L, H, P, G, N, dtype, device, gen, S=S), device)
+    bank0 = inp["bank"].clone()
+    got = {}
+    for seg in (0, 1, 2, 3):
+        rule = ssd_launch_rule(H, G, P, N, Q, dtype)
+        rule["scan"].update(BLOCK_S=16, BLOCK_P=16)
+        rule["state"].update(BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, segment_chunks=seg)
+        bank = bank0.clone()
+        real_empty = torch.empty
+        torch.empty = lambda *a, **k: (lambda t: t.fill_(float("nan")) if t.is_floating_point() else t)(
+            real_empty(*a, **k))
+        try:
+            table = ssd_chunk_table([0, L], [sp], Q, device, slot=[slot], n_slots=S,
+                                    checkpoints=[(0, 3 * Q, 3)])
+            out = torch.full_like(inp["x"], float("nan"))
+            ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, L],
+                       torch.tensor([slot], device=device), [sp], torch.tensor([has_init], device=device), Q,
+                       out=out, table=table, _rule=rule)
+        finally:
+            torch.empty = real_empty
+        got[seg] = (out, bank)
+    y, hf = reference(inp, 0, L, bank0[slot] if has_init else None, (0.0, math.inf))
+    assert rel(got[0][0], y) < REL[dtype]
+    if slot >= 0:
+        assert rel(got[0][1][slot], hf) < REL[dtype]
+    for seg in (1, 2, 3):
+        assert torch.equal(got[seg][0], got[0][0]), f"segments of {seg} chunks: outputs differ from one walk"
+        assert torch.equal(got[seg][1], got[0][1]), f"segments of {seg} chunks: bank (final state, checkpoint)"
+
+
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(device, dtype):
     """Scan kind "rec_tma" and state mode "tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a

@@ -14,6 +14,7 @@ states never stored per chunk. `ssd_varlen(fused=...)` picks one; by default the
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -151,7 +152,10 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # bytes), then a streaming element-wise passing kernel (PASS_BLOCK elements a program). H200, L65536:
         # fused 4.00 ms total, parallel 4.13, flat 4.54 (bitwise equal y) — fused, which needs no scratch.
         # "tma" (ssd_state_tma.py, a bench option): the fused walk reading x and B through tensor descriptors.
-        state=dict(mode="fused", PASS_BLOCK=1024, PASS_WARPS=4,
+        # segment_chunks (a bench key, 0: off): a single sequence's walk cut into segments of this many chunks on a
+        # side stream, the scan of each segment starting as soon as its walk segment ends (CUDA: overlapped; the
+        # interpreter: in turn); the same bits as one walk (the carry between segments is the fp32 state).
+        state=dict(mode="fused", PASS_BLOCK=1024, PASS_WARPS=4, segment_chunks=0,
                    BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 64),
                    num_warps=4, num_stages=3),
         # kind "rec": sub-chunk recurrence inside the chunk (ssd_chunk_scan_rec_kernel, BLOCK_S tokens a
@@ -326,6 +330,12 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         elif mode == "tma":
             launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, H // G, r, prec)
+        elif _segmented(r, rule, use_cb, n_seq, nc):
+            scan_args = (x, B, C, dt_p, dacs, prev, D, A, out, H, P, N, G, rule["scan"], BQ, prec)
+            _SCAN_LAUNCH[0] = _segmented_walk_and_scan(args, grid, tiles, r, table, scan_args)
+            mark("state")
+            mark("scan")
+            return out
         else:
             ck = table.ckpt_slot
             ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles,
@@ -341,16 +351,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     elif nc > 0 and kind == "blocked_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], BQ, prec)
     elif nc > 0 and rec:
-        r = rule["scan"]
-        _check_in_chunk_offsets(BQ + r["BLOCK_S"], x=x, B=B, C=C, y=out)
-        _SCAN_LAUNCH[0] = ssd_chunk_scan_rec_kernel[(nc * H * triton_cdiv(P, r["BLOCK_P"]),)](
-            x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
-            table.chunk_start, table.chunk_len, H, P, N, H // G,
-            *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
-            prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
-            HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
-            MASK_PN=r["BLOCK_N"] != N or P % r["BLOCK_P"] != 0,
-            num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
+        _SCAN_LAUNCH[0] = _rec_scan(x, B, C, dt_p, dacs, prev, D, A, out, H, P, N, G, rule["scan"], BQ, prec,
+                                    table.chunk_start, table.chunk_len, nc)
     elif nc > 0:
         r = rule["scan"]
         walk = kind == "walk"                  # one program walks its chunk's row blocks
@@ -368,6 +370,70 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             **reg_cap(r))
     mark("scan")
     return out
+
+
+def _rec_scan(x, B, C, dt_p, dacs, prev, D, A, out, H, P, N, G, r, BQ, prec, chunk_start, chunk_len, nc):
+    """Launch the rec scan over nc chunks (chunk_start, chunk_len and prev may be a segment's slices)."""
+    _check_in_chunk_offsets(BQ + r["BLOCK_S"], x=x, B=B, C=C, y=out)
+    return ssd_chunk_scan_rec_kernel[(nc * H * triton_cdiv(P, r["BLOCK_P"]),)](
+        x, B, C, dt_p, dacs, prev, D if D is not None else A, out,
+        chunk_start, chunk_len, H, P, N, H // G,
+        *x.stride(), *B.stride(), *C.stride(), dt_p.stride(0),
+        prev.stride(0), prev.stride(1), prev.stride(2), *out.stride(),
+        HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
+        MASK_PN=r["BLOCK_N"] != N or P % r["BLOCK_P"] != 0,
+        num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
+
+
+def _segmented(state_rule: dict, rule: dict, use_cb: bool, n_seq: int, nc: int) -> bool:
+    """Whether this call cuts the chunk-state walk into segments: the key is set, one sequence of more chunks than
+    one segment, the fused walk and the rec scan."""
+    seg = int(state_rule.get("segment_chunks", 0) or 0)
+    return (seg > 0 and n_seq == 1 and nc > seg and state_rule.get("mode", "fused") == "fused"
+            and rule["scan"].get("kind", "blocked") == "rec" and not use_cb)
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _segmented_walk_and_scan(args: tuple, grid: tuple, tiles: dict, r: dict, table: SSDChunkTable,
+                             scan_args: tuple):
+    """The chunk-state walk in segments of r["segment_chunks"] chunks, each scan segment launched once its walk
+    segment has written the entering states it reads. On CUDA the walk runs on a side stream (forked from and
+    joined to the current one, so CUDA graphs capture it), overlapping the scan of earlier segments."""
+    seg, nc = int(r["segment_chunks"]), table.n_chunks
+    bounds = [min(i, nc) for i in range(0, nc + seg, seg)]
+    dev = args[0].device
+    seg_ptr = torch.arange(0, nc + seg, seg, dtype=torch.int64, device=dev).clamp_(max=nc)   # no host copy: capturable
+    H, P, N = grid[1], args[11], args[12]
+    carry = torch.empty(H, P, N, dtype=torch.float32, device=dev)
+    ck = table.ckpt_slot
+    cut = len(bounds) - 1
+    side = None
+    if dev.type == "cuda":
+        side = _SIDE_STREAMS.setdefault(dev, torch.cuda.Stream(dev))
+        side.wait_stream(torch.cuda.current_stream(dev))
+    events = []
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for i in range(cut):
+            walk_args = args[:6] + (seg_ptr[i:i + 2],) + args[7:]
+            ssd_chunk_state_kernel[grid](*walk_args, ck if ck is not None else args[9], HAS_CKPT=ck is not None,
+                                         carry_ptr=carry, CARRY_IN=i > 0, CARRY_OUT=i < cut - 1, **tiles,
+                                         **reg_cap(r))
+            if side is not None:
+                ev = torch.cuda.Event()
+                ev.record(side)
+                events.append(ev)
+    launch = None
+    cs, cl, prev = table.chunk_start, table.chunk_len, scan_args[5]
+    for i in range(cut):
+        lo, hi = bounds[i], bounds[i + 1]
+        if side is not None:
+            torch.cuda.current_stream(dev).wait_event(events[i])
+        a = list(scan_args)
+        a[5] = prev[lo:hi]
+        launch = _rec_scan(*a, cs[lo:hi], cl[lo:hi], hi - lo)
+    return launch        # the current stream has waited for the last walk segment: carry and seg_ptr may be freed
 
 
 def _check_in_chunk_offsets(rows: int, **tensors: Tensor) -> None:

@@ -99,13 +99,21 @@ def ssd_chunk_state_kernel(
     stride_prev_c, stride_prev_h, stride_prev_p,
     ckpt_ptr,
     BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-    HAS_CKPT: tl.constexpr = False,
+    HAS_CKPT: tl.constexpr = False, carry_ptr=None, CARRY_IN: tl.constexpr = False,
+    CARRY_OUT: tl.constexpr = False,
 ):
     """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs): the tiles of a head run side by side. HAS_CKPT:
-    ckpt_ptr[c] >= 0 is a bank slot that receives the fp32 state entering chunk c (a prefix-cache checkpoint)."""
+    ckpt_ptr[c] >= 0 is a bank slot that receives the fp32 state entering chunk c (a prefix-cache checkpoint).
+    A walk cut into segments (one sequence; `ssd_varlen`'s state key `segment_chunks`): CARRY_IN starts from the
+    fp32 carry [H, P, N] instead of the bank, CARRY_OUT leaves the state there instead of in the bank; the walk's
+    bits do not depend on the cut."""
     pb, nb, h, s, g, offs_p, offs_n, mp, mn, mpn = _walk_tile(P, N, heads_per_group, BLOCK_P, BLOCK_N)
     slot, bank_tile, state = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h, offs_p, offs_n, mpn, stride_bank_s,
                                          stride_bank_h, stride_bank_p, stride_bank_n)
+    if CARRY_IN or CARRY_OUT:
+        carry_tile = carry_ptr + (h * P + offs_p[:, None]) * N + offs_n[None, :]
+    if CARRY_IN:
+        state = tl.load(carry_tile, mask=mpn, other=0.0)
     c0 = tl.load(seq_chunk_ptr + s)          # int64, so c * stride_prev_c is int64
     c1 = tl.load(seq_chunk_ptr + s + 1)
     for c in range(c0, c1):
@@ -118,7 +126,10 @@ def ssd_chunk_state_kernel(
                                  stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
                                  BLOCK_K, BLOCK_P, BLOCK_N, DOT_PREC)
         state = tl.exp(cs_last) * state + acc
-    tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
+    if CARRY_OUT:
+        tl.store(carry_tile, state, mask=mpn)
+    else:
+        tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
 
 
 @triton.jit

@@ -94,6 +94,12 @@ VARIANTS: dict[str, tuple] = {
     "state_tma": ({}, dict(mode="tma")),
     "state_tma_s2": ({}, dict(mode="tma", num_stages=2)),
     "tma_both": (dict(kind="rec_tma"), dict(mode="tma")),
+    # the walk cut into segments of this many chunks on a side stream, each segment's scan overlapping the next
+    # segments' walk (state key segment_chunks; one sequence only)
+    "overlap_c8": ({}, dict(segment_chunks=8)),
+    "overlap_c16": ({}, dict(segment_chunks=16)),
+    "overlap_c32": ({}, dict(segment_chunks=32)),
+    "overlap_c64": ({}, dict(segment_chunks=64)),
 }
 CHUNK = Q                # --chunk: the SSD chunk of every variant and of mamba_ssm in this run
 
