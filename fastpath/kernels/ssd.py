@@ -411,7 +411,9 @@ def _segmented_walk_and_scan(args: tuple, grid: tuple, tiles: dict, r: dict, tab
     cut = len(bounds) - 1
     side = None
     if dev.type == "cuda":
-        side = _SIDE_STREAMS.setdefault(dev, torch.cuda.Stream(dev))
+        side = _SIDE_STREAMS.get(dev)
+        if side is None:                    # one side stream a device, made once
+            side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
     events = []
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():

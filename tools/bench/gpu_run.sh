@@ -162,13 +162,18 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
-# Optional: what the H100 calls of 2026-12-06 measured, for an H200 in one call (~4 min): the prefill attention's
-# rule beside natural exponentials and, at head dim 128, beside 64 x 64 blocks; the SSD row beside mamba_ssm; the
-# prefix-hit rows of both modes; the 131k prefill.
+# Optional: what is prepared and untimed, then what the H100 calls of 2026-12-06 measured, for an H200 in one call
+# (~5 min): the segmented chunk-state walk (its gpu test: the bits with the side stream; then beside the staged path
+# at 64k and 8k); the prefill attention's rule beside natural exponentials and, at head dim 128, beside 64 x 64
+# blocks; the SSD row beside mamba_ssm; the prefix-hit rows of both modes; the 131k prefill.
 step_pending() {
   local rc=0
-  timeout 200 $PY -m hybridqual.bench.attention --only rule,natural_exp 2>&1 | tail -n 12 \
+  timeout 90 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_ssd.py -k segmented 2>&1 | tail -n 1 \
     > "$OUT/pending.summary" || rc=1
+  timeout 150 $PY -m hybridqual.bench.ssd_variants --lengths 65536,8192 --budget-s 100 \
+    --only staged,overlap_c16,overlap_c32,overlap_c64 2>&1 | tail -n 16 >> "$OUT/pending.summary" || rc=1
+  timeout 200 $PY -m hybridqual.bench.attention --only rule,natural_exp 2>&1 | tail -n 12 \
+    >> "$OUT/pending.summary" || rc=1
   timeout 200 $PY -m hybridqual.bench.attention --only rule,m64_n64_w4 --head-dim 128 2>&1 | tail -n 12 \
     >> "$OUT/pending.summary" || rc=1
   timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 \
