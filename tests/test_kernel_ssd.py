@@ -239,7 +239,7 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
 
 @pytest.mark.parametrize("slot,has_init", [(1, True), (-1, False)], ids=["banked", "slot-1"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_segmented_walk_has_the_bits_of_one_walk(device, dtype, slot, has_init):
+def test_ssd_segmented_walk_has_the_bits_of_one_walk(device, dtype, slot, has_init, monkeypatch):
     """State key `segment_chunks` (the walk of one sequence cut into segments carried in fp32, each segment's scan
     launched after it; on CUDA the walk runs on a side stream) == the uncut walk bitwise: outputs, the final bank
     state and a checkpoint inside the piece, for segments of 1, 2 and 3 chunks of a mid-chunk continuation of 7
@@ -250,24 +250,18 @@ def test_ssd_segmented_walk_has_the_bits_of_one_walk(device, dtype, slot, has_in
     gen = torch.Generator().manual_seed(47 + has_init)
     inp = to(make_inputs(L, H, P, G, N, dtype, device, gen, S=S), device)
     bank0 = inp["bank"].clone()
+    poison_scratch(monkeypatch)
     got = {}
     for seg in (0, 1, 2, 3):
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
         rule["scan"].update(BLOCK_S=16, BLOCK_P=16)
         rule["state"].update(BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, segment_chunks=seg)
         bank = bank0.clone()
-        real_empty = torch.empty
-        torch.empty = lambda *a, **k: (lambda t: t.fill_(float("nan")) if t.is_floating_point() else t)(
-            real_empty(*a, **k))
-        try:
-            table = ssd_chunk_table([0, L], [sp], Q, device, slot=[slot], n_slots=S,
-                                    checkpoints=[(0, 3 * Q, 3)])
-            out = torch.full_like(inp["x"], float("nan"))
-            ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, L],
-                       torch.tensor([slot], device=device), [sp], torch.tensor([has_init], device=device), Q,
-                       out=out, table=table, _rule=rule)
-        finally:
-            torch.empty = real_empty
+        table = ssd_chunk_table([0, L], [sp], Q, device, slot=[slot], n_slots=S, checkpoints=[(0, 3 * Q, 3)])
+        out = torch.full_like(inp["x"], float("nan"))
+        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, L],
+                   torch.tensor([slot], device=device), [sp], torch.tensor([has_init], device=device), Q,
+                   out=out, table=table, _rule=rule)
         got[seg] = (out, bank)
     y, hf = reference(inp, 0, L, bank0[slot] if has_init else None, (0.0, math.inf))
     assert rel(got[0][0], y) < REL[dtype]
