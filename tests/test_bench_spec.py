@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from hybridqual.bench.spec import main, upper_bound_spec
+import pytest
+
+from hybridqual.bench.spec import bytes_ceiling, draft_pass_bytes, main, smoke_model, upper_bound_spec
 
 
 def test_bench_spec_smoke_prints_every_row_and_the_upper_bound_accepts_everything(capsys, tmp_path):
@@ -68,6 +70,24 @@ def test_bench_spec_forced_right_drafts_are_all_accepted_beside_the_upper_bound(
     assert (ub["kind"], right["kind"]) == ("upper_bound", "draft_right")
     assert right["accepted"] == right["proposed"] == ub["proposed"] > 0 and right["tokens_equal_baseline"]
     assert right["vs_upper_bound"] > 0 and right["draft_profile"]["draft_ms"] > 0
+    assert 0 < right["bytes_ceiling"] < 1
+
+
+def test_bytes_ceiling_adds_k_draft_forwards_to_the_upper_bounds_step():
+    """k = 2 at 961.6 tok/s (3 tokens in 3.120 ms) plus 2 forwards of 0.86 GB at 3.01 TB/s (0.571 ms): 0.845 of
+    the upper bound; no draft bytes: 1; more draft bytes: lower."""
+    assert bytes_ceiling(2, 961.6, 860_000_000, 3.01e12) == pytest.approx(3.11980 / (3.11980 + 0.57143), rel=1e-4)
+    assert bytes_ceiling(2, 961.6, 0, 3.01e12) == 1.0
+    assert bytes_ceiling(2, 961.6, 2 * 860_000_000, 3.01e12) < bytes_ceiling(2, 961.6, 860_000_000, 3.01e12)
+
+
+def test_draft_pass_bytes_counts_the_drafts_layers_norm_and_head_not_the_embedding_table():
+    """The tiny zoo model (fp32, untied head): one layer's tensors + final norm + head, and not the embedding rows."""
+    m = smoke_model()
+    size = lambda n: m.w[n].numel() * m.w[n].element_size()  # noqa: E731
+    layer0 = sum(size(n) for n in m.w if n.startswith("layers.0."))
+    assert draft_pass_bytes(m, 1) == layer0 + size("final_norm.weight") + size("lm_head.weight")
+    assert draft_pass_bytes(m, 2) > draft_pass_bytes(m, 1)
 
 
 def test_upper_bound_script_proposes_the_continuation_for_every_request():

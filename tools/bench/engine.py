@@ -413,7 +413,8 @@ def main() -> None:
     if args.spec:
         from hybridqual.bench.spec import spec_bench
         report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl,
-                                                groups=tuple(args.spec_rows.split(",")), backoff=args.spec_backoff)
+                                                groups=tuple(args.spec_rows.split(",")), backoff=args.spec_backoff,
+                                                copy_bps=bw)
         lines += spec_lines
         cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
     for mode, graphs, fused, gv in cases:

@@ -221,6 +221,23 @@ def write_draft(model, layers: int, folder: str) -> str:
     return folder
 
 
+def draft_pass_bytes(model, layers: int) -> int:
+    """Weight bytes one forward of the draft (`write_draft(model, layers)`) must read: its layers, final norm and
+    head; the embedding table is read a row a token, so it counts only when it is the head (tied)."""
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    return sum(t.numel() * t.element_size() for n, t in model.w.items()
+               if (not n.startswith("layers.") or int(n.split(".")[1]) < layers)
+               and (n != "embed.weight" or tied))
+
+
+def bytes_ceiling(k: int, ub_tok_s: float, pass_bytes: int, copy_bps: float) -> float:
+    """The most a draft proposer can reach, as a fraction of the upper bound at the same k, when every draft is
+    right: each step's k + 1 tokens take the upper bound's step time plus k draft forwards (a catch-up that yields
+    the first draft, then k - 1 one-token steps), each reading `pass_bytes` at `copy_bps`."""
+    step = (k + 1) / ub_tok_s
+    return step / (step + k * pass_bytes / copy_bps)
+
+
 def _canonical(cfg, w: dict) -> dict:
     """Undo FastModel's load-time fusions (gate_up, qkv) so the tensors are the canonical checkpoint names. The
     folded norm gains stay folded (norm gains 1, projections scaled): the same function."""
@@ -265,7 +282,8 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
                draft_layers: int = 4, prompt_len: int = 256, draft_osl: int = 32,
                draft_budget_s: float = 90.0, n_req: int = 2, budget_s: float = 150.0,
                rollbacks: tuple[str, ...] = ("snapshots", "replay"),
-               groups: tuple[str, ...] = ROW_GROUPS, backoff: int = 16) -> tuple[list[dict], list[str]]:
+               groups: tuple[str, ...] = ROW_GROUPS, backoff: int = 16,
+               copy_bps: float | None = None) -> tuple[list[dict], list[str]]:
     """Baseline, then at each k: ngram, upper bound, draft, self-draft (the target as its own draft, beside the upper
     bound at the same length: self_draft_rows), the upper bound with its last draft wrong under each
     rollback (per-position snapshots, replay: FastOptions.spec_replay) — only the `groups` named. Draft rows, per k:
@@ -274,6 +292,7 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
     the draft proposer's time per step by phase. draft_right: the draft's passes with their drafts replaced by the
     upper bound's (the draft path's cost when drafts are right), beside the upper bound row. draft_backoff: the draft at the full length without and with
     `engine.speculative.backoff` = `backoff` (what wrong drafts cost once the request drafts less while they miss).
+    copy_bps (the run's copy bandwidth, bytes/s): draft_right also prints the bytes ceiling (bytes_ceiling).
     Rows after `budget_s` (draft rows: after `draft_budget_s` of them) are skipped; returns (rows, printable lines)."""
     unknown = sorted(set(groups) - set(ROW_GROUPS))
     if unknown:
@@ -333,7 +352,13 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
             dr = one(f"draft{draft_layers} k={k} drafts forced right ({osl} tok)", "draft_right",
                      SpecConfig(k, ProposerConfig("draft", model=d)), own=base["tokens"],
                      script=lambda t, k=k: upper_bound_spec(k, t, n_req), force=True)
-            beside_upper_bound(dr, ub, f"draft{draft_layers} k={k} forced right", emit, "; goal >= 0.90x")
+            note = "; goal >= 0.90x"
+            if dr is not None and ub is not None and copy_bps:
+                nb = draft_pass_bytes(model, draft_layers)
+                dr["bytes_ceiling"] = bytes_ceiling(k, ub["tok_s"], nb, copy_bps)
+                note += (f"; bytes ceiling {dr['bytes_ceiling']:.2f}x: {k} draft forwards of {nb / 1e9:.3f} GB at "
+                         f"{copy_bps / 1e12:.2f} TB/s a step")
+            beside_upper_bound(dr, ub, f"draft{draft_layers} k={k} forced right", emit, note)
         for k in ks if d and "draft_backoff" in groups else ():
             for b in (0, backoff):
                 one(f"draft{draft_layers} k={k}{f' backoff {b}' if b else ''} ({osl} tok)",
@@ -408,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("on a GPU run `python -m hybridqual.bench.engine --spec`; here only --smoke")
     model = smoke_model(args.triton)
     rows, lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=8, prompt_len=40,
-                             draft_layers=1, draft_osl=6, n_req=2, groups=tuple(args.spec_rows.split(",")))
+                             draft_layers=1, draft_osl=6, n_req=2, groups=tuple(args.spec_rows.split(",")),
+                             copy_bps=1e10)      # a nominal 10 GB/s: the smoke prints the ceiling line, no figure
     print(f"smoke: {len(rows)} rows, backend {model.backend} (CPU: not a speed figure)")
     if args.out:
         with open(args.out, "w") as f:
