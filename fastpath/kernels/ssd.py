@@ -303,15 +303,18 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     # states entering each chunk, for the scan only (it multiplies them in the inputs' dtype); the state
     # carried from chunk to chunk and written to the bank stays fp32 inside the chunk-state kernel.
     prev = torch.empty(max(nc, 1), H, P, N, dtype=x.dtype, device=dev)
+    segmented = _segmented(rule, use_cb, n_seq, nc)
     if n_seq > 0:
         r = rule["state"]
         if table.ckpt_slot is not None and r.get("mode", "fused") not in ("fused", "tma"):
             raise KernelInputError(f"{OP}: checkpoint states need the fused chunk-state kernel (mode "
                                    f"{r.get('mode')!r})")
         grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
-        args = (x, B, dt_p, dacs, ssm_bank, prev, table.seq_chunk_ptr, table.chunk_start, table.chunk_len,
-                slot, has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
-                prev.stride(0), prev.stride(1), prev.stride(2))
+        def walk_args(seq_chunk_ptr: Tensor) -> tuple:  # the walkers' arguments over seq_chunk_ptr's chunks
+            return (x, B, dt_p, dacs, ssm_bank, prev, seq_chunk_ptr, table.chunk_start, table.chunk_len, slot,
+                    has_init, P, N, H // G, *x.stride(), *B.stride(), dt_p.stride(0), *ssm_bank.stride(),
+                    prev.stride(0), prev.stride(1), prev.stride(2))
+        args = walk_args(table.seq_chunk_ptr)
         tiles = dict(BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
                      num_warps=r["num_warps"], num_stages=r["num_stages"])
         mode = r.get("mode", "fused")
@@ -330,21 +333,28 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         elif mode == "tma":
             launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, H // G, r, prec)
-        elif _segmented(r, rule, use_cb, n_seq, nc):
-            scan_args = (x, B, C, dt_p, dacs, prev, D, A, out, H, P, N, G, rule["scan"], BQ, prec)
-            _SCAN_LAUNCH[0] = _segmented_walk_and_scan(args, grid, tiles, r, table, scan_args)
-            mark("state")
-            mark("scan")
-            return out
         else:
             ck = table.ckpt_slot
-            ssd_chunk_state_kernel[grid](*args, ck if ck is not None else slot, HAS_CKPT=ck is not None, **tiles,
-                                         **reg_cap(r))
+
+            def walk(seq_chunk_ptr: Tensor, **carry) -> None:    # the fused walk over seq_chunk_ptr's chunks
+                ssd_chunk_state_kernel[grid](*walk_args(seq_chunk_ptr), ck if ck is not None else slot,
+                                             HAS_CKPT=ck is not None, **carry, **tiles, **reg_cap(r))
+
+            if segmented:
+                def scan(lo: int, hi: int):                      # the rec scan of chunks lo..hi-1
+                    return _rec_scan(x, B, C, dt_p, dacs, prev[lo:hi], D, A, out, H, P, N, G, rule["scan"], BQ,
+                                     prec, table.chunk_start[lo:hi], table.chunk_len[lo:hi], hi - lo)
+                _SCAN_LAUNCH[0] = _segmented_walk_and_scan(walk, scan, nc, int(r["segment_chunks"]), (H, P, N),
+                                                           dev)
+            else:
+                walk(table.seq_chunk_ptr)
     mark("state")
     kind = rule["scan"].get("kind", "blocked")
     if kind not in SCAN_KINDS:
         raise KernelInputError(f"{OP}: scan kind {kind!r} is not one of {SCAN_KINDS}")
-    if nc > 0 and kind == "rec_mh" and not use_cb:
+    if segmented:
+        pass                                # each segment's scan was launched after its walk segment
+    elif nc > 0 and kind == "rec_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
     elif nc > 0 and kind == "rec_tma" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_tma(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
@@ -385,29 +395,28 @@ def _rec_scan(x, B, C, dt_p, dacs, prev, D, A, out, H, P, N, G, r, BQ, prec, chu
         num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
 
 
-def _segmented(state_rule: dict, rule: dict, use_cb: bool, n_seq: int, nc: int) -> bool:
+def _segmented(rule: dict, use_cb: bool, n_seq: int, nc: int) -> bool:
     """Whether this call cuts the chunk-state walk into segments: the key is set, one sequence of more chunks than
     one segment, the fused walk and the rec scan."""
-    seg = int(state_rule.get("segment_chunks", 0) or 0)
-    return (seg > 0 and n_seq == 1 and nc > seg and state_rule.get("mode", "fused") == "fused"
+    st = rule["state"]
+    seg = int(st.get("segment_chunks", 0) or 0)
+    return (seg > 0 and n_seq == 1 and nc > seg and st.get("mode", "fused") == "fused"
             and rule["scan"].get("kind", "blocked") == "rec" and not use_cb)
 
 
 _SIDE_STREAMS: dict = {}
 
 
-def _segmented_walk_and_scan(args: tuple, grid: tuple, tiles: dict, r: dict, table: SSDChunkTable,
-                             scan_args: tuple):
-    """The chunk-state walk in segments of r["segment_chunks"] chunks, each scan segment launched once its walk
-    segment has written the entering states it reads. On CUDA the walk runs on a side stream (forked from and
-    joined to the current one, so CUDA graphs capture it), overlapping the scan of earlier segments."""
-    seg, nc = int(r["segment_chunks"]), table.n_chunks
+def _segmented_walk_and_scan(walk, scan, nc: int, seg: int, state_shape: tuple[int, int, int],
+                             dev: torch.device):
+    """One sequence's chunk-state walk (`walk(seq_chunk_ptr, **carry)`) in segments of `seg` chunks, each segment's
+    scan (`scan(lo, hi)`) launched once its walk segment has written the entering states it reads; the state
+    passes between segments through an fp32 carry. On CUDA the walk runs on a side stream (forked from and joined
+    to the current one, so CUDA graphs capture it), overlapping the scan of earlier segments. Returns the last
+    scan launch."""
     bounds = [min(i, nc) for i in range(0, nc + seg, seg)]
-    dev = args[0].device
     seg_ptr = torch.arange(0, nc + seg, seg, dtype=torch.int64, device=dev).clamp_(max=nc)   # no host copy: capturable
-    H, P, N = grid[1], args[11], args[12]
-    carry = torch.empty(H, P, N, dtype=torch.float32, device=dev)
-    ck = table.ckpt_slot
+    carry = torch.empty(*state_shape, dtype=torch.float32, device=dev)
     cut = len(bounds) - 1
     side = None
     if dev.type == "cuda":
@@ -418,23 +427,15 @@ def _segmented_walk_and_scan(args: tuple, grid: tuple, tiles: dict, r: dict, tab
     events = []
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         for i in range(cut):
-            walk_args = args[:6] + (seg_ptr[i:i + 2],) + args[7:]
-            ssd_chunk_state_kernel[grid](*walk_args, ck if ck is not None else args[9], HAS_CKPT=ck is not None,
-                                         carry_ptr=carry, CARRY_IN=i > 0, CARRY_OUT=i < cut - 1, **tiles,
-                                         **reg_cap(r))
+            walk(seg_ptr[i:i + 2], carry_ptr=carry, CARRY_IN=i > 0, CARRY_OUT=i < cut - 1)
             if side is not None:
-                ev = torch.cuda.Event()
-                ev.record(side)
-                events.append(ev)
+                events.append(torch.cuda.Event())
+                events[-1].record(side)
     launch = None
-    cs, cl, prev = table.chunk_start, table.chunk_len, scan_args[5]
     for i in range(cut):
-        lo, hi = bounds[i], bounds[i + 1]
         if side is not None:
             torch.cuda.current_stream(dev).wait_event(events[i])
-        a = list(scan_args)
-        a[5] = prev[lo:hi]
-        launch = _rec_scan(*a, cs[lo:hi], cl[lo:hi], hi - lo)
+        launch = scan(bounds[i], bounds[i + 1])
     return launch        # the current stream has waited for the last walk segment: carry and seg_ptr may be freed
 
 
