@@ -171,7 +171,7 @@ def attention_kernel(
         tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=mm[:, None] & md[None, :])
         if BLOCK_D2 > 0:
             tl.store(acc_ptr + row[:, None] * D + d2[None, :], acc2, mask=mm[:, None] & md2[None, :])
-        if EXP2:                                       # the merge reads the max in natural units
+        if EXP2:                                       # the merge reads the max in natural units: × ln 2
             m_i = m_i * 0.6931471805599453
         tl.store(ml_ptr + 2 * row, m_i, mask=mm)
         tl.store(ml_ptr + 2 * row + 1, l_i, mask=mm)
@@ -188,16 +188,15 @@ def head_dim_chunks(head_dim: int, split: bool = True) -> tuple[int, int]:
 
 
 def attention_launch_rule(head_dim: int, elem_bytes: int = 2) -> dict:
-    """128 query rows and 128 keys per step at 8 warps for 2-byte inputs with head dims up to 128; 64 × 64 at 4
-    warps otherwise (64 × 32 above 128; fp32 at 128 × 128 needs 264.5 KiB of shared memory at head dim 80, past
-    sm_90's 227 KiB); key
-    blocks every row sees run without masks (UNMASKED_FULL); the head dim in two power-of-two chunks (BLOCK_DQ +
-    BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's tile); num_stages None: Triton's default; fp_fusion (on;
-    a bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the
-    split merge (1 with the big blocks, timed faster in bf16; None: all in one program, fewer programs for the CPU
-    interpreter's fp32; the merge's bits do not depend on it); EXP2 (on; a bench key): base-2 exponentials with
-    log2 e folded into the scale (tl.exp2's flush-to-zero form needs no subnormal fix-up: 594 SASS instructions a
-    key block instead of 854; docs/performance.md)."""
+    """128 query rows and 128 keys per step at 8 warps for 2-byte inputs with head dims up to 128; 64 × 64 at 4 warps
+    otherwise (64 × 32 above 128; fp32 at 128 × 128 needs 264.5 KiB of shared memory at head dim 80, past sm_90's 227
+    KiB); key blocks every row sees run without masks (UNMASKED_FULL); the head dim in two power-of-two chunks (BLOCK_DQ
+    + BLOCK_D2, `head_dim_chunks`; BLOCK_D: the K/V write's tile); num_stages None: Triton's default; fp_fusion (on; a
+    bench key): the compiler may fuse a multiply and an add into one FMA; COMBINE_H: heads per program of the split
+    merge (1 with the big blocks, timed faster in bf16; None: all in one program, fewer programs for the CPU
+    interpreter's fp32; the merge's bits do not depend on it); EXP2 (on; a bench key): base-2 exponentials with log2 e
+    folded into the scale (tl.exp2's flush-to-zero form needs no subnormal fix-up: 594 SASS instructions a key block
+    instead of 854; docs/performance.md)."""
     dq, d2 = head_dim_chunks(head_dim)
     big = head_dim <= 128 and elem_bytes <= 2
     return dict(BLOCK_M=128 if big else 64, BLOCK_N=128 if big else 64 if head_dim <= 128 else 32,
@@ -332,7 +331,7 @@ def _launch(q, k, v, k_cache, v_cache, out, tok_seq, cu, slot, start, plan: Atte
         BLOCK_D=rule["BLOCK_D"], num_warps=1, **pm)
     attention_kernel[(plan.n_item, Hq)](
         q, k_cache, v_cache, out, meta, cu, slot, start, plan.acc, plan.ml,
-        float(scale) * (1.4426950408889634 if rule["EXP2"] else 1.0), Hq // Hkv, D, Hq,
+        float(scale) * (1.4426950408889634 if rule["EXP2"] else 1.0), Hq // Hkv, D, Hq,     # × log2 e
         plan.n_blk, plan.n_item, cu.shape[0] - 1, plan.chunk,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         BLOCK_M=rule["BLOCK_M"], BLOCK_N=rule["BLOCK_N"], BLOCK_D=rule["BLOCK_DQ"], BLOCK_D2=rule["BLOCK_D2"],

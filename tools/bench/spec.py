@@ -214,11 +214,16 @@ def write_draft(model, layers: int, folder: str) -> str:
     """The target's first `layers` layers (plus embeddings, final norm, head) as an HF folder: same vocab."""
     from oracle.checkpoint import check_tensors, save_checkpoint
     cfg = dataclasses.replace(model.config, layers=model.config.layers[:layers])
-    keep = {n: t for n, t in model.w.items() if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
+    keep = {n: t for n, t in model.w.items() if _in_draft(n, layers)}
     canon = _canonical(cfg, keep)          # fused names (qkv, gate_up) back to the canonical ones
     check_tensors(cfg, canon)
     save_checkpoint(folder, cfg, canon)
     return folder
+
+
+def _in_draft(name: str, layers: int) -> bool:
+    """Whether the target's tensor `name` is one of the draft's: not a layer's, or one of the first `layers`."""
+    return not name.startswith("layers.") or int(name.split(".")[1]) < layers
 
 
 def draft_pass_bytes(model, layers: int) -> int:
@@ -226,8 +231,7 @@ def draft_pass_bytes(model, layers: int) -> int:
     head; the embedding table is read a row a token, so it counts only when it is the head (tied)."""
     tied = getattr(model.config, "tie_word_embeddings", False)
     return sum(t.numel() * t.element_size() for n, t in model.w.items()
-               if (not n.startswith("layers.") or int(n.split(".")[1]) < layers)
-               and (n != "embed.weight" or tied))
+               if _in_draft(n, layers) and (n != "embed.weight" or tied))
 
 
 def bytes_ceiling(k: int, ub_tok_s: float, pass_bytes: int, copy_bps: float) -> float:
