@@ -235,7 +235,7 @@ def prefill_attention_spec(name: str, head_dim: int = 80, dtype: str = "bf16", *
     r = attention_launch_rule(head_dim, 2 if dtype == "bf16" else 4)
     consts = dict(BLOCK_M=r["BLOCK_M"], BLOCK_N=r["BLOCK_N"], BLOCK_D=r["BLOCK_DQ"], BLOCK_D2=r["BLOCK_D2"],
                   DOT_PREC=dot_precision(torch.bfloat16 if dtype == "bf16" else torch.float32),
-                  UNMASKED_FULL=r["UNMASKED_FULL"], PDL=0)
+                  UNMASKED_FULL=r["UNMASKED_FULL"], EXP2=r["EXP2"], PDL=0)
     warps = over.pop("num_warps", r["num_warps"])
     types = {"meta_ptr": "*i32", "cu_ptr": "*i64", "slot_ptr": "*i64", "start_ptr": "*i64", "acc_ptr": "*fp32",
              "ml_ptr": "*fp32", "scale": "fp32", **{p: "*" + dtype for p in ("q_ptr", "kc_ptr", "vc_ptr", "o_ptr")}}
@@ -247,8 +247,8 @@ def prefill_attention_spec(name: str, head_dim: int = 80, dtype: str = "bf16", *
 def _prefill_attention_specs() -> list[Spec]:
     """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (128 × 128 blocks at 8 warps, unmasked
     full key blocks, the head dim in chunks 64 + 16, base-2 exponentials), the same with natural exponentials
-    (EXP2 off, the rule before 2026-12-06 12:00), 64 × 64 blocks at 4 warps, the kernel before the chunks (64 × 64, one 128-wide chunk, every block
-    masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
+    (EXP2 off, the rule before 2026-12-06 12:00), 64 × 64 blocks at 4 warps, the kernel before the chunks (64 × 64,
+    one 128-wide chunk, every block masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
     n = "prefill attention "
     return [prefill_attention_spec(n + "rule"),
             prefill_attention_spec(n + "rule, natural exp", EXP2=False),
