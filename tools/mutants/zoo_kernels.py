@@ -192,6 +192,12 @@ GEMV_FOLDS: list[Mutant] = [
            "holding the row's own and newest keys is left out (a prefix-cache hit's suffix sees a stale context)",
            K + "attention.py", "triton.cdiv(sp[s] + i + 1, chunk)", "(sp[s] + i) // chunk",
            (T_ATTN_SPLIT,)),
+    Mutant("attn_prefill_split_max_base2", "split-KV merge",
+           "with base-2 exponentials the split-key prefill attention stores each split's running max in base-2 "
+           "units (the × ln 2 back to natural units dropped), so the merge rescales the splits' partial sums by the "
+           "wrong factors: a prefix-cache hit's suffix past one split mixes its splits wrongly",
+           K + "attention.py", "            m_i = m_i * 0.6931471805599453\n", "            m_i = m_i * 1.0\n",
+           (T_ATTN_SPLIT,)),
 ]
 
 # ------------------------------------------------ norm eps placement and grouping (found by the blind run)
