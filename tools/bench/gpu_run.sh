@@ -162,28 +162,17 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
-# Optional: what is prepared and untimed, then what the H100 calls of 2026-12-06 measured, for an H200 in one call
-# (~5 min): the segmented chunk-state walk (its gpu test: the bits with the side stream; then beside the staged path
-# at 64k and 8k); the prefill attention's rule beside natural exponentials and, at head dim 128, beside 64 x 64
-# blocks; the SSD row beside mamba_ssm; the prefix-hit rows of both modes; the 131k prefill.
+# Optional: what is prepared and untimed (~2 min): the segmented chunk-state walk's gpu test (the bits with the side
+# stream), then its segment lengths beside the staged path at 64k and 8k, then the SSD row beside mamba_ssm.
 step_pending() {
   local rc=0
-  timeout 90 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_ssd.py -k segmented 2>&1 | tail -n 1 \
+  timeout 120 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_ssd.py -k segmented 2>&1 | tail -n 1 \
     > "$OUT/pending.summary" || rc=1
-  timeout 150 $PY -m hybridqual.bench.ssd_variants --lengths 65536,8192 --budget-s 100 \
-    --only staged,overlap_c16,overlap_c32,overlap_c64 2>&1 | tail -n 16 >> "$OUT/pending.summary" || rc=1
-  timeout 200 $PY -m hybridqual.bench.attention --only rule,natural_exp 2>&1 | tail -n 12 \
-    >> "$OUT/pending.summary" || rc=1
-  timeout 200 $PY -m hybridqual.bench.attention --only rule,m64_n64_w4 --head-dim 128 2>&1 | tail -n 12 \
-    >> "$OUT/pending.summary" || rc=1
+  timeout 180 $PY -m hybridqual.bench.ssd_variants --lengths 65536,8192 --budget-s 120 \
+    --only staged,overlap_c8,overlap_c16,overlap_c32,overlap_c64 2>&1 | tail -n 18 >> "$OUT/pending.summary" || rc=1
   timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 \
     || rc=1
   cat "$OUT/pending_ssd.txt" >> "$OUT/pending.summary" 2>/dev/null
-  step_bench_prefix > /dev/null 2>&1 || rc=1
-  grep -E "^prefix cache: 100|^bucketed|first hit|warm hit" "$OUT/bench_prefix.summary" \
-    >> "$OUT/pending.summary" 2>/dev/null
-  timeout 120 $PY -m hybridqual.bench.engine --long-only 2>&1 | grep "^long prefill 131072" | tail -n 1 \
-    >> "$OUT/pending.summary" || rc=1
   return $rc
 }
 # The speed figures of docs/performance.md's targets in one run, each beside its peer or roofline of the same run:
