@@ -76,3 +76,56 @@ def test_a_language_module_is_patched_once_per_process_and_the_bits_are_the_same
     y = torch.nn.functional.softplus(v) * torch.sigmoid(v) + v * (v > 1.0)
     ref = y + y.amax(dim=1, keepdim=True) * 0.5 + v.sum(dim=1, keepdim=True) * 0.25
     torch.testing.assert_close(runs[0][0].view(4, 16), ref, rtol=1e-5, atol=1e-4)
+
+
+@triton.jit
+def int_arith(x_ptr, out_ptr, K, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs)
+    tl.store(out_ptr + offs, (v * K + offs) - K)     # int32: the K chosen below overflows on some lanes
+
+
+def run_int_arith() -> torch.Tensor:
+    x = torch.arange(-32, 32, dtype=torch.int32) * 40_000_000
+    out = torch.empty_like(x)
+    int_arith[(4,)](x, out, 97, BLOCK=16)
+    return out
+
+
+def test_the_overflow_checks_dropped_are_ones_whose_asserts_the_interpreter_discards():
+    """With the interpreter's sanitiser on and `debug` off (its options), an int32 overflow raises nothing and the
+    result is the wrapped int32 value: the sanitiser's work is discarded, so dropping it changes no bit."""
+    skip_cpu_without_interpreter("cpu")
+    import dataclasses
+
+    from triton.runtime import interpreter as interp
+    from fastpath.kernels import _interpreter_speed
+    b = interp.interpreter_builder
+    if not dataclasses.is_dataclass(b.options):
+        pytest.skip("this Triton's interpreter options are not a dataclass (left as they are)")
+    saved = b.options
+    try:
+        b.options = dataclasses.replace(saved, sanitize_overflow=True, debug=False)
+        checked = run_int_arith()                          # overflows on some lanes, raises nothing
+        assert _interpreter_speed.drop_dead_overflow_checks()
+        assert b.options.sanitize_overflow is False and b.options.debug is False
+        assert not _interpreter_speed.drop_dead_overflow_checks()      # already off: nothing to do
+        unchecked = run_int_arith()
+        b.options = dataclasses.replace(saved, sanitize_overflow=True, debug=True)
+        assert not _interpreter_speed.drop_dead_overflow_checks()      # debug on: the checks would fire; kept
+        assert b.options.sanitize_overflow is True
+    finally:
+        b.options = saved
+    x = torch.arange(-32, 32, dtype=torch.int64) * 40_000_000
+    wrapped = ((x * 97 + torch.arange(64)) - 97 + 2**31) % 2**32 - 2**31
+    assert (x * 97).abs().max() > 2**31                    # the case does overflow int32
+    assert torch.equal(checked, unchecked) and torch.equal(checked.to(torch.int64), wrapped)
+
+
+def test_the_interpreter_runs_without_the_dead_overflow_checks():
+    skip_cpu_without_interpreter("cpu")
+    from triton.runtime import interpreter as interp
+    opts = interp.interpreter_builder.options
+    if getattr(opts, "debug", True):
+        pytest.skip("the interpreter's debug is on: its overflow asserts fire, so the checks are kept")
+    assert opts.sanitize_overflow is False

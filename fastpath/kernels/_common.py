@@ -25,8 +25,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 if INTERPRET:   # older Triton interpreters (the GPU image's 3.6) with NumPy >= 2.5: scalar loads as loop bounds
     from ._interpreter_compat import apply as _apply_interpreter_compat
     from ._interpreter_speed import apply as _apply_interpreter_speed
+    from ._interpreter_speed import drop_dead_overflow_checks as _drop_dead_overflow_checks
     _apply_interpreter_compat()
     _apply_interpreter_speed()     # a @triton.jit helper call skips re-patching what its grid patched
+    _drop_dead_overflow_checks()   # int32 overflow checks whose asserts the interpreter drops (debug off)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 

@@ -213,11 +213,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting variants after this many seconds")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--chunk", type=int, default=Q, help=f"SSD chunk size of the run (default {Q}, the model's)")
+    ap.add_argument("--peer-chunk", type=int, default=0,
+                    help="mamba_ssm's chunk size (default: the run's --chunk; the model's is %d)" % Q)
     ap.add_argument("--once", type=int, default=0, metavar="L",
                     help="run each --only variant (default staged) twice at L tokens and stop (for a profiler)")
     a = ap.parse_args()
     global CHUNK
     CHUNK = a.chunk
+    peer_chunk = a.peer_chunk or a.chunk
     if a.once:
         case = Case(a.once)
         for vn in [v for v in a.only.split(",") if v] or ["staged"]:
@@ -237,7 +240,7 @@ def main() -> None:
     t0 = time.time()
     import triton
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, chunk=CHUNK,
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[], base=[])
+               peer_chunk=peer_chunk, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[], base=[])
     res["copy_TBps"] = copy_tbps()
     print(f"[ssd_variants] copy {res['copy_TBps']:.2f} TB/s", flush=True)
     mamba = peer()
@@ -254,7 +257,7 @@ def main() -> None:
         base["rel_y_fused"] = rel(yf, ref[0])
         if mamba is not None:
             i = case.inp
-            f = lambda: mamba(i["x"][None], i["dt"][None], i["A"], i["B"][None], i["C"][None], CHUNK, D=i["D"],  # noqa: E731
+            f = lambda: mamba(i["x"][None], i["dt"][None], i["A"], i["B"][None], i["C"][None], peer_chunk, D=i["D"],  # noqa: E731
                               dt_bias=i["dtb"], dt_softplus=True, initial_states=case.bank0[1:2],
                               return_final_states=True)
             ym, hm = f()
@@ -294,7 +297,7 @@ def summary(res: dict) -> None:
         m = b.get("mamba_ms")
         print(f"L{b['L']}: floor {b['floor_ms']:.3f} ms, fused {b['fused_ms']:.3f} ms "
               f"(rel y {b['rel_y_fused']:.1e}), "
-              f"mamba_ssm {'%.3f ms' % m if m else '-'}"
+              f"mamba_ssm {'%.3f ms' % m if m else '-'} (chunk {res.get('peer_chunk', res.get('chunk', Q))})"
               + (f" (rel y/h vs staged {b['rel_y_mamba']:.1e}/{b['rel_h_mamba']:.1e})" if m else ""))
     print("| L | variant | ms | x mamba | host | cumsum | state | scan | rel y | rel h | bitwise | scan kernel |")
     print("|" + "---|" * 12)
