@@ -74,6 +74,20 @@ def peer_ops():
         return None, None
 
 
+def graphed(ours, peer) -> str:
+    """Both sides replayed as CUDA graphs (device time, no Python launch cost; at 8k the eager figures are partly
+    the host's): 'graphs: ours X ms, mamba_ssm Y ms (Y/X)', or why a side could not be captured."""
+    from .chain import time_graph
+    ms = {}
+    for name, fn in (("ours", ours), ("mamba_ssm", peer)):
+        try:
+            ms[name] = time_graph(fn, reps=10) / 1e3
+        except Exception as e:  # noqa: BLE001 - a side that cannot be captured is reported, not fatal
+            torch.cuda.synchronize()
+            return f"graphs: {name} not capturable ({type(e).__name__}: {str(e)[:80]})"
+    return f"graphs: ours {ms['ours']:.3f} ms, mamba_ssm {ms['mamba_ssm']:.3f} ms ({ms['mamba_ssm'] / ms['ours']:.2f}x)"
+
+
 def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
     """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (DESIGN §8 target: <= 1.9 ms at L = 65536)."""
     H, P, G, N, Q = 128, 64, 1, 128, 256
@@ -170,6 +184,7 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
             peer_z_ms = bench(lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=z[None], dt_bias=dtb,
                                            dt_softplus=True, return_final_states=True))
             note += f" | mamba_ssm with z gate: {peer_z_ms:.3f} ms"
+            note += " | " + graphed(lambda: run(), f)
         record(f"ssd_prefill L{L} [{name}]", ms, nbytes, flops, ceil, peer_ms, note)
 
 
