@@ -13,7 +13,7 @@ A second saving (`drop_dead_overflow_checks`): the interpreter's options ask for
 every int32 add, sub and mul of a kernel (its address arithmetic) is redone in int64 and compared with the int32
 range, and the result goes to `device_assert`, which drops it unless the options' `debug` is on (it never is in the
 interpreter, and a compiled kernel without debug drops it the same way). Turned off only while `debug` is off: the
-work it removes is work whose result was discarded (about a third of the interpreter's time in the SSD kernels).
+work it removes is work whose result was discarded (docs/qualification.md: what it saves the main job).
 A kernel's values never pass through the check, so the bits are the same."""
 from __future__ import annotations
 

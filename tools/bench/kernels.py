@@ -75,8 +75,8 @@ def peer_ops():
 
 
 def graphed(ours, peer) -> str:
-    """Both sides replayed as CUDA graphs (device time, no Python launch cost; at 8k the eager figures are partly
-    the host's): 'graphs: ours X ms, mamba_ssm Y ms (Y/X)', or why a side could not be captured."""
+    """Both sides replayed as CUDA graphs (device time without the Python launch cost, which the eager figures
+    include): 'graphs: ours X ms, mamba_ssm Y ms (Y/X)', or why a side could not be captured."""
     from .chain import time_graph
     ms = {}
     for name, fn in (("ours", ours), ("mamba_ssm", peer)):
