@@ -129,3 +129,22 @@ def test_the_interpreter_runs_without_the_dead_overflow_checks():
     if getattr(opts, "debug", True):
         pytest.skip("the interpreter's debug is on: its overflow asserts fire, so the checks are kept")
     assert opts.sanitize_overflow is False
+
+
+def test_the_np_dtype_answers_kept_are_the_interpreters_own():
+    """Every dtype's memoized NumPy dtype is the interpreter's table's answer, first call and repeat alike, and a
+    block type (unhashable) still gets its answer."""
+    skip_cpu_without_interpreter("cpu")
+    from triton.runtime import interpreter as interp
+    f = interp._get_np_dtype
+    if not getattr(f, "_hq_memo", False):
+        pytest.skip("this Triton's interpreter has no _get_np_dtype to wrap (left as it is)")
+    original = f._hq_original
+    kinds = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float16,
+             tl.bfloat16, tl.float32, tl.float64, tl.pointer_type(tl.float32), tl.pointer_type(tl.int64)]
+    for t in kinds:
+        assert f(t) == original(t) and f(t) == original(t), t
+    assert f(tl.int32) != f(tl.float32) and f(tl.bfloat16) == original(tl.bfloat16)
+    block = tl.block_type(tl.float32, [4, 8])
+    assert f(block) == original(block)
+    assert run_helpers().dtype == torch.float32 and torch.equal(run_helpers(), run_helpers())

@@ -26,9 +26,11 @@ if INTERPRET:   # older Triton interpreters (the GPU image's 3.6) with NumPy >= 
     from ._interpreter_compat import apply as _apply_interpreter_compat
     from ._interpreter_speed import apply as _apply_interpreter_speed
     from ._interpreter_speed import drop_dead_overflow_checks as _drop_dead_overflow_checks
+    from ._interpreter_speed import memoize_np_dtype as _memoize_np_dtype
     _apply_interpreter_compat()
     _apply_interpreter_speed()     # a @triton.jit helper call skips re-patching what its grid patched
     _drop_dead_overflow_checks()   # int32 overflow checks whose asserts the interpreter drops (debug off)
+    _memoize_np_dtype()            # the Triton-to-NumPy dtype table, built once per dtype instead of per call
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 

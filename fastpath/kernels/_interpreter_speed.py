@@ -14,7 +14,11 @@ every int32 add, sub and mul of a kernel (its address arithmetic) is redone in i
 range, and the result goes to `device_assert`, which drops it unless the options' `debug` is on (it never is in the
 interpreter, and a compiled kernel without debug drops it the same way). Turned off only while `debug` is off: the
 work it removes is work whose result was discarded (docs/qualification.md: what it saves the main job).
-A kernel's values never pass through the check, so the bits are the same."""
+A kernel's values never pass through the check, so the bits are the same.
+
+A third (`memoize_np_dtype`): the interpreter maps a Triton dtype to its NumPy dtype through a table it rebuilds on
+every call (hundreds of thousands of calls an instance); the answer for a hashable dtype is kept after the first
+call (block types, which are not hashable, still go through the table). A pure map: the same bits."""
 from __future__ import annotations
 
 
@@ -68,4 +72,29 @@ def drop_dead_overflow_checks() -> bool:
             or not dataclasses.is_dataclass(opts):
         return False
     builder.options = dataclasses.replace(opts, sanitize_overflow=False)
+    return True
+
+
+def memoize_np_dtype() -> bool:
+    """Keep the interpreter's Triton-to-NumPy dtype answers per hashable dtype; True if wrapped."""
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:      # pragma: no cover - no interpreter in this Triton
+        return False
+    original = getattr(interp, "_get_np_dtype", None)
+    if original is None or getattr(original, "_hq_memo", False):
+        return False
+    known: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        try:
+            return known[tt_dtype]
+        except KeyError:
+            known[tt_dtype] = answer = original(tt_dtype)
+            return answer
+        except TypeError:                  # an unhashable (block) type: the table every time
+            return original(tt_dtype)
+
+    get_np_dtype._hq_memo, get_np_dtype._hq_original = True, original
+    interp._get_np_dtype = get_np_dtype
     return True
