@@ -8,15 +8,25 @@ from __future__ import annotations
 import inspect
 
 
-def apply() -> bool:
-    """Patch the interpreter's tensor `__index__` to squeeze first when it does not already; True if patched."""
+def unwrapped(name: str, flag: str):
+    """(the interpreter module, its function `name`) when that function exists and is not already wrapped by us
+    (no attribute `flag`), else None."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:      # pragma: no cover - no interpreter in this Triton
+        return None
+    original = getattr(interp, name, None)
+    if original is None or getattr(original, flag, False):
+        return None
+    return interp, original
+
+
+def apply() -> bool:
+    """Patch the interpreter's tensor `__index__` to squeeze first when it does not already; True if patched."""
+    found = unwrapped("_patch_lang_tensor", "_hq_squeezes")
+    if found is None:
         return False
-    original = getattr(interp, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_hq_squeezes", False):
-        return False
+    interp, original = found
     try:
         if "squeeze" in inspect.getsource(original):
             return False

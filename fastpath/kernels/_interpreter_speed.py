@@ -77,13 +77,11 @@ def drop_dead_overflow_checks() -> bool:
 
 def memoize_np_dtype() -> bool:
     """Keep the interpreter's Triton-to-NumPy dtype answers per hashable dtype; True if wrapped."""
-    try:
-        from triton.runtime import interpreter as interp
-    except ImportError:      # pragma: no cover - no interpreter in this Triton
+    from ._interpreter_compat import unwrapped
+    found = unwrapped("_get_np_dtype", "_hq_memo")
+    if found is None:
         return False
-    original = getattr(interp, "_get_np_dtype", None)
-    if original is None or getattr(original, "_hq_memo", False):
-        return False
+    interp, original = found
     known: dict = {}
 
     def get_np_dtype(tt_dtype):
