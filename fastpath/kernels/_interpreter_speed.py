@@ -21,19 +21,20 @@ every call (hundreds of thousands of calls an instance); the answer for a hashab
 call (block types, which are not hashable, still go through the table). A pure map: the same bits."""
 from __future__ import annotations
 
+from ._interpreter_compat import unwrapped
+
 
 def apply() -> bool:
     """Wrap the interpreter's `_patch_lang` so a language module is patched once per process; True if wrapped."""
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter as interp
-    except ImportError:      # pragma: no cover - no interpreter in this Triton
+    found = unwrapped("_patch_lang", "_hq_once")
+    if found is None:
         return False
-    original = getattr(interp, "_patch_lang", None)
+    interp, original = found
+    import triton.language as tl
     scope_cls = getattr(interp, "_LangPatchScope", None)
     grid_call = getattr(getattr(interp, "GridExecutor", None), "__call__", None)
     nested_call = getattr(getattr(interp, "InterpretedFunction", None), "__call__", None)
-    if original is None or scope_cls is None or getattr(original, "_hq_once", False):
+    if scope_cls is None:
         return False
     # The shape relied on: launches and helper calls patch through _patch_lang and the grid restores its scope.
     if not all(f is not None and "_patch_lang" in f.__code__.co_names for f in (grid_call, nested_call)) or \
@@ -77,7 +78,6 @@ def drop_dead_overflow_checks() -> bool:
 
 def memoize_np_dtype() -> bool:
     """Keep the interpreter's Triton-to-NumPy dtype answers per hashable dtype; True if wrapped."""
-    from ._interpreter_compat import unwrapped
     found = unwrapped("_get_np_dtype", "_hq_memo")
     if found is None:
         return False

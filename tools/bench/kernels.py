@@ -184,7 +184,7 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
             peer_z_ms = bench(lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=z[None], dt_bias=dtb,
                                            dt_softplus=True, return_final_states=True))
             note += f" | mamba_ssm with z gate: {peer_z_ms:.3f} ms"
-            note += " | " + graphed(lambda: run(), f)
+            note += " | " + graphed(run, f)
         record(f"ssd_prefill L{L} [{name}]", ms, nbytes, flops, ceil, peer_ms, note)
 
 
