@@ -135,18 +135,23 @@ def run(cls, trace_name: str = "seed_compaction"):
 
 
 def test_fake_server_tokens_logprobs_and_arrivals(fresh):
-    """Served by the oracle itself: the tokens are the oracle's greedy ones, the logprobs line passes, the
-    requests go out at arrival_step × step_s and the server's draft counts are read."""
-    cls = adapter_for(fresh.url, step_s=0.1)
+    """Served by the oracle itself: the tokens are the oracle's greedy ones, the logprobs line passes, each
+    request goes out inside its own step window [arrival_step × step_s, + step_s) and the server's draft counts
+    are read. Never early is exact; the window is wide because a loaded 2-core machine delays a thread's start."""
+    step = 0.25
+    cls = adapter_for(fresh.url, step_s=step)
     trace, res = run(cls)
     for r in trace.requests:
         assert res.tokens[r.id] == fresh.model.generate_greedy(list(r.prompt), r.max_new_tokens), r.id
     c = logprobs_check(cls, "tiny-sort/seed_compaction", "legacy", trace, res, fresh.model)
     assert c.passed, c.detail
     assert "speculative: 15 of 20 drafted tokens accepted" in c.detail
-    sent = {f["request"]: f["sent_s"] for f in res.schedule_facts}
+    facts = {f["request"]: f for f in res.schedule_facts}
     for r in trace.requests:
-        assert abs(sent[r.id] - 0.1 * r.arrival_step) < 0.08, (r.id, sent[r.id])
+        f = facts[r.id]
+        assert f["due_s"] == round(step * r.arrival_step, 4), (r.id, f)
+        assert f["due_s"] - 1e-4 <= f["sent_s"] < f["due_s"] + step, (r.id, f)
+    assert "ms after their arrival time" in c.detail
     assert res.prefix_cache == {"admit": [{"request": f["request"], "cached_tokens": 0} for f in res.schedule_facts]}
 
 

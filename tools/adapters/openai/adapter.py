@@ -251,7 +251,8 @@ class OpenAIServerAdapter(Adapter):
             res.logprobs[r.id], res.sampled_logprobs[r.id] = rows, lps
             if c.logprobs_note:
                 res.logprobs_notes[r.id] = c.logprobs_note
-            fact = {"request": r.id, "arrival_step": r.arrival_step, "sent_s": round(sent, 4),
+            fact = {"request": r.id, "arrival_step": r.arrival_step, "due_s": round(r.arrival_step * self.step, 4),
+                    "sent_s": round(sent, 4),
                     "done_s": round(done, 4), "server_finish_reason": c.finish_reason,
                     "server_tokens": len(c.tokens), "cut_after_stop": cut, "prompt_tokens": c.prompt_tokens,
                     "cached_tokens": c.cached_tokens, "cached_source": c.cached_source}

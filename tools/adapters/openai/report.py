@@ -39,6 +39,9 @@ def fact_problems(trace, run) -> list[str]:
 def summary(run) -> str:
     facts = run.schedule_facts or []
     parts = [f"{len(facts)} requests, at most {overlap(facts)} in flight at once" if facts else "no requests"]
+    late = [f["sent_s"] - f["due_s"] for f in facts if "due_s" in f]
+    if late:
+        parts.append(f"sent at most {max(late) * 1e3:.0f} ms after their arrival time")
     if getattr(run, "probe", ""):
         parts.append(run.probe)
     cut = [f for f in facts if f["cut_after_stop"]]
