@@ -8,12 +8,20 @@ from __future__ import annotations
 import inspect
 
 
-def unwrapped(name: str, flag: str):
-    """(the interpreter module, its function `name`) when that function exists and is not already wrapped by us
-    (no attribute `flag`), else None."""
+def interpreter_module():
+    """Triton's interpreter module, or None when this Triton has none."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:      # pragma: no cover - no interpreter in this Triton
+        return None
+    return interp
+
+
+def unwrapped(name: str, flag: str):
+    """(the interpreter module, its function `name`) when that function exists and is not already wrapped by us
+    (no attribute `flag`), else None."""
+    interp = interpreter_module()
+    if interp is None:
         return None
     original = getattr(interp, name, None)
     if original is None or getattr(original, flag, False):

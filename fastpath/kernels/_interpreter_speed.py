@@ -21,7 +21,7 @@ every call (hundreds of thousands of calls an instance); the answer for a hashab
 call (block types, which are not hashable, still go through the table). A pure map: the same bits."""
 from __future__ import annotations
 
-from ._interpreter_compat import unwrapped
+from ._interpreter_compat import interpreter_module, unwrapped
 
 
 def apply() -> bool:
@@ -61,13 +61,8 @@ def apply() -> bool:
 def drop_dead_overflow_checks() -> bool:
     """Turn the interpreter's integer-overflow sanitiser off when its asserts are dropped anyway (`debug` off);
     True if turned off."""
-    try:
-        import dataclasses
-
-        from triton.runtime import interpreter as interp
-    except ImportError:      # pragma: no cover - no interpreter in this Triton
-        return False
-    builder = getattr(interp, "interpreter_builder", None)
+    import dataclasses
+    builder = getattr(interpreter_module(), "interpreter_builder", None)
     opts = getattr(builder, "options", None)
     if opts is None or getattr(opts, "debug", True) or not getattr(opts, "sanitize_overflow", False) \
             or not dataclasses.is_dataclass(opts):
