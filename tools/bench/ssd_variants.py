@@ -35,7 +35,8 @@ except ImportError:                      # run as a script: tools/bench is on sy
 
 STAGES = ("host", "cumsum", "bmm", "state", "scan", "fused")
 REL_OK = 5e-3            # ‖Δy‖/‖y‖ vs the staged path under which a variant counts as right
-# name -> (scan entry updates, state entry updates[, fused entry updates: the fused path]); "" = the launch rule
+# name -> (scan entry updates, state entry updates[, fused entry updates: the fused path]), updates to the launch rule
+# of the day (the state_* entries written before 2026-12-06 19:40 were timed against 64-wide N-tiles, 4 warps, 3 stages)
 VARIANTS: dict[str, tuple] = {
     "staged": ({}, {}),
     # the fused path (one launch) at shapes with less spill at sm_90 (triton 3.6: 616 B a thread at its rule,
@@ -76,6 +77,26 @@ VARIANTS: dict[str, tuple] = {
     "state_p32": ({}, dict(BLOCK_P=32)),
     "state_p32_n32": ({}, dict(BLOCK_P=32, BLOCK_N=32)),
     "state_par": ({}, dict(mode="parallel")),
+    # more walkers at the 64-row P-tile (the warp-group MMA kept: its M is P), narrower N-tiles of the state
+    "state_n32": ({}, dict(BLOCK_N=32)),
+    "state_n32_s4": ({}, dict(BLOCK_N=32, num_stages=4)),
+    "state_n32_w8": ({}, dict(BLOCK_N=32, num_warps=8)),
+    "state_n16": ({}, dict(BLOCK_N=16)),
+    "state_n16_s4": ({}, dict(BLOCK_N=16, num_stages=4)),
+    "state_k128": ({}, dict(BLOCK_K=128)),
+    # the chunk-state tiles of the rule before 2026-12-06 19:40 (64-wide N-tiles, 4 warps, 3 stages)
+    "state_n64_w4_s3": ({}, dict(BLOCK_N=64, num_warps=4, num_stages=3)),
+    "state_s5": ({}, dict(num_stages=5)),
+    "state_s6": ({}, dict(num_stages=6)),
+    "state_k32_s6": ({}, dict(BLOCK_K=32, num_stages=6)),
+    # fewer walkers: one per head (x read once, not once per N-tile)
+    "state_n128": ({}, dict(BLOCK_N=128)),
+    "state_n128_w8": ({}, dict(BLOCK_N=128, num_warps=8)),
+    "state_n128_k32_w8": ({}, dict(BLOCK_N=128, BLOCK_K=32, num_warps=8)),
+    "state_n128_w8_s2": ({}, dict(BLOCK_N=128, num_warps=8, num_stages=2)),
+    "state_n128_w8_s4": ({}, dict(BLOCK_N=128, num_warps=8, num_stages=4)),
+    "state_n128_k128_w8": ({}, dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=2)),
+    "rec_s1": (dict(num_stages=1), {}),
     # the scan shape of vLLM's fused SSD kernel (ssd_fused5.py: C·Bᵀ once per group, 64-row × 32-column blocks,
     # 1 stage, 128 registers; it reads the entering state again per row block), per chunk (walk) or per row block
     "walk_cb_k32_s1_r128": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
