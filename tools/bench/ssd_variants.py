@@ -36,7 +36,7 @@ except ImportError:                      # run as a script: tools/bench is on sy
 STAGES = ("host", "cumsum", "bmm", "state", "scan", "fused")
 REL_OK = 5e-3            # ‖Δy‖/‖y‖ vs the staged path under which a variant counts as right
 # name -> (scan entry updates, state entry updates[, fused entry updates: the fused path]), updates to the launch rule
-# of the day (the state_* entries written before 2026-12-06 19:40 were timed against 64-wide N-tiles, 4 warps, 3 stages)
+# of the day (the state_* entries written before e3f7e9b were timed against 64-wide N-tiles, 4 warps, 3 stages)
 VARIANTS: dict[str, tuple] = {
     "staged": ({}, {}),
     # the fused path (one launch) at shapes with less spill at sm_90 (triton 3.6: 616 B a thread at its rule,
@@ -84,7 +84,7 @@ VARIANTS: dict[str, tuple] = {
     "state_n16": ({}, dict(BLOCK_N=16)),
     "state_n16_s4": ({}, dict(BLOCK_N=16, num_stages=4)),
     "state_k128": ({}, dict(BLOCK_K=128)),
-    # the chunk-state tiles of the rule before 2026-12-06 19:40 (64-wide N-tiles, 4 warps, 3 stages)
+    # the chunk-state tiles of the rule before e3f7e9b (64-wide N-tiles, 4 warps, 3 stages)
     "state_n64_w4_s3": ({}, dict(BLOCK_N=64, num_warps=4, num_stages=3)),
     "state_s5": ({}, dict(num_stages=5)),
     "state_s6": ({}, dict(num_stages=6)),
