@@ -27,7 +27,7 @@ from .ssd_bmm import ssd_bmm_kernel
 from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
 from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
 from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel,
-                              ssd_state_passing_kernel)
+                              ssd_chunk_state_pair_kernel, ssd_state_passing_kernel)
 from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
@@ -152,6 +152,7 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # bytes), then a streaming element-wise passing kernel (PASS_BLOCK elements a program). H200, L65536:
         # fused 4.00 ms total, parallel 4.13, flat 4.54 (bitwise equal y) — fused, which needs no scratch.
         # "tma" (ssd_state_tma.py, a bench option): the fused walk reading x and B through tensor descriptors.
+        # "pair" (a bench option): the fused walk for two heads of a group a program, B loaded once for both.
         # segment_chunks (a bench key, 0: off): a single sequence's walk cut into segments of this many chunks on a
         # side stream, the scan of each segment starting as soon as its walk segment ends (CUDA: overlapped; the
         # interpreter: in turn); the same bits as one walk (the carry between segments is the fp32 state).
@@ -309,7 +310,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     segmented = _segmented(rule, use_cb, n_seq, nc)
     if n_seq > 0:
         r = rule["state"]
-        if table.ckpt_slot is not None and r.get("mode", "fused") not in ("fused", "tma"):
+        if table.ckpt_slot is not None and r.get("mode", "fused") not in ("fused", "tma", "pair"):
             raise KernelInputError(f"{OP}: checkpoint states need the fused chunk-state kernel (mode "
                                    f"{r.get('mode')!r})")
         grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
@@ -336,6 +337,12 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         elif mode == "tma":
             launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, H // G, r, prec)
+        elif mode == "pair":
+            if (H // G) % 2:
+                raise KernelInputError(f"{OP}: state mode 'pair' needs an even number of heads a group ({H // G})")
+            ck = table.ckpt_slot
+            ssd_chunk_state_pair_kernel[(grid[0], H // 2, n_seq)](*args, ck if ck is not None else slot,
+                                                                  HAS_CKPT=ck is not None, **tiles, **reg_cap(r))
         else:
             ck = table.ckpt_slot
 

@@ -251,3 +251,78 @@ def ssd_state_passing_kernel(
         cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
         state = tl.exp(cs_last) * state + tl.load(local_ptr + c * stride_loc_c + loc, mask=m, other=0.0)
     tl.store(bank, state, mask=tl.where(slot >= 0, m, False))
+
+
+@triton.jit
+def ssd_chunk_state_pair_kernel(
+    x_ptr, B_ptr, dt_ptr, dacs_ptr, bank_ptr, prev_ptr,
+    seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr,
+    P, N, heads_per_group,
+    stride_x_t, stride_x_h, stride_x_p,
+    stride_b_t, stride_b_g, stride_b_n,
+    stride_dt_h,
+    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
+    stride_prev_c, stride_prev_h, stride_prev_p,
+    ckpt_ptr,
+    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_CKPT: tl.constexpr = False,
+):
+    """ssd_chunk_state_kernel for two heads of one group a program (grid (tiles, H // 2, n_seqs); heads_per_group
+    even): each sub-block's B tile is loaded once for both heads' dots. Each head's sums are the one-head walk's,
+    in its order, so the bits are the same."""
+    n_nb = tl.cdiv(N, BLOCK_N)
+    pb = tl.program_id(0) // n_nb
+    nb = tl.program_id(0) % n_nb
+    h0 = 2 * tl.program_id(1).to(tl.int64)
+    h1 = h0 + 1
+    s = tl.program_id(2)
+    g = h0 // heads_per_group
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mp = offs_p < P
+    mn = offs_n < N
+    mpn = mp[:, None] & mn[None, :]
+    slot, bank0, st0 = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h0, offs_p, offs_n, mpn, stride_bank_s,
+                                   stride_bank_h, stride_bank_p, stride_bank_n)
+    slot, bank1, st1 = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h1, offs_p, offs_n, mpn, stride_bank_s,
+                                   stride_bank_h, stride_bank_p, stride_bank_n)
+    c0 = tl.load(seq_chunk_ptr + s)          # int64
+    c1 = tl.load(seq_chunk_ptr + s + 1)
+    for c in range(c0, c1):
+        _record_entering(st0, prev_ptr, bank_ptr, ckpt_ptr, c, h0, offs_p, offs_n, mpn, stride_prev_c, stride_prev_h,
+                         stride_prev_p, stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n, HAS_CKPT)
+        _record_entering(st1, prev_ptr, bank_ptr, ckpt_ptr, c, h1, offs_p, offs_n, mpn, stride_prev_c, stride_prev_h,
+                         stride_prev_p, stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n, HAS_CKPT)
+        start = tl.load(chunk_start_ptr + c).to(tl.int64)
+        length = tl.load(chunk_len_ptr + c)
+        last0 = tl.load(dacs_ptr + h0 * stride_dt_h + start + length - 1)
+        last1 = tl.load(dacs_ptr + h1 * stride_dt_h + start + length - 1)
+        acc0 = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, length, BLOCK_K):
+            tok = start + k0 + offs_k
+            mk = (k0 + offs_k) < length
+            bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                         mask=mk[:, None] & mn[None, :], other=0.0)
+            acc0 += tl.dot(tl.trans(_xw(x_ptr, dt_ptr, dacs_ptr, h0, tok, mk, last0, offs_p, mp, stride_x_t,
+                                        stride_x_h, stride_x_p, stride_dt_h, bt.dtype)), bt, input_precision=DOT_PREC)
+            acc1 += tl.dot(tl.trans(_xw(x_ptr, dt_ptr, dacs_ptr, h1, tok, mk, last1, offs_p, mp, stride_x_t,
+                                        stride_x_h, stride_x_p, stride_dt_h, bt.dtype)), bt, input_precision=DOT_PREC)
+        st0 = tl.exp(last0) * st0 + acc0
+        st1 = tl.exp(last1) * st1 + acc1
+    tl.store(bank0, st0, mask=tl.where(slot >= 0, mpn, False))
+    tl.store(bank1, st1, mask=tl.where(slot >= 0, mpn, False))
+
+
+@triton.jit
+def _xw(x_ptr, dt_ptr, dacs_ptr, h, tok, mk, cs_last, offs_p, mp, stride_x_t, stride_x_h, stride_x_p, stride_dt_h,
+        DTYPE: tl.constexpr):
+    """One head's x rows of a sub-block weighted by exp(cs_last − cs_j) dt_j, rounded to B's dtype (_xb_term's
+    left operand)."""
+    cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+    dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
+    w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
+    xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
+                 mask=mk[:, None] & mp[None, :], other=0.0)
+    return (xt.to(tl.float32) * w[:, None]).to(DTYPE)

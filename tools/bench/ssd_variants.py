@@ -89,6 +89,12 @@ VARIANTS: dict[str, tuple] = {
     "state_s5": ({}, dict(num_stages=5)),
     "state_s6": ({}, dict(num_stages=6)),
     "state_k32_s6": ({}, dict(BLOCK_K=32, num_stages=6)),
+    # two heads of a group a walker (state mode "pair"): B loaded once for both heads' dots
+    "state_pair": ({}, dict(mode="pair")),
+    "state_pair_s3": ({}, dict(mode="pair", num_stages=3)),
+    "state_pair_s2": ({}, dict(mode="pair", num_stages=2)),
+    "state_pair_n64": ({}, dict(mode="pair", BLOCK_N=64)),
+    "state_pair_n64_w4_s3": ({}, dict(mode="pair", BLOCK_N=64, num_warps=4, num_stages=3)),
     # fewer walkers: one per head (x read once, not once per N-tile)
     "state_n128": ({}, dict(BLOCK_N=128)),
     "state_n128_w8": ({}, dict(BLOCK_N=128, num_warps=8)),
