@@ -187,6 +187,10 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                     dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32",
                          CARRY_IN=True, CARRY_OUT=True), st["num_warps"], st["num_stages"],
                     {**f32, "carry_ptr": "*fp32"}, strides(ssd_chunk_state_kernel) + ("P", "N")))
+    from fastpath.kernels.ssd_chunk_state import ssd_chunk_state_pair_kernel
+    out.append(Spec("ssd_chunk_state pair (two heads a walker)", ssd_chunk_state_pair_kernel,   # bench mode "pair"
+                    dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
+                    st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_pair_kernel) + ("P", "N")))
     from fastpath.kernels.ssd_state_tma import ssd_state_tma_kernel
     bk, sp, sn = st["BLOCK_K"], st["BLOCK_P"], st["BLOCK_N"]
     out.append(Spec("ssd_chunk_state_tma", ssd_state_tma_kernel,        # the walk through descriptors (bench mode)
