@@ -160,7 +160,7 @@ def test_in_a_worker_a_hang_or_a_self_kill_is_a_fail_line_and_the_next_instance_
                                             (signal.SIGINT, "aborted: SIGINT (interrupted)", 130)])
 def test_a_signal_finalises_the_report_as_aborted(tmp_path, sig, words, code):
     a = one_request_trace(tmp_path / "a.json", "a")
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine", "broken_engines:HangingOracle",
@@ -177,7 +177,12 @@ def test_a_signal_finalises_the_report_as_aborted(tmp_path, sig, words, code):
             time.sleep(0.2)
         time.sleep(0.5)
         p.send_signal(sig)
-        _, err = p.communicate(timeout=60)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:       # where it is stuck: faulthandler dumps every thread on SIGABRT
+            p.send_signal(signal.SIGABRT)
+            _, err = p.communicate(timeout=30)
+            pytest.fail(f"qualify did not end within 60 s of {sig.name}; its threads at SIGABRT:\n{err[-6000:]}")
     finally:
         if p.poll() is None:
             p.kill()
