@@ -163,9 +163,15 @@ def test_a_signal_finalises_the_report_as_aborted(tmp_path, sig, words, code):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine", "broken_engines:HangingOracle",
-                          "--in-process", "--trace", a, "--mode", "legacy", "--out", str(out)], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell's background job (no job control) starts with SIGINT ignored, and an ignored signal stays ignored across
+    # exec, so the child would never see the SIGINT this test sends; a caught one is reset to the default there.
+    caught = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine", "broken_engines:HangingOracle",
+                              "--in-process", "--trace", a, "--mode", "legacy", "--out", str(out)], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, caught)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:           # the instance is under way: its record is in the report
