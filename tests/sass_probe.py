@@ -38,6 +38,7 @@ def main() -> int:
         rows = [report(s) for s in chosen + [probe]]
         rows += fused_scan_loops()
         rows += attention_shared_memory()
+        rows += ssd_state_shared_memory()
     except SassError as e:
         print(json.dumps({"skip": str(e)}))
         return 0
@@ -73,6 +74,27 @@ def attention_shared_memory() -> list[dict]:
         name = f"prefill attention {dt} d{d}{' M128 N128 w8' if force else ''}"
         k = compile_spec(prefill_attention_spec(name, d, dt, **force))
         out.append({"kernel": name, "shared": k.metadata.shared})
+    return out
+
+
+def ssd_state_shared_memory() -> list[dict]:
+    """The chunk-state walk's shared memory on sm_86 (99 KB a block: the smallest of the lowered archs) at its launch
+    rule for bf16 and fp32 inputs (anchor-3b's SSD shape), and fp32 at the bf16 rule's 4 stages (the control)."""
+    import torch
+
+    from fastpath.kernels.ssd import ssd_launch_rule
+    [base] = [s for s in specs({"ssd_state"}) if s.name == "ssd_chunk_state"]
+    out = []
+    for name, dtype, stages in (("ssd_chunk_state bf16", torch.bfloat16, None),
+                                ("ssd_chunk_state fp32", torch.float32, None),
+                                ("ssd_chunk_state fp32 4 stages", torch.float32, 4)):
+        st = ssd_launch_rule(128, 1, 64, 128, 256, dtype)["state"]
+        dt = "bf16" if dtype == torch.bfloat16 else "fp32"
+        types = {**base.types, "x_ptr": f"*{dt}", "B_ptr": f"*{dt}", "prev_ptr": f"*{dt}"}
+        spec = Spec(name, base.fn, dict(base.constexprs, BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"],
+                                        BLOCK_N=st["BLOCK_N"], DOT_PREC="ieee" if dt == "fp32" else "tf32"),
+                    st["num_warps"], stages or st["num_stages"], types, base.div16, base.ones)
+        out.append({"kernel": name, "shared": compile_spec(spec, 86).metadata.shared})
     return out
 
 

@@ -1,7 +1,8 @@
 """Static properties of compiled kernels, checked on a CPU machine (tools/bench/sass.py: sm_90 SASS from Triton's
 own ptxas): the few-row GEMV streams its weights with no spill and no shared-memory round trip or barrier in its
 K loop, at every row count and both launch rules — and the checker does see such a round trip where one exists;
-the decode step's GEMVs and state kernels do not spill; the prefill attention's rule fits the shared memory."""
+the decode step's GEMVs and state kernels do not spill; the prefill attention's rule and the SSD chunk-state walk's fit
+the shared memory."""
 from __future__ import annotations
 
 import json
@@ -70,4 +71,13 @@ def test_prefill_attention_rule_fits_hopper_shared_memory_in_bf16_and_fp32(repor
         for d in (80, 128):
             assert 0 < reports[f"prefill attention {dt} d{d}"]["shared"] <= limit, (dt, d)
     assert reports["prefill attention fp32 d80 M128 N128 w8"]["shared"] > limit
+
+
+def test_ssd_chunk_state_rule_fits_sm86_shared_memory_in_bf16_and_fp32(reports):
+    """The chunk-state walk's rule (N whole, 8 warps; 4 stages for 2-byte inputs, 2 for 4-byte) fits the 99 KB a
+    block may use on sm_86/89 in bf16 and fp32; the control, fp32 at 4 stages, does not."""
+    limit = 101376
+    for dt in ("bf16", "fp32"):
+        assert 0 < reports[f"ssd_chunk_state {dt}"]["shared"] <= limit, dt
+    assert reports["ssd_chunk_state fp32 4 stages"]["shared"] > limit
 

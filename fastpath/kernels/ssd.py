@@ -158,10 +158,11 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # interpreter: in turn); the same bits as one walk (the carry between segments is the fp32 state).
         # Tiles: one walker per head and 64-row P-tile with N whole up to 128 (x read once a chunk, not once per
         # N-tile), 8 warps, 4 stages: H100, L65536 state 1.19-1.26 ms vs 1.32-1.34 for 64-wide N-tiles at 4 warps,
-        # 3 stages (the rule before); narrower N-tiles (more walkers) were slower (docs/performance.md).
+        # 3 stages (the rule before); narrower N-tiles (more walkers) were slower (docs/performance.md). 32-bit
+        # inputs take 2 stages: 4 would need 165 KB of shared memory (sm_90 compile), over the 99 KB of sm_86/89.
         state=dict(mode="fused", PASS_BLOCK=1024, PASS_WARPS=4, segment_chunks=0,
                    BLOCK_K=min(bq, 64), BLOCK_P=min(next_pow2(P, 16), 64), BLOCK_N=min(bn_full, 128),
-                   num_warps=8, num_stages=4),
+                   num_warps=8, num_stages=2 if dtype is not None and dtype.itemsize >= 4 else 4),
         # kind "rec": sub-chunk recurrence inside the chunk (ssd_chunk_scan_rec_kernel, BLOCK_S tokens a
         # step); kind "blocked": row × column blocks of the full chunk (ssd_chunk_scan_kernel, BLOCK_M/K).
         # H200, L65536 (docs/performance.md): rec S64 4 warps 2 stages is best (scan ≈ 2.5 ms vs 5.6 blocked);
