@@ -322,6 +322,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         args = walk_args(table.seq_chunk_ptr)
         tiles = dict(BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
                      num_warps=r["num_warps"], num_stages=r["num_stages"])
+        ck = table.ckpt_slot                # the walkers' checkpoint slots (any int tensor when there are none)
+        ck_ptr, has_ck = (ck if ck is not None else slot), ck is not None
         mode = r.get("mode", "fused")
         if mode == "parallel" and nc > 0:
             local = torch.empty(nc, H, P, N, dtype=torch.float32, device=dev)
@@ -341,15 +343,12 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         elif mode == "pair":
             if (H // G) % 2:
                 raise KernelInputError(f"{OP}: state mode 'pair' needs an even number of heads a group ({H // G})")
-            ck = table.ckpt_slot
-            ssd_chunk_state_pair_kernel[(grid[0], H // 2, n_seq)](*args, ck if ck is not None else slot,
-                                                                  HAS_CKPT=ck is not None, **tiles, **reg_cap(r))
+            ssd_chunk_state_pair_kernel[(grid[0], H // 2, n_seq)](*args, ck_ptr, HAS_CKPT=has_ck, **tiles,
+                                                                  **reg_cap(r))
         else:
-            ck = table.ckpt_slot
-
             def walk(seq_chunk_ptr: Tensor, **carry) -> None:    # the fused walk over seq_chunk_ptr's chunks
-                ssd_chunk_state_kernel[grid](*walk_args(seq_chunk_ptr), ck if ck is not None else slot,
-                                             HAS_CKPT=ck is not None, **carry, **tiles, **reg_cap(r))
+                ssd_chunk_state_kernel[grid](*walk_args(seq_chunk_ptr), ck_ptr, HAS_CKPT=has_ck, **carry, **tiles,
+                                             **reg_cap(r))
 
             if segmented:
                 def scan(lo: int, hi: int):                      # the rec scan of chunks lo..hi-1
