@@ -285,19 +285,11 @@ def ssd_chunk_state_pair_kernel(
     """ssd_chunk_state_kernel for two heads of one group a program (grid (tiles, H // 2, n_seqs); heads_per_group
     even): each sub-block's B tile is loaded once for both heads' dots. Each head's sums are the one-head walk's,
     in its order, so the bits are the same."""
-    n_nb = tl.cdiv(N, BLOCK_N)
-    pb = tl.program_id(0) // n_nb
-    nb = tl.program_id(0) % n_nb
-    h0 = 2 * tl.program_id(1).to(tl.int64)
+    pb, nb, pair, s, _, offs_p, offs_n, mp, mn, mpn = _walk_tile(P, N, heads_per_group, BLOCK_P, BLOCK_N)
+    h0 = 2 * pair
     h1 = h0 + 1
-    s = tl.program_id(2)
     g = h0 // heads_per_group
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mp = offs_p < P
-    mn = offs_n < N
-    mpn = mp[:, None] & mn[None, :]
     slot, bank0, st0 = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h0, offs_p, offs_n, mpn, stride_bank_s,
                                    stride_bank_h, stride_bank_p, stride_bank_n)
     slot, bank1, st1 = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h1, offs_p, offs_n, mpn, stride_bank_s,
