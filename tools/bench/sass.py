@@ -180,21 +180,19 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_scan_rec_tma", ssd_scan_tma_kernel,       # rec through tensor descriptors (bench kind)
                     dict(HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn, DOT_PREC="tf32"), sc["num_warps"],
                     sc["num_stages"], {**f32, **desc}, strides(ssd_scan_tma_kernel) + ("H", "P", "N")))
-    out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
-                    dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
-                    st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_kernel) + ("P", "N")))
+    bk, sp, sn = st["BLOCK_K"], st["BLOCK_P"], st["BLOCK_N"]
+    walk = dict(BLOCK_K=bk, BLOCK_P=sp, BLOCK_N=sn, DOT_PREC="tf32")      # every chunk-state walker's tiles
+    out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel, walk, st["num_warps"], st["num_stages"], f32,
+                    strides(ssd_chunk_state_kernel) + ("P", "N")))
     out.append(Spec("ssd_chunk_state segment (carry in + out)", ssd_chunk_state_kernel,   # bench key segment_chunks
-                    dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32",
-                         CARRY_IN=True, CARRY_OUT=True), st["num_warps"], st["num_stages"],
+                    dict(walk, CARRY_IN=True, CARRY_OUT=True), st["num_warps"], st["num_stages"],
                     {**f32, "carry_ptr": "*fp32"}, strides(ssd_chunk_state_kernel) + ("P", "N")))
     from fastpath.kernels.ssd_chunk_state import ssd_chunk_state_pair_kernel
     out.append(Spec("ssd_chunk_state pair (two heads a walker)", ssd_chunk_state_pair_kernel,   # bench mode "pair"
-                    dict(BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"], BLOCK_N=st["BLOCK_N"], DOT_PREC="tf32"),
-                    st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_pair_kernel) + ("P", "N")))
+                    walk, st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_pair_kernel) + ("P", "N")))
     from fastpath.kernels.ssd_state_tma import ssd_state_tma_kernel
-    bk, sp, sn = st["BLOCK_K"], st["BLOCK_P"], st["BLOCK_N"]
     out.append(Spec("ssd_chunk_state_tma", ssd_state_tma_kernel,        # the walk through descriptors (bench mode)
-                    dict(BLOCK_K=bk, BLOCK_P=sp, BLOCK_N=sn, DOT_PREC="tf32"), st["num_warps"], st["num_stages"],
+                    walk, st["num_warps"], st["num_stages"],
                     {**f32, "x_desc": f"tensordesc<bf16[{bk}, {sp}]>", "B_desc": f"tensordesc<bf16[{bk}, {sn}]>"},
                     strides(ssd_state_tma_kernel) + ("P", "N")))
     out += _fused_specs(rule["fused"], f32, strides)
