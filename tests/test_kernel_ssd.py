@@ -161,7 +161,7 @@ def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
 
 @pytest.mark.parametrize("scan,state_mode", [("rec", "parallel"), ("rec", "fused"), ("rec", "flat"),
                                               ("blocked", "parallel"), ("blocked", "flat"), ("walk", "fused"),
-                                              ("rec_masked_pn", "fused"), ("rec", "pair")])
+                                              ("rec_masked_pn", "fused")])
 @pytest.mark.parametrize("device,dtype", TIERS)
 def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode):
     """Both scan kernels (sub-chunk recurrence, 16-token steps — also with a wider N tile than N, so masked
@@ -237,41 +237,21 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
     assert torch.equal(got["walk"][0], got["blocked"][0]) and torch.equal(got["walk"][1], got["blocked"][1])
 
 
-@pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_pair_walk_has_the_bits_of_the_one_head_walk(device, dtype):
-    """State mode `pair` (two heads of a group a program, B loaded once) == the one-head walk bitwise: outputs, final
-    bank states and a checkpoint, on a mixed batch (mid-chunk continuation, slot -1, a short piece) with two groups
-    of two heads, so each pair must read its own group's B; an odd head count a group is refused by name."""
-    _skip_cpu_without_interpreter(device)
-    Q, H, P, G, N, S = 48, 4, 16, 2, 16, 5
-    lens, start_pos, slots, has_init = [3 * Q + 2, 9, Q + 5], [Q + 3, 0, 7], [1, -1, 3], [True, False, True]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    inp = to(make_inputs(cu[-1], H, P, G, N, dtype, device, torch.Generator().manual_seed(53), S=S), device)
-    got = {}
-    for mode in ("fused", "pair"):
-        rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-        rule["scan"].update(BLOCK_S=16, BLOCK_P=16)
-        rule["state"].update(mode=mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
-        bank = inp["bank"].clone()
-        table = ssd_chunk_table(cu, start_pos, Q, device, slot=slots, n_slots=S,
-                                checkpoints=[(0, 3 * Q, 4)])
-        out = torch.full_like(inp["x"], float("nan"))
-        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, cu,
-                   torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
-                   out=out, table=table, _rule=rule)
-        got[mode] = (out, bank)
-    y, hf = reference(inp, cu[0], cu[1], inp["bank"][1], (0.0, math.inf))
-    assert rel(got["pair"][0][:cu[1]], y) < REL[dtype] and rel(got["pair"][1][1], hf) < REL[dtype]
-    assert torch.equal(got["pair"][0], got["fused"][0]), "outputs differ from the one-head walk"
-    assert torch.equal(got["pair"][1], got["fused"][1]), "bank (final states, checkpoint) differs"
-    odd = to(make_inputs(20, 3, P, 1, N, dtype, device, torch.Generator().manual_seed(54), S=2), device)
-    rule = ssd_launch_rule(3, 1, P, N, Q, dtype)
-    rule["state"].update(mode="pair", BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
-    with pytest.raises(KernelInputError, match="'pair' needs an even number of heads a group"):
-        ssd_varlen(odd["x"], odd["dt"], odd["A"], odd["B"], odd["C"], odd["D"], odd["dt_bias"], odd["bank"], [0, 20],
-                   torch.tensor([0], device=device), [0], torch.tensor([False], device=device), Q, _rule=rule)
+@pytest.mark.parametrize("key,value,field", [("state", "pair", "state mode 'pair'"),
+                                              ("scan", "nope", "scan kind 'nope'")])
+def test_ssd_unknown_state_mode_or_scan_kind_is_refused_by_name(key, value, field):
+    """A launch rule naming a chunk-state mode or scan kind that does not exist is refused with the name, before
+    any launch (an unknown state mode used to fall through to the fused walk)."""
+    _skip_cpu_without_interpreter("cpu")
+    Q, H, P, G, N = 16, 2, 16, 1, 16
+    inp = make_inputs(20, H, P, G, N, torch.float32, "cpu", torch.Generator().manual_seed(6), S=2)
+    rule = ssd_launch_rule(H, G, P, N, Q, torch.float32)
+    rule[key].update(mode=value) if key == "state" else rule[key].update(kind=value)
+    bank = inp["bank"].clone()
+    with pytest.raises(KernelInputError, match=field):
+        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, 20],
+                   torch.tensor([0]), [0], torch.tensor([False]), Q, fused=False, _rule=rule)
+    assert torch.equal(bank, inp["bank"]), "the bank was written before the refusal"
 
 
 @pytest.mark.parametrize("slot,has_init", [(1, True), (-1, False)], ids=["banked", "slot-1"])
@@ -329,7 +309,7 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
     inp["x"][cu[3]:] = float("nan")            # the last sequence: every row NaN
     inp["B"][cu[3]:] = float("nan")
     got = {}
-    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec", "tma"), ("rec", "pair")):
+    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec", "tma")):
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
         rule["scan"].update(kind=kind, BLOCK_S=16, BLOCK_P=16, BLOCK_N=16)
         rule["state"].update(mode=mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
@@ -341,7 +321,7 @@ def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(devi
                    out=out, _rule=rule)
         assert torch.isfinite(out[:cu[3]]).all(), f"{kind}: a row unwritten or reached by the next sequence's NaN"
         got[kind] = (out[:cu[3]], bank[[0, 1, 2]])
-    for k in ("rec_tma", "state_tma", "state_pair"):
+    for k in ("rec_tma", "state_tma"):
         if device == "cpu":
             assert torch.equal(got[k][0], got["rec"][0]) and torch.equal(got[k][1], got["rec"][1]), k
         else:

@@ -27,7 +27,7 @@ from .ssd_bmm import ssd_bmm_kernel
 from .ssd_chunk_cumsum import ssd_chunk_cumsum_kernel
 from .ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
 from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat_kernel, ssd_chunk_state_kernel,
-                              ssd_chunk_state_pair_kernel, ssd_state_passing_kernel)
+                              ssd_state_passing_kernel)
 from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
@@ -38,6 +38,7 @@ OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 _SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
 SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma")
+STATE_MODES = ("fused", "flat", "parallel", "tma")
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,6 @@ def ssd_launch_rule(H: int, G: int, P: int, N: int, chunk_size: int, dtype: torc
         # bytes), then a streaming element-wise passing kernel (PASS_BLOCK elements a program). H200, L65536:
         # fused 4.00 ms total, parallel 4.13, flat 4.54 (bitwise equal y) — fused, which needs no scratch.
         # "tma" (ssd_state_tma.py, a bench option): the fused walk reading x and B through tensor descriptors.
-        # "pair" (a bench option): the fused walk for two heads of a group a program, B loaded once for both.
         # segment_chunks (a bench key, 0: off): a single sequence's walk cut into segments of this many chunks on a
         # side stream, the scan of each segment starting as soon as its walk segment ends (CUDA: overlapped; the
         # interpreter: in turn); the same bits as one walk (the carry between segments is the fp32 state).
@@ -244,6 +244,11 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         return out
     rule = _rule if _rule is not None else ssd_launch_rule(H, G, P, N, chunk_size, x.dtype)
     use_cb = rule["use_cb"] if use_cb is None else use_cb
+    kind, mode = rule["scan"].get("kind", "blocked"), rule["state"].get("mode", "fused")
+    if kind not in SCAN_KINDS:
+        raise KernelInputError(f"{OP}: scan kind {kind!r} is not one of {SCAN_KINDS}")
+    if mode not in STATE_MODES:
+        raise KernelInputError(f"{OP}: state mode {mode!r} is not one of {STATE_MODES}")
     prec = dot_precision(x.dtype)
     lo, hi = dt_limits(dt_limit)
     BQ = rule["BLOCK_Q"]
@@ -294,7 +299,7 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             H, lo, hi, dt.stride(0), dt.stride(1), dt_p.stride(0),
             HAS_BIAS=dt_bias is not None, BLOCK_Q=BQ, BLOCK_H=r["BLOCK_H"], num_warps=r["num_warps"])
     mark("cumsum")
-    rec = rule["scan"].get("kind", "blocked") == "rec" and not use_cb     # a precomputed C·B: blocked / walk
+    rec = kind == "rec" and not use_cb    # a precomputed C·B: blocked / walk
     cb = None
     if use_cb and nc > 0:
         cb = torch.empty(nc, G, BQ, BQ, dtype=torch.float32 if rule.get("cb_fp32", True) else x.dtype, device=dev)
@@ -311,9 +316,8 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     segmented = _segmented(rule, use_cb, n_seq, nc)
     if n_seq > 0:
         r = rule["state"]
-        if table.ckpt_slot is not None and r.get("mode", "fused") not in ("fused", "tma", "pair"):
-            raise KernelInputError(f"{OP}: checkpoint states need the fused chunk-state kernel (mode "
-                                   f"{r.get('mode')!r})")
+        if table.ckpt_slot is not None and mode not in ("fused", "tma"):
+            raise KernelInputError(f"{OP}: checkpoint states need the fused chunk-state kernel (mode {mode!r})")
         grid = (triton_cdiv(P, r["BLOCK_P"]) * triton_cdiv(N, r["BLOCK_N"]), H, n_seq)
         def walk_args(seq_chunk_ptr: Tensor) -> tuple:  # the walkers' arguments over seq_chunk_ptr's chunks
             return (x, B, dt_p, dacs, ssm_bank, prev, seq_chunk_ptr, table.chunk_start, table.chunk_len, slot,
@@ -324,7 +328,6 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
                      num_warps=r["num_warps"], num_stages=r["num_stages"])
         ck = table.ckpt_slot                # the walkers' checkpoint slots (any int tensor when there are none)
         ck_ptr, has_ck = (ck if ck is not None else slot), ck is not None
-        mode = r.get("mode", "fused")
         if mode == "parallel" and nc > 0:
             local = torch.empty(nc, H, P, N, dtype=torch.float32, device=dev)
             ssd_chunk_local_state_kernel[(grid[0] * H * nc,)](
@@ -340,11 +343,6 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             ssd_chunk_state_flat_kernel[grid](*args, BLOCK_Q=BQ, **tiles)
         elif mode == "tma":
             launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, H // G, r, prec)
-        elif mode == "pair":
-            if (H // G) % 2:
-                raise KernelInputError(f"{OP}: state mode 'pair' needs an even number of heads a group ({H // G})")
-            ssd_chunk_state_pair_kernel[(grid[0], H // 2, n_seq)](*args, ck_ptr, HAS_CKPT=has_ck, **tiles,
-                                                                  **reg_cap(r))
         else:
             def walk(seq_chunk_ptr: Tensor, **carry) -> None:    # the fused walk over seq_chunk_ptr's chunks
                 ssd_chunk_state_kernel[grid](*walk_args(seq_chunk_ptr), ck_ptr, HAS_CKPT=has_ck, **carry, **tiles,
@@ -359,9 +357,6 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
             else:
                 walk(table.seq_chunk_ptr)
     mark("state")
-    kind = rule["scan"].get("kind", "blocked")
-    if kind not in SCAN_KINDS:
-        raise KernelInputError(f"{OP}: scan kind {kind!r} is not one of {SCAN_KINDS}")
     if segmented:
         pass                                # each segment's scan was launched after its walk segment
     elif nc > 0 and kind == "rec_mh" and not use_cb:

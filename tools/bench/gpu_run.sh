@@ -162,21 +162,6 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
-# Optional: what is prepared and untimed (~3 min): the pair chunk-state walker's gpu tests (its bits against the
-# one-head walk), then its shapes and the walk overlapped with the scan (segment_chunks: timed before e3f7e9b's
-# one-walker-an-SM tiles) beside the staged path at 64k and 8k, then the SSD row beside mamba_ssm.
-step_pending() {
-  local rc=0
-  timeout 120 $PY -m pytest -q -m gpu -n "${GPU_TESTS_WORKERS:-8}" -p no:cacheprovider tests/test_kernel_ssd.py \
-    -k "pair or every_scan" 2>&1 | tail -n 1 > "$OUT/pending.summary" || rc=1
-  timeout 220 $PY -m hybridqual.bench.ssd_variants --lengths 65536,8192 --budget-s 160 \
-    --only staged,state_pair,state_pair_s3,state_pair_s2,state_pair_n64,state_pair_n64_w4_s3,overlap_c16,overlap_c32 \
-    2>&1 | tail -n 20 >> "$OUT/pending.summary" || rc=1
-  timeout 120 $PY -m hybridqual.bench.kernels --only ssd --quick --summary "$OUT/pending_ssd.txt" > /dev/null 2>&1 \
-    || rc=1
-  cat "$OUT/pending_ssd.txt" >> "$OUT/pending.summary" 2>/dev/null
-  return $rc
-}
 # The speed figures of docs/performance.md's targets in one run, each beside its peer or roofline of the same run:
 # SSD prefill beside mamba_ssm, prefill attention beside SDPA, bs1 decode beside the copy roofline, speculation at
 # k = 2 (upper bound, drafts forced right, 0% acceptance with backoff 64), prefix hits, the 131k prefill, batch

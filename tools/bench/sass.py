@@ -187,9 +187,6 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     out.append(Spec("ssd_chunk_state segment (carry in + out)", ssd_chunk_state_kernel,   # bench key segment_chunks
                     dict(walk, CARRY_IN=True, CARRY_OUT=True), st["num_warps"], st["num_stages"],
                     {**f32, "carry_ptr": "*fp32"}, strides(ssd_chunk_state_kernel) + ("P", "N")))
-    from fastpath.kernels.ssd_chunk_state import ssd_chunk_state_pair_kernel
-    out.append(Spec("ssd_chunk_state pair (two heads a walker)", ssd_chunk_state_pair_kernel,   # bench mode "pair"
-                    walk, st["num_warps"], st["num_stages"], f32, strides(ssd_chunk_state_pair_kernel) + ("P", "N")))
     from fastpath.kernels.ssd_state_tma import ssd_state_tma_kernel
     out.append(Spec("ssd_chunk_state_tma", ssd_state_tma_kernel,        # the walk through descriptors (bench mode)
                     walk, st["num_warps"], st["num_stages"],

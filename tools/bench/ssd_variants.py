@@ -89,12 +89,6 @@ VARIANTS: dict[str, tuple] = {
     "state_s5": ({}, dict(num_stages=5)),
     "state_s6": ({}, dict(num_stages=6)),
     "state_k32_s6": ({}, dict(BLOCK_K=32, num_stages=6)),
-    # two heads of a group a walker (state mode "pair"): B loaded once for both heads' dots
-    "state_pair": ({}, dict(mode="pair")),
-    "state_pair_s3": ({}, dict(mode="pair", num_stages=3)),
-    "state_pair_s2": ({}, dict(mode="pair", num_stages=2)),
-    "state_pair_n64": ({}, dict(mode="pair", BLOCK_N=64)),
-    "state_pair_n64_w4_s3": ({}, dict(mode="pair", BLOCK_N=64, num_warps=4, num_stages=3)),
     # fewer walkers: one per head (x read once, not once per N-tile)
     "state_n128": ({}, dict(BLOCK_N=128)),
     "state_n128_w8": ({}, dict(BLOCK_N=128, num_warps=8)),
@@ -103,6 +97,14 @@ VARIANTS: dict[str, tuple] = {
     "state_n128_w8_s4": ({}, dict(BLOCK_N=128, num_warps=8, num_stages=4)),
     "state_n128_k128_w8": ({}, dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=2)),
     "rec_s1": (dict(num_stages=1), {}),
+    # 32-row P-tiles at 4 warps: half the state a program, two programs an SM in the walk (256 walkers) and up to
+    # four in the scan under a register cap, at the price of B (and C·Bᵀ in the scan) once per P-tile
+    "state_p32_w4": ({}, dict(BLOCK_P=32, num_warps=4)),
+    "state_p32_w4_s3": ({}, dict(BLOCK_P=32, num_warps=4, num_stages=3)),
+    "state_p32_w4_r128": ({}, dict(BLOCK_P=32, num_warps=4, maxnreg=128)),
+    "rec_p32": (dict(BLOCK_P=32), {}),
+    "rec_p32_r128": (dict(BLOCK_P=32, maxnreg=128), {}),
+    "rec_p32_r168": (dict(BLOCK_P=32, maxnreg=168), {}),
     # the scan shape of vLLM's fused SSD kernel (ssd_fused5.py: C·Bᵀ once per group, 64-row × 32-column blocks,
     # 1 stage, 128 registers; it reads the entering state again per row block), per chunk (walk) or per row block
     "walk_cb_k32_s1_r128": (dict(kind="walk", use_cb=True, BLOCK_M=64, BLOCK_K=32, num_stages=1, maxnreg=128), {}),
