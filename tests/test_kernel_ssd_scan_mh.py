@@ -11,7 +11,6 @@ import torch
 
 from kernel_tiers import GPU, NO_CUDA, TIERS, skip_cpu_without_interpreter as _skip_cpu_without_interpreter  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
-from fastpath.kernels._common import KernelInputError  # noqa: E402
 from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen  # noqa: E402
 from test_kernel_ssd_fused import REL, assert_matches_reference, cumulative, make_inputs, reference, rel  # noqa: E402
 
@@ -77,54 +76,6 @@ def test_multihead_scan_matches_recurrence_and_one_head_scan(device, dtype, kind
         assert rel(out, out_b) < REL[dtype], f"{kind} vs {base}"
 
 
-PAIR_CASES = [(1, 16, 16, False), (2, 16, 16, False), (1, 24, 16, False), (2, 16, 16, True), (1, 24, 16, True)]
-
-
-@pytest.mark.parametrize("G,P,BP,split", PAIR_CASES,       # one group, two groups, P-tiles with a tail; split intra
-                         ids=[f"g{g}-p{p}-bp{bp}{'-split' if sp else ''}" for g, p, bp, sp in PAIR_CASES])
-@pytest.mark.parametrize("device,dtype", TIERS)
-def test_stacked_pair_scan_matches_recurrence_and_one_head_scan(device, dtype, G, P, BP, split):
-    """Scan kind "rec_pair" (two heads' states stacked in one tile, C and B loaded once, the intra term against a
-    block-diagonal x, or split per head): the mixed varlen batch with a checkpoint vs fp64, bitwise across runs, and vs "rec" — bitwise
-    in the fp32 interpreter (the same terms a sum; the zero block adds exact zeros); with a NaN in the last
-    sequence's x that must reach neither its other head's columns' neighbours nor the sequences before it. An odd
-    head count a group is refused by name."""
-    _skip_cpu_without_interpreter(device)
-    Q, H, N = 48, 4, 16
-    gen = torch.Generator().manual_seed(60 + G + P)
-    inp = make_inputs(sum(LENS), H, P, G, N, dtype, device, gen, S=6)
-    bank0 = inp["bank"].clone()
-    tiles = dict(BLOCK_S=16, BLOCK_P=BP)
-    ck = [(0, 2 * Q, 5)]
-    pair = dict(tiles, kind="rec_pair", split_intra=split)
-    outs, banks = [], []
-    for _ in range(2):
-        bank = bank0.clone()
-        cu, out = run(inp, bank, scan_rule(H, G, P, N, Q, dtype, **pair), LENS, START, SLOTS, INIT, Q, device, ck)
-        banks.append(bank)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(banks[0], banks[1]), "two runs differ"
-    out, bank = outs[0], banks[0]
-    assert_matches_reference(inp, out, bank, bank0, cu, SLOTS, INIT, dtype)
-    bank_b = bank0.clone()
-    _, out_b = run(inp, bank_b, scan_rule(H, G, P, N, Q, dtype, kind="rec", **tiles), LENS, START, SLOTS, INIT, Q,
-                   device, ck)
-    assert torch.equal(bank, bank_b), "final states differ from the one-head scan's run (same state stage)"
-    if device == "cpu":
-        assert torch.equal(out, out_b), "rec_pair differs from rec"
-    else:
-        assert rel(out, out_b) < REL[dtype], "rec_pair vs rec"
-    poisoned = {k: v.clone() for k, v in inp.items()}
-    poisoned["x"][cu[3]:, 1] = float("nan")           # the last sequence's head 1 only
-    _, out_p = run(poisoned, bank0.clone(), scan_rule(H, G, P, N, Q, dtype, **pair), LENS, START, SLOTS, INIT, Q,
-                   device, ck)
-    assert torch.equal(out_p[:cu[3]], out[:cu[3]]), "a NaN reached an earlier sequence"
-    assert torch.equal(out_p[cu[3]:, 0], out[cu[3]:, 0]), "head 1's NaN reached head 0's columns"
-    odd = make_inputs(20, 3, P, 1, N, dtype, device, torch.Generator().manual_seed(7), S=2)
-    with pytest.raises(KernelInputError, match="'rec_pair' needs an even number of heads a group"):
-        run(odd, odd["bank"], scan_rule(3, 1, P, N, Q, dtype, **pair), [20], [0], [0], [False], Q, device)
-
-
 @GPU
 @NO_CUDA
 def test_multihead_scans_bf16_at_model_shape():
@@ -142,7 +93,7 @@ def test_multihead_scans_bf16_at_model_shape():
             for s, slot in enumerate(slots)]
     bank_s = bank0.clone()
     _, out_s = run(inp, bank_s, ssd_launch_rule(H, G, P, N, Q, dtype), lens, start_pos, slots, has_init, Q, dev)
-    for kind, heads in [("rec_mh", 2), ("rec_mh", 4), ("blocked_mh", 2), ("blocked_mh", 4), ("rec_pair", 2)]:
+    for kind, heads in [("rec_mh", 2), ("rec_mh", 4), ("blocked_mh", 2), ("blocked_mh", 4)]:
         rule = ssd_launch_rule(H, G, P, N, Q, dtype)
         rule["scan"].update(kind=kind, HEADS=heads)
         outs, banks = [], []

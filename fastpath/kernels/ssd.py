@@ -31,14 +31,13 @@ from .ssd_chunk_state import (ssd_chunk_local_state_kernel, ssd_chunk_state_flat
 from .ssd_fused import launch_ssd_fused
 from .ssd_scan_blk_mh import launch_ssd_scan_blk_mh
 from .ssd_scan_mh import launch_ssd_scan_mh
-from .ssd_scan_pair import launch_ssd_scan_pair
 from .ssd_scan_tma import launch_ssd_scan_tma
 from .ssd_state_tma import launch_ssd_state_tma
 
 OP = "ssd_varlen"
 _FUSED_LAUNCH: list = [None]    # the last fused launch's kernel handle (registers / spills / shared memory, benches)
 _SCAN_LAUNCH: list = [None]     # the last staged scan launch's kernel handle (benches)
-SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma", "rec_pair")
+SCAN_KINDS = ("rec", "blocked", "walk", "rec_mh", "blocked_mh", "rec_tma")
 STATE_MODES = ("fused", "flat", "parallel", "tma")
 
 
@@ -364,10 +363,6 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         _SCAN_LAUNCH[0] = launch_ssd_scan_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
     elif nc > 0 and kind == "rec_tma" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_tma(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
-    elif nc > 0 and kind == "rec_pair" and not use_cb:
-        _check_in_chunk_offsets(BQ + rule["scan"]["BLOCK_S"], B=B, C=C)
-        _check_in_chunk_offsets(BQ + rule["scan"]["BLOCK_S"], head_span=True, x=x, y=out)
-        _SCAN_LAUNCH[0] = launch_ssd_scan_pair(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], prec)
     elif nc > 0 and kind == "blocked_mh" and not use_cb:
         _SCAN_LAUNCH[0] = launch_ssd_scan_blk_mh(x, B, C, dt_p, dacs, prev, D, A, out, table, rule["scan"], BQ, prec)
     elif nc > 0 and rec:
@@ -449,12 +444,11 @@ def _segmented_walk_and_scan(walk, scan, nc: int, seg: int, state_shape: tuple[i
     return launch        # the current stream has waited for the last walk segment: carry and seg_ptr may be freed
 
 
-def _check_in_chunk_offsets(rows: int, head_span: bool = False, **tensors: Tensor) -> None:
-    """The rec scans add 32-bit offsets within a chunk (`rows` token rows at most; head_span: and one head, the
-    stacked scan's second) to 64-bit chunk corners: a clear error naming the tensor whose strides would overflow."""
+def _check_in_chunk_offsets(rows: int, **tensors: Tensor) -> None:
+    """The rec scan adds 32-bit offsets within a chunk (`rows` token rows at most) to 64-bit chunk corners: a clear
+    error naming the tensor whose strides would overflow them."""
     for name, t in tensors.items():
         span = rows * abs(t.stride(0)) + sum(abs(st) * n for st, n in zip(t.stride()[2:], t.shape[2:]))
-        span += abs(t.stride(1)) if head_span else 0
         if span >= 2 ** 31:
             raise KernelInputError(f"{OP}: {name}'s offsets within a chunk overflow 32 bits (strides "
                                    f"{tuple(t.stride())}, {rows} rows)")

@@ -168,12 +168,6 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                     dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
                          DOT_PREC="tf32", MASK_PN=False), sc["num_warps"], sc["num_stages"], f32,
                     strides(ssd_chunk_scan_rec_kernel) + ("H", "P", "N")))
-    from fastpath.kernels.ssd_scan_pair import ssd_scan_pair_kernel
-    for warps, split in ((8, False), (8, True), (4, False)):  # two heads stacked (bench kind rec_pair)
-        out.append(Spec(f"ssd_chunk_scan_rec_pair w{warps}{' split' if split else ''}", ssd_scan_pair_kernel,
-                        dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
-                             DOT_PREC="tf32", MASK_PN=False, SPLIT_INTRA=split), warps, sc["num_stages"], f32,
-                        strides(ssd_scan_pair_kernel) + ("H", "P", "N")))
     for stages in (1, 2):                                     # the walk kind with a precomputed C·Bᵀ (fp32)
         out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}", ssd_chunk_scan_kernel,
                         dict(USE_CB=True, HAS_D=True, BLOCK_Q=256, BLOCK_M=64, BLOCK_K=32, BLOCK_P=sc["BLOCK_P"],

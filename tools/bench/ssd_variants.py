@@ -97,14 +97,6 @@ VARIANTS: dict[str, tuple] = {
     "state_n128_w8_s4": ({}, dict(BLOCK_N=128, num_warps=8, num_stages=4)),
     "state_n128_k128_w8": ({}, dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=2)),
     "rec_s1": (dict(num_stages=1), {}),
-    # two heads stacked in one state tile (scan kind rec_pair): C and B loaded once for both, M = 128 dots
-    "rec_pair_w8": (dict(kind="rec_pair", num_warps=8), {}),
-    "rec_pair_w8_s1": (dict(kind="rec_pair", num_warps=8, num_stages=1), {}),
-    "rec_pair_w8_s32": (dict(kind="rec_pair", num_warps=8, BLOCK_S=32), {}),
-    "rec_pair_w8_p32_s1": (dict(kind="rec_pair", num_warps=8, BLOCK_P=32, num_stages=1), {}),
-    "rec_pair_w4": (dict(kind="rec_pair"), {}),
-    "rec_pair_split_w8": (dict(kind="rec_pair", split_intra=True, num_warps=8), {}),
-    "rec_pair_split_w8_s1": (dict(kind="rec_pair", split_intra=True, num_warps=8, num_stages=1), {}),
     # 32-row P-tiles at 4 warps: half the state a program, two programs an SM in the walk (256 walkers) and up to
     # four in the scan under a register cap, at the price of B (and C·Bᵀ in the scan) once per P-tile
     "state_p32_w4": ({}, dict(BLOCK_P=32, num_warps=4)),
