@@ -1,15 +1,21 @@
 """The bs1 step account (hybridqual.bench.account): every parameter but the embedding table is counted once in
 exactly one group's bytes, our kernels land in their groups, and the account's arithmetic (floor = bytes / copy
 bandwidth, gap, time between kernels) holds on a made-up kernel table. The figures themselves come from a GPU."""
+import dataclasses
 import math
+
+import pytest
 
 from fastpath.engine.configs import named_config
 from oracle.checkpoint import expected_shapes
 from hybridqual.bench.account import GROUPS, OTHER, account, bytes_needed, group_of
 
 
-def test_every_parameter_but_the_embedding_is_in_exactly_one_group():
+@pytest.mark.parametrize("layers", [None, 4], ids=["anchor-3b", "its-4-layer-draft"])
+def test_every_parameter_but_the_embedding_is_in_exactly_one_group(layers):
     c = named_config("anchor-3b")
+    if layers:                                             # bench account --layers 4: bench spec's draft
+        c = dataclasses.replace(c, layers=c.layers[:layers])
     need = bytes_needed(c, ctx=0)
     shapes = expected_shapes(c)
     params = sum(2 * math.prod(s) for n, s in shapes.items() if not n.startswith("embed"))
@@ -89,6 +95,13 @@ def test_versus_matches_groups_by_name_whatever_was_folded_into_them():
     lines = {ln[:56].strip(): float(ln[56:]) for ln in versus(dec, ver)[1:]}
     assert lines[GROUPS[0][0]] == 1.0 and lines["conv step"] == 2.0 and lines["step"] == 10.0
     assert lines["idle between kernels"] == (20.0 - 9.0) - (10.0 - 6.0)
+
+
+@pytest.mark.parametrize("bad", ["-1", "999"])
+def test_layers_out_of_range_is_refused_by_name(bad):
+    from hybridqual.bench.account import main
+    with pytest.raises(SystemExit, match="--layers must be in"):
+        main(["--layers", bad])
 
 
 def test_flip_takes_only_run_time_switches_and_names_a_bad_one(capsys):

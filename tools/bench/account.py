@@ -1,7 +1,7 @@
 """Where a bs1 decode step of anchor-3b goes, kernel group by kernel group, against the bytes each group must move.
 
     python -m hybridqual.bench.account [--out account.json] [--summary account.summary] [--ctx 1024] [--verify-k 2]
-                                       [--flip gemv_rows ...]
+                                       [--flip gemv_rows ...] [--layers 4]
 
 One async + CUDA-graph bs1 decode step under torch.profiler (tools/bench/engine.kernel_table, every kernel): each
 kernel is put in a group (projections, state update, conv step, attention, norms, the rest); each group's bytes
@@ -12,7 +12,9 @@ predecessor's span; that overlap is charged once). The account: group time vs fl
 step's wall time (idle between graph nodes), and the step vs the roofline. Then the same for a speculative step
 whose k drafts are all wrong (the verify of k+1 positions + rollback: the cost speculation pays at 0% acceptance),
 and per group what it adds to the decode step. --flip OPTION: both steps again with that FastOptions switch
-flipped, per group against the default (the A/B of a change, in one run).
+flipped, per group against the default (the A/B of a change, in one run). --layers N: the model cut to its first N
+layers (same embeddings, final norm and head): the shape of bench spec's N-layer draft, so its decode step is one
+draft forward.
 """
 from __future__ import annotations
 
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flip", nargs="*", default=[], metavar="OPTION",
                     help="also each step with this FastOptions switch flipped (e.g. gemv_rows): the A/B of a change "
                          "in one run")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="cut anchor-3b to its first N layers: bench spec's N-layer draft (default 0: all layers)")
     args = ap.parse_args(argv)
     bools = {f.name for f in dataclasses.fields(FastOptions) if f.type in (bool, "bool")} - {"fold_gains"}  # at load
     for name in args.flip:
@@ -163,12 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench account: --ctx and --steps must be >= 1")
     if not 0 <= args.verify_k <= 16:
         raise SystemExit(f"bench account: --verify-k must be in [0, 16], got {args.verify_k}")
+    cfg = named_config("anchor-3b")
+    if not 0 <= args.layers <= len(cfg.layers):
+        raise SystemExit(f"bench account: --layers must be in [0, {len(cfg.layers)}], got {args.layers}")
+    if args.layers:
+        cfg = dataclasses.replace(cfg, layers=cfg.layers[:args.layers])
     if not torch.cuda.is_available():
         raise SystemExit("bench account: needs a CUDA device")
     from fastpath.engine.configs import n_params, random_device_weights
     from fastpath.model import FastModel
     from hybridqual.bench.engine import DEV, copy_bandwidth, kernel_table
-    cfg = named_config("anchor-3b")
     model = FastModel(cfg, random_device_weights(cfg, DEV, torch.bfloat16), DEV, torch.bfloat16)
     copy_bps = copy_bandwidth()
     need = bytes_needed(cfg, args.ctx)
@@ -182,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return acc, account(kernel_table(m, steps=args.steps, top=10 ** 6, prompt_len=args.ctx, spec=spec), need,
                             copy_bps, n_params(cfg) * 2)
     acc, vacc = steps(model)
-    lines = ["bs1 decode step"] + lines_of(acc)
+    lines = [f"bs1 decode step{f' (the first {args.layers} layers: a draft forward)' if args.layers else ''}"]
+    lines += lines_of(acc)
     out = {"account": acc}
     if vacc is not None:
         lines += [f"speculative step, k = {args.verify_k}, every draft wrong (verify {args.verify_k + 1} positions "
