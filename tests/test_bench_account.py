@@ -105,7 +105,6 @@ def test_layers_out_of_range_is_refused_by_name(bad):
 
 
 def test_flip_takes_only_run_time_switches_and_names_a_bad_one(capsys):
-    import pytest
     from hybridqual.bench.account import main
     for bad in ("nope", "fold_gains", "backend"):
         with pytest.raises(SystemExit, match=bad):

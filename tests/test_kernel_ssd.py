@@ -237,16 +237,16 @@ def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, m
     assert torch.equal(got["walk"][0], got["blocked"][0]) and torch.equal(got["walk"][1], got["blocked"][1])
 
 
-@pytest.mark.parametrize("key,value,field", [("state", "pair", "state mode 'pair'"),
-                                              ("scan", "nope", "scan kind 'nope'")])
-def test_ssd_unknown_state_mode_or_scan_kind_is_refused_by_name(key, value, field):
+@pytest.mark.parametrize("entry,key,value,field", [("state", "mode", "pair", "state mode 'pair'"),
+                                                   ("scan", "kind", "nope", "scan kind 'nope'")])
+def test_ssd_unknown_state_mode_or_scan_kind_is_refused_by_name(entry, key, value, field):
     """A launch rule naming a chunk-state mode or scan kind that does not exist is refused with the name, before
     any launch (an unknown state mode used to fall through to the fused walk)."""
     _skip_cpu_without_interpreter("cpu")
     Q, H, P, G, N = 16, 2, 16, 1, 16
     inp = make_inputs(20, H, P, G, N, torch.float32, "cpu", torch.Generator().manual_seed(6), S=2)
     rule = ssd_launch_rule(H, G, P, N, Q, torch.float32)
-    rule[key].update(mode=value) if key == "state" else rule[key].update(kind=value)
+    rule[entry][key] = value
     bank = inp["bank"].clone()
     with pytest.raises(KernelInputError, match=field):
         ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, 20],

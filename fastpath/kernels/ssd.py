@@ -313,7 +313,10 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
     # states entering each chunk, for the scan only (it multiplies them in the inputs' dtype); the state
     # carried from chunk to chunk and written to the bank stays fp32 inside the chunk-state kernel.
     prev = torch.empty(max(nc, 1), H, P, N, dtype=x.dtype, device=dev)
-    segmented = _segmented(rule, use_cb, n_seq, nc)
+    # the chunk-state walk cut into segments (bench key segment_chunks): one sequence of more chunks than a segment,
+    # the fused walk and the rec scan
+    seg = int(rule["state"].get("segment_chunks", 0) or 0)
+    segmented = seg > 0 and n_seq == 1 and nc > seg and mode == "fused" and rec
     if n_seq > 0:
         r = rule["state"]
         if table.ckpt_slot is not None and mode not in ("fused", "tma"):
@@ -326,8 +329,6 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         args = walk_args(table.seq_chunk_ptr)
         tiles = dict(BLOCK_K=r["BLOCK_K"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
                      num_warps=r["num_warps"], num_stages=r["num_stages"])
-        ck = table.ckpt_slot                # the walkers' checkpoint slots (any int tensor when there are none)
-        ck_ptr, has_ck = (ck if ck is not None else slot), ck is not None
         if mode == "parallel" and nc > 0:
             local = torch.empty(nc, H, P, N, dtype=torch.float32, device=dev)
             ssd_chunk_local_state_kernel[(grid[0] * H * nc,)](
@@ -344,16 +345,17 @@ def ssd_varlen(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor
         elif mode == "tma":
             launch_ssd_state_tma(x, B, dt_p, dacs, ssm_bank, prev, table, slot, has_init, H // G, r, prec)
         else:
+            ck = table.ckpt_slot
+
             def walk(seq_chunk_ptr: Tensor, **carry) -> None:    # the fused walk over seq_chunk_ptr's chunks
-                ssd_chunk_state_kernel[grid](*walk_args(seq_chunk_ptr), ck_ptr, HAS_CKPT=has_ck, **carry, **tiles,
-                                             **reg_cap(r))
+                ssd_chunk_state_kernel[grid](*walk_args(seq_chunk_ptr), ck if ck is not None else slot,
+                                             HAS_CKPT=ck is not None, **carry, **tiles, **reg_cap(r))
 
             if segmented:
                 def scan(lo: int, hi: int):                      # the rec scan of chunks lo..hi-1
                     return _rec_scan(x, B, C, dt_p, dacs, prev[lo:hi], D, A, out, H, P, N, G, rule["scan"], BQ,
                                      prec, table.chunk_start[lo:hi], table.chunk_len[lo:hi], hi - lo)
-                _SCAN_LAUNCH[0] = _segmented_walk_and_scan(walk, scan, nc, int(r["segment_chunks"]), (H, P, N),
-                                                           dev)
+                _SCAN_LAUNCH[0] = _segmented_walk_and_scan(walk, scan, nc, seg, (H, P, N), dev)
             else:
                 walk(table.seq_chunk_ptr)
     mark("state")
@@ -398,15 +400,6 @@ def _rec_scan(x, B, C, dt_p, dacs, prev, D, A, out, H, P, N, G, r, BQ, prec, chu
         HAS_D=D is not None, BLOCK_S=r["BLOCK_S"], BLOCK_P=r["BLOCK_P"], BLOCK_N=r["BLOCK_N"], DOT_PREC=prec,
         MASK_PN=r["BLOCK_N"] != N or P % r["BLOCK_P"] != 0,
         num_warps=r["num_warps"], num_stages=r["num_stages"], **reg_cap(r))
-
-
-def _segmented(rule: dict, use_cb: bool, n_seq: int, nc: int) -> bool:
-    """Whether this call cuts the chunk-state walk into segments: the key is set, one sequence of more chunks than
-    one segment, the fused walk and the rec scan."""
-    st = rule["state"]
-    seg = int(st.get("segment_chunks", 0) or 0)
-    return (seg > 0 and n_seq == 1 and nc > seg and st.get("mode", "fused") == "fused"
-            and rule["scan"].get("kind", "blocked") == "rec" and not use_cb)
 
 
 _SIDE_STREAMS: dict = {}

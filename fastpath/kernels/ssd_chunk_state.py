@@ -18,30 +18,15 @@ def _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, tok, mk, cs_last, offs_p, off
              stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
              DOT_PREC: tl.constexpr):
     """Tokens `tok` (mask mk) of one sub-block: Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j, a [P, N]-tile fp32 dot."""
-    xw = _xw(x_ptr, dt_ptr, dacs_ptr, h, tok, mk, cs_last, offs_p, mp, stride_x_t, stride_x_h, stride_x_p,
-             stride_dt_h, B_ptr.dtype.element_ty)
-    bt = _b_tile(B_ptr, g, tok, mk, offs_n, mn, stride_b_t, stride_b_g, stride_b_n)
-    return tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
-
-
-@triton.jit
-def _xw(x_ptr, dt_ptr, dacs_ptr, h, tok, mk, cs_last, offs_p, mp, stride_x_t, stride_x_h, stride_x_p, stride_dt_h,
-        DTYPE: tl.constexpr):
-    """One head's x rows of a sub-block weighted by exp(cs_last − cs_j) dt_j, rounded to B's dtype (the dot's left
-    operand)."""
     cs = tl.load(dacs_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
     dt = tl.load(dt_ptr + h * stride_dt_h + tok, mask=mk, other=0.0)
     w = tl.where(mk, tl.exp(cs_last - cs) * dt, 0.0)
     xt = tl.load(x_ptr + tok[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
                  mask=mk[:, None] & mp[None, :], other=0.0)
-    return (xt.to(tl.float32) * w[:, None]).to(DTYPE)
-
-
-@triton.jit
-def _b_tile(B_ptr, g, tok, mk, offs_n, mn, stride_b_t, stride_b_g, stride_b_n):
-    """Group g's B rows `tok` (mask mk) at columns offs_n: the dot's right operand."""
-    return tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                   mask=mk[:, None] & mn[None, :], other=0.0)
+    bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
+                 mask=mk[:, None] & mn[None, :], other=0.0)
+    xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
+    return tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
 
 
 @triton.jit
