@@ -1,11 +1,16 @@
-"""The adapter protocol: what `qualify` and `replay` need from an engine (`Adapter`, `Capabilities`, `RunResult`).
+"""The adapter protocol: what `qualify` and `replay` need from an engine.
+
+`TraceAdapter` (whole trace: `run_trace() -> RunResult`) and `StepAdapter` (add_request / step / done, driven by
+its `run_trace`), configured by an `EngineOptions` value; `Engine` binds a class to its options; `Capabilities`
+say what it can do. `Adapter` is the former name of `StepAdapter`.
 
 An adapter's contract (request fields in, tokens and finish reasons out) is docs/api.md, "Adapters".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -78,28 +83,65 @@ class RunResult:
     # ("steps" optional); None: the engine reports nothing, and the policy check is a SKIP
     prefix_cache: object | None = None
     # an engine's own per-step schedule facts (JSON; e.g. Megatron's, tools/adapters/megatron/schedule_facts.py), shown in the
-    # report and checked by the adapter's `facts_check(label, mode, trace, run, oracle_model)` classmethod if any
+    # report and checked by the adapter's `facts_check(ctx)` hook (TraceAdapter) if it has one
     schedule_facts: list | None = None
     # the tokens a streaming client received, per request id, in delivery order (None: the engine does not stream);
     # when given they must equal `tokens` (tools/qualify/validate.py)
     streamed: dict[str, list[int]] | None = None
 
 
-class Adapter:
-    """Base class of engine adapters; see the module docstring."""
-    max_steps = 100_000
-    CAPABILITIES = Capabilities()
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a run configures an engine, as values (qualify's --dtype, --graphs, --batch-invariant, --tp,
+    --configuration, --base-url, --served-model): passed to the adapter's constructor and class hooks, never set on
+    a class. An adapter reads the fields it lists in `OPTIONS`; a run setting any other field is refused
+    (`TraceAdapter.options_problem`), so an adapter that reads none always gets the defaults."""
+    dtype: torch.dtype | None = None     # compute dtype (None: the adapter's default for the device)
+    graphs: bool = False                 # CUDA graphs
+    batch_invariant: bool = False        # the engine's batch-invariant mode
+    tp: int = 1                          # tensor-parallel ranks (under torchrun)
+    configuration: str | None = None     # one of the adapter's declared configurations (None: its defaults)
+    base_url: str | None = None          # a server engine's address (http://HOST:PORT)
+    served_model: str | None = None      # the name a server serves the model under (None: the only one it lists)
+    settings: object | None = None       # the adapter's own frozen settings dataclass (e.g. the OpenAI adapter's
+                                         # ServerSettings); None: its defaults
 
-    def __init__(self, model_path: Path, trace, mode: str, device: str = "cpu") -> None:
+    def replace(self, **changes) -> "EngineOptions":
+        """These options with `changes` (field names checked by dataclasses.replace)."""
+        return replace(self, **changes)
+
+    def set_fields(self) -> tuple[str, ...]:
+        """The fields that differ from the defaults, in declaration order."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name) != f.default)
+
+
+DEFAULT_OPTIONS = EngineOptions()
+
+
+class TraceAdapter:
+    """The whole-trace protocol: `Adapter(model_path, trace, mode, device, options=...)`, then `run_trace()` once.
+
+    Class hooks (each with a default; override what the engine has): `capabilities(device, options)`,
+    `version(options)`, `configurations()`, `configure(name, options)`, `options_problem(options)` and
+    `facts_check(ctx)` (an extra qualify line over the engine's own schedule facts). Options other than the
+    defaults are passed only to adapters that list the fields in `OPTIONS`, so an adapter written without options
+    (`__init__(model_path, trace, mode, device)`, `capabilities(device)`, `version()`) keeps working.
+    """
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities()
+    OPTIONS: ClassVar[tuple[str, ...]] = ()          # the EngineOptions fields this adapter reads
+
+    def __init__(self, model_path: Path, trace, mode: str, device: str = "cpu",
+                 options: EngineOptions = DEFAULT_OPTIONS) -> None:
         self.model_path, self.trace, self.mode, self.device = Path(model_path), trace, mode, device
+        self.options = options
 
     @classmethod
-    def capabilities(cls, device: str) -> Capabilities:
-        """The capabilities on `device` (override when, e.g., the compute dtype depends on it)."""
+    def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
+        """The capabilities on `device` with `options` (override when, e.g., the compute dtype depends on them)."""
         return cls.CAPABILITIES
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
         """A version string for the report: the adapter's class and its top-level package's version if known."""
         from importlib.metadata import PackageNotFoundError, version
         pkg = cls.__module__.split(".")[0]
@@ -110,25 +152,53 @@ class Adapter:
 
     @classmethod
     def configurations(cls) -> tuple[Configuration, ...]:
-        """The optional configurations this engine supports (none by default); `configured` builds each."""
+        """The optional configurations this engine supports (none by default); `configure` selects one."""
         return ()
 
     @classmethod
-    def configured(cls, name: str) -> type["Adapter"]:
-        """The adapter class running configuration `name` (one of `configurations()`); a ValueError naming the
-        known ones otherwise."""
+    def configure(cls, name: str, options: EngineOptions = DEFAULT_OPTIONS) -> EngineOptions:
+        """The options running configuration `name` (one of `configurations()`); a ValueError naming the known
+        ones otherwise."""
         known = [c.name for c in cls.configurations()]
-        raise ValueError(f"--configuration {name}: the engine declares no such configuration (it declares "
-                         f"{', '.join(known) or 'none'})")
+        if name not in known:
+            raise ValueError(f"--configuration {name}: the engine declares no such configuration (it declares "
+                             f"{', '.join(known) or 'none'})")
+        return options.replace(configuration=name)
+
+    @classmethod
+    def options_problem(cls, options: EngineOptions) -> str | None:
+        """Why this adapter cannot run with `options` (a field set that it does not read), or None."""
+        extra = [f for f in options.set_fields() if f not in cls.OPTIONS and f != "configuration"]
+        if extra:
+            return (f"{cls.__qualname__} takes no {', '.join(extra)} option (it reads "
+                    f"{', '.join(cls.OPTIONS) or 'none'})")
+        return None
+
+    @classmethod
+    def facts_check(cls, ctx):
+        """qualify's extra line over the engine's own `RunResult.schedule_facts` (a hybridqual.qualify.report.Check,
+        or None for no line); `ctx` is the hybridqual.qualify.context.CheckContext of the run being judged."""
+        return None
+
+    def run_trace(self) -> RunResult:
+        """Run the whole trace (every request from its arrival_step on) and return what qualify compares."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement run_trace()")
+
+
+class StepAdapter(TraceAdapter):
+    """The step-driven protocol: `add_request(request)`, `step() -> {request id: new tokens}` and `done()`;
+    `run_trace` drives them through the trace's arrivals (a request is added before the (arrival_step + 1)-th
+    `step()` call), at most `max_steps` steps."""
+    max_steps: ClassVar[int] = 100_000
 
     def add_request(self, request) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__qualname__} must implement add_request(request)")
 
     def step(self) -> dict[str, list[int]]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__qualname__} must implement step()")
 
     def done(self) -> bool:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__qualname__} must implement done()")
 
     def run_trace(self) -> RunResult:
         """Drive add_request/step/done through the trace's arrivals."""
@@ -144,6 +214,51 @@ class Adapter:
             if k > self.max_steps:
                 raise RuntimeError(f"engine did not finish the trace within {self.max_steps} steps")
         return RunResult(tokens=out)
+
+
+# The protocol's former single base class: an adapter written to it (step-driven, or overriding run_trace) is a
+# StepAdapter and keeps working unchanged.
+Adapter = StepAdapter
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An adapter class with the options a run gives it (what qualify and replay hold): builds one adapter per
+    (instance, mode) and answers the class hooks for those options. Default options are not passed on, so an
+    adapter written without options works unchanged."""
+    adapter: type[TraceAdapter]
+    options: EngineOptions = DEFAULT_OPTIONS
+
+    def _given(self) -> dict:
+        return {} if self.options == DEFAULT_OPTIONS else {"options": self.options}
+
+    def __call__(self, model_path: Path, trace, mode: str, device: str = "cpu") -> TraceAdapter:
+        return self.adapter(model_path, trace, mode, device, **self._given())
+
+    def capabilities(self, device: str) -> Capabilities:
+        return self.adapter.capabilities(device, **self._given())
+
+    def version(self) -> str:
+        return self.adapter.version(**self._given())
+
+    def configurations(self) -> tuple[Configuration, ...]:
+        return self.adapter.configurations()
+
+    def configured(self, name: str) -> "Engine":
+        """This engine in declared configuration `name` (a ValueError naming the known ones otherwise)."""
+        return Engine(self.adapter, self.adapter.configure(name, self.options))
+
+    def facts_check(self, ctx):
+        return self.adapter.facts_check(ctx)
+
+    def problem(self) -> str | None:
+        """Why the adapter cannot run with these options, or None."""
+        return self.adapter.options_problem(self.options)
+
+
+def as_engine(adapter: "Engine | type[TraceAdapter]") -> Engine:
+    """An Engine as is, an adapter class with the default options."""
+    return adapter if isinstance(adapter, Engine) else Engine(adapter)
 
 
 def cache_facts(trace, result):

@@ -67,7 +67,7 @@ class FastpathAdapter(Adapter):
     @classmethod
     def configured(cls, name: str) -> type["FastpathAdapter"]:
         if name not in FAST_CONFIGURATIONS:
-            return super().configured(name)
+            cls.configure(name)       # the ValueError naming the declared ones
         attrs, changes, _, _ = FAST_CONFIGURATIONS[name]
         from fastpath.options import FastOptions
         options = (cls.options or FastOptions()).replace(**changes)

@@ -388,7 +388,7 @@ def check_instance(adapter_cls, model_dir: Path, inst, modes: list[str], oracle_
                 add(guarded(label, f"{mode}: batch-invariant", invariance_check, label, mode, trace, run, adapter_cls,
                             model_dir, device, vocab))
                 facts = getattr(adapter_cls, "facts_check", None)   # an engine's own schedule facts (docs/megatron.md)
-                if facts is not None:
+                if facts is not None and facts.__func__ is not adapters.TraceAdapter.facts_check.__func__:
                     add(guarded(label, f"{mode}: engine schedule facts", facts, label, mode, trace, run,
                                 oracle_model))
         progress.end(f"{label} · {mode}", started, checks[before:])
