@@ -29,13 +29,17 @@ TRACES = ROOT / "goldens" / "traces"
 # ------------------------------------------------------------------------------------------ the fake server
 
 class Fake:
-    """What the fake server does: serve the oracle (greedy, log-softmax logprobs, llama-server's answer form), or
-    misbehave as `mode` says."""
+    """What the fake server does: serve the oracle (greedy, log-softmax logprobs) in llama-server's answer form or
+    (flavour "vllm") vLLM's (token_ids, "token_id:N" keys, /v1/models root and max_model_len, a padded embedding
+    table that accepts any prompt id), or misbehave as `mode` says."""
 
     def __init__(self) -> None:
         self.model = oracle.load(TINY)
         self.vocab = self.model.config.vocab_size
         self.mode = "good"
+        self.flavour = "llama"
+        self.root: str | None = None
+        self.max_model_len: int | None = None
         self.n_vocab_reported: int | None = self.vocab
         self.sleep = 0.0
         self.arrivals: dict[tuple, float] = {}
@@ -44,7 +48,7 @@ class Fake:
 
     def complete(self, body: dict) -> dict:
         prompt, n, k = body["prompt"], body["max_tokens"], body.get("logprobs") or 0
-        if any(t >= self.vocab for t in prompt) and self.mode != "accepts_any":
+        if any(t >= self.vocab for t in prompt) and self.flavour != "vllm":
             return {"error": {"code": 400, "message": "Prompt contains invalid tokens"}, "_status": 400}
         with self.lock:
             self.arrivals[tuple(prompt)] = time.monotonic() - self.t0
@@ -63,10 +67,22 @@ class Fake:
                                              for v, j in zip(top.values, top.indices)]})
             toks.append(t)
             row, state = self.model.decode(t, state)
+        bad = self.mode if k > 1 else "good"         # the answer fields' faults: in the trace's requests only
+        if bad == "nan_logprob":
+            content[-1]["top_logprobs"][1]["logprob"] = float("nan")
+        if bad == "id_outside_vocab":
+            content[-1]["top_logprobs"].append({"id": self.vocab + 5, "logprob": -60.0})
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": n,
+                 "prompt_tokens_details": {"cached_tokens": len(prompt) + 1 if bad == "cached_over" else 0}}
+        if self.flavour == "vllm":
+            return {"choices": [{"text": "", "index": 0, "finish_reason": "length", "token_ids": toks,
+                                 "logprobs": None if self.mode == "no_logprobs" or not k else
+                                 {"tokens": [f"token_id:{e['id']}" for e in content],
+                                  "token_logprobs": [e["logprob"] for e in content],
+                                  "top_logprobs": [{f"token_id:{t['id']}": t["logprob"] for t in e["top_logprobs"]}
+                                                   for e in content]}}], "usage": usage}
         return {"choices": [{"text": "", "index": 0, "finish_reason": "length",
-                             "logprobs": {"content": content} if k else None}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
-                          "prompt_tokens_details": {"cached_tokens": 0}},
+                             "logprobs": {"content": content} if k else None}], "usage": usage,
                 "timings": {"cache_n": 0, "prompt_n": len(prompt), "draft_n": 4, "draft_n_accepted": 3}}
 
 
@@ -88,6 +104,10 @@ def fake():
         def do_GET(self):
             if self.path == "/v1/models":
                 meta = {} if state.n_vocab_reported is None else {"meta": {"n_vocab": state.n_vocab_reported}}
+                if state.root is not None:
+                    meta["root"] = state.root
+                if state.max_model_len is not None:
+                    meta["max_model_len"] = state.max_model_len
                 self.reply(200, json.dumps({"object": "list", "data": [{"id": "tiny", **meta}]}).encode())
             else:
                 self.reply(404, b'{"error": "not found"}')
@@ -103,7 +123,7 @@ def fake():
             self.reply(ans.pop("_status", 200), json.dumps(ans).encode())
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
+    srv.daemon_threads = False      # server_close() joins the handlers: none is inside torch when the process exits
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
     state.url = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -118,11 +138,13 @@ def fake():
 def fresh(fake):
     """The fake in its good mode, the adapter's probe cache cleared (each test probes anew)."""
     from hybridqual.adapters.openai import adapter as mod
-    mod._PROBED.clear()
-    fake.mode, fake.n_vocab_reported, fake.sleep = "good", fake.vocab, 0.0
+    def reset():
+        mod._PROBED.clear()
+        fake.mode, fake.n_vocab_reported, fake.sleep, fake.flavour = "good", fake.vocab, 0.0, "llama"
+        fake.root = fake.max_model_len = None
+    reset()
     yield fake
-    mod._PROBED.clear()
-    fake.mode, fake.n_vocab_reported, fake.sleep = "good", fake.vocab, 0.0
+    reset()
 
 
 def adapter_for(url: str, **attrs) -> type[OpenAIServerAdapter]:
@@ -207,11 +229,84 @@ def test_wrong_vocab_reported(fresh):
         run(adapter_for(fresh.url))
 
 
-def test_wrong_vocab_probed(fresh):
-    """No n_vocab in /v1/models: a server that accepts token id vocab_size serves a bigger model."""
-    fresh.n_vocab_reported, fresh.mode = None, "accepts_any"
-    with pytest.raises(ServerError, match="wrong model: .* accepts token id 16"):
-        run(adapter_for(fresh.url))
+def vllm_like(fake, root: str | None = None) -> None:
+    """The fake in vLLM's form: no n_vocab, its root and max_model_len reported, any prompt id accepted."""
+    fake.flavour, fake.n_vocab_reported, fake.root, fake.max_model_len = "vllm", None, root, 512
+
+
+def test_padded_vocab_server_that_accepts_any_id_passes(fresh):
+    """vLLM's case: the embedding table padded, prompt ids not range-checked, no n_vocab reported. A correct such
+    server passes (no id outside the vocabulary is sent to it), identified by its root (the --model folder), and
+    the report says the vocabulary size was not confirmed."""
+    vllm_like(fresh, root=str(TINY))
+    cls = adapter_for(fresh.url, step_s=0.0)
+    trace, res = run(cls)
+    for r in trace.requests:
+        assert res.tokens[r.id] == fresh.model.generate_greedy(list(r.prompt), r.max_new_tokens), r.id
+    c = logprobs_check(cls, "t", "legacy", trace, res, fresh.model)
+    assert c.passed, c.detail
+    assert "vocabulary size not reported: not confirmed" in res.probe
+    assert "is the --model folder" in res.probe and "max_model_len 512" in res.probe
+
+
+def test_server_root_identifies_the_model(fresh, tmp_path):
+    """/v1/models root: another folder with identical files confirms, one whose weights differ is a wrong model,
+    a root that is no folder here is said to be unconfirmed."""
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(TINY, copy)
+    vllm_like(fresh, root=str(copy))
+    assert "identical to --model's (sha256)" in run(adapter_for(fresh.url, step_s=0.0))[1].probe
+    other = ROOT / "goldens" / "models" / "zoo-mamba2"
+    from hybridqual.adapters.openai import adapter as mod
+    mod._PROBED.clear()
+    vllm_like(fresh, root=str(other))
+    with pytest.raises(ServerError, match=r"wrong model: .* loaded .*zoo-mamba2, whose config.json differs"):
+        run(adapter_for(fresh.url, step_s=0.0))
+    mod._PROBED.clear()
+    vllm_like(fresh, root="org/some-hub-name")
+    assert "is not a folder here: the weights it serves are not confirmed" in \
+        run(adapter_for(fresh.url, step_s=0.0))[1].probe
+
+
+def test_max_model_len_below_the_trace_is_named(fresh):
+    vllm_like(fresh, root=str(TINY))
+    fresh.max_model_len = 4
+    with pytest.raises(ServerError, match="max_model_len 4 .* below this trace's longest request"):
+        run(adapter_for(fresh.url, step_s=0.0))
+
+
+@pytest.mark.parametrize("flavour", ["llama", "vllm"])
+@pytest.mark.parametrize("mode, field", [
+    ("nan_logprob", r"top_logprobs.*the logprob nan is not finite"),
+    ("id_outside_vocab", r"wrong model: request \w+: /v1/completions\.choices\[0\]\.logprobs\.(content\[\d+\]\."
+                         r"top_logprobs|top_logprobs\[\d+\]) has token id 21, outside the model's vocabulary of 16"),
+    ("cached_over", r"usage.prompt_tokens_details.cached_tokens \d+ outside the prompt"),
+])
+def test_bad_answer_field_is_named(fresh, flavour, mode, field):
+    """A logprob NaN, a logprob id outside the vocabulary, cached tokens beyond the prompt: the run fails naming
+    the field, in either answer form."""
+    if flavour == "vllm":
+        vllm_like(fresh, root=str(TINY))
+    fresh.mode = mode
+    with pytest.raises(ServerError, match=field):
+        run(adapter_for(fresh.url, step_s=0.0))
+
+
+def test_counts_checked_without_logprobs(fresh):
+    """An answer without logprobs is still validated: cached tokens beyond the prompt fail, named."""
+    vllm_like(fresh, root=str(TINY))
+    fresh.mode = "no_logprobs"
+    trace, res = run(adapter_for(fresh.url, step_s=0.0))
+    assert all(res.logprobs[r.id] is None for r in trace.requests)
+    from hybridqual.adapters.openai.client import check_answer, parse_completion
+    ans = fresh.complete({"prompt": [1, 2, 3], "max_tokens": 2})
+    ans["usage"]["prompt_tokens_details"]["cached_tokens"] = 4
+    with pytest.raises(ServerError, match=r"r0: usage.prompt_tokens_details.cached_tokens 4 outside the prompt"):
+        check_answer(parse_completion(ans), 3, 2, fresh.vocab, "r0")
+    ans["usage"]["prompt_tokens_details"]["cached_tokens"] = "3"
+    with pytest.raises(ServerError, match=r"usage.prompt_tokens_details.cached_tokens: expected an integer"):
+        parse_completion(ans)
 
 
 def test_fewer_logprobs_than_asked(fresh):

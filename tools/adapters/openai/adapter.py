@@ -8,8 +8,8 @@ How a trace becomes requests. Each request is one non-streamed POST /v1/completi
 trace's stop ids are the only stops) and "stop_token_ids" (vLLM, SGLang, TRT-LLM honour it; llama-server ignores it
 and its "stop" takes strings only, so the output is also cut client-side after the first stop id, and the number of
 tokens the server generated past it is recorded in the request's facts). Arrivals map to wall-clock time with a
-fixed step period: the request with arrival_step a is sent at t0 + a · step, each on its own thread
-(concurrent.futures), so requests whose arrivals are close are in flight together. The step is the server's own
+fixed step period: the request with arrival_step a is sent at t0 + a · step, each on its own daemon thread, so
+requests whose arrivals are close are in flight together. The step is the server's own
 time per generated token, measured once per server by a probe completion (probe_tokens tokens, wall clock per
 token, HTTP included), or the class attribute step_s when set; the report's facts give it and the most requests
 that were in flight at once.
@@ -24,13 +24,20 @@ is not reproducible from run to run), one mode only (legacy), greedy only.
 
 Failures, each named in the FAIL line: the server not reachable, a timeout (every request is bounded by
 request_timeout, the whole trace by the last arrival + request_timeout), an HTTP error, a malformed answer (the JSON
-path), a wrong model (the name is not in /v1/models, its n_vocab where reported is not the model's, it accepts a
-token id the model cannot have, or it returns one), fewer logprobs than asked (the logprobs line).
+path: a logprob not finite, a count out of range — usage.prompt_tokens not the prompt's length, cached tokens outside
+the prompt, more tokens than max_tokens —, whether or not logprobs came), a wrong model (the name is not in
+/v1/models, its n_vocab or root where reported is not the model's, or it returns a token id, sampled or among the
+logprobs, outside the model's vocabulary), fewer logprobs than asked (the logprobs line), a launched server that
+died (its exit and log tail, tools/adapters/vllm/server.py). The model is identified by what /v1/models reports
+(n_vocab, root, max_model_len); what it does not report is said in the report as not confirmed. No id outside the
+vocabulary is ever sent: a server may pad its embedding table and need not range-check ids (vLLM does neither check
+without a tokenizer), so such a probe would fail a correct server or feed an unchecked one garbage.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +45,8 @@ from pathlib import Path
 import torch
 
 from hybridqual.adapters.base import Adapter, Capabilities, RunResult
-from hybridqual.adapters.openai.client import Completion, ServerError, parse_completion, parse_models, request_json
+from hybridqual.adapters.openai.client import (Completion, ServerError, check_answer, parse_completion, parse_models,
+                                               request_json)
 
 _NOTES = (
     ("seeded", "a server's seeded sampler is its own, not the trace's keyed (request seed, position) sampler, so "
@@ -55,7 +63,8 @@ _NOTES = (
                               "draft_n_accepted), no proposals per step: shown in the server logprobs line"),
 )
 
-_PROBED: dict[tuple, tuple[str, str, float]] = {}   # (base_url, served_model, vocab) -> (name, note, s per token)
+_PROBED: dict[tuple, tuple[str, str, float, int | None]] = {}   # (base_url, served_model, vocab) ->
+                                                                # (name, note, s per token, max_model_len)
 
 
 @dataclass
@@ -79,7 +88,6 @@ class OpenAIServerAdapter(Adapter):
     top_logprobs = 20
     max_concurrency = 64
     dtype: torch.dtype | None = None      # the server's compute dtype if known (picks τ and c); None: float32
-    probe_vocab = True            # a token id >= vocab must be refused (a server serving a bigger model accepts it)
     extra_body: dict = {}
 
     @classmethod
@@ -117,13 +125,19 @@ class OpenAIServerAdapter(Adapter):
             raise ServerError("--engine openai needs --base-url URL (the server's address, e.g. http://127.0.0.1:8080)")
         from oracle.config import from_hf_config
         self.vocab = from_hf_config(Path(model_path) / "config.json").vocab_size
-        self.model_name, self.probe_note, measured = self._probe()
+        self.model_name, self.probe_note, measured, mml = self._probe()
         self.step = self.step_s if self.step_s is not None else measured
+        longest = max((len(r.prompt) + r.max_new_tokens for r in trace.requests), default=0)
+        if mml is not None and longest > mml:
+            raise ServerError(f"the server's {self.model_name!r} has max_model_len {mml} (/v1/models), below this "
+                              f"trace's longest request ({longest} tokens): start it with a longer context")
 
-    def _probe(self) -> tuple[str, str, float]:
-        """The model name to send, checked once per (server, name, vocab): it is served, and its vocabulary is the
-        model's (n_vocab where /v1/models reports it; else token id vocab-1 accepted and vocab refused); and the
-        server's time per generated token (one probe completion of probe_tokens tokens, wall clock / tokens)."""
+    def _probe(self) -> tuple[str, str, float, int | None]:
+        """The model name to send and what identifies it, checked once per (server, name, vocab): it is served, its
+        n_vocab (llama-server) or its root (vLLM: the weights' folder) is the model's where the server reports
+        them, and what could not be confirmed is said; and the server's time per generated token (one probe
+        completion of probe_tokens tokens, wall clock / tokens). No id outside the model's vocabulary is ever sent:
+        a server may pad its embedding table and need not range-check ids (vLLM without a tokenizer)."""
         key = (self.base_url, self.served_model, self.vocab)
         if key in _PROBED:
             return _PROBED[key]
@@ -140,31 +154,54 @@ class OpenAIServerAdapter(Adapter):
         else:
             raise ServerError(f"the server at {self.base_url} serves several models {info.entries}: name one with "
                               "--served-model")
-        note = f"model {name!r}"
+        note = f"model {name!r}" + "".join(f", {part}" for part in self._identity(info, name))
+        t = time.monotonic()
+        got = self._post({"prompt": [self.vocab - 1], "max_tokens": self.probe_tokens, "logprobs": 1}, name,
+                         "timing probe")
+        check_answer(got, 1, self.probe_tokens, self.vocab, "timing probe")
+        step = (time.monotonic() - t) / max(1, len(got.tokens))
+        note += f", {step * 1e3:.2f} ms per generated token (probe)"
+        _PROBED[key] = (name, note, step, info.max_model_len.get(name))
+        return _PROBED[key]
+
+    def _identity(self, info, name: str) -> list[str]:
+        """What /v1/models confirms about the served model (a ServerError when it contradicts --model), and what it
+        leaves unconfirmed, as report phrases."""
+        parts = []
         nv = info.n_vocab.get(name)
         if nv is not None:
             if nv != self.vocab:
                 raise ServerError(f"wrong model: the server's {name!r} has n_vocab {nv} (/v1/models), the model "
                                   f"{self.model_path.name} has {self.vocab}")
-            note += f", n_vocab {nv} (/v1/models)"
-        elif self.probe_vocab:
-            self._post({"prompt": [self.vocab - 1], "max_tokens": 1, "logprobs": 1}, name, "vocab probe")
-            try:
-                self._post({"prompt": [self.vocab], "max_tokens": 1, "logprobs": 1}, name, "vocab probe")
-            except ServerError as e:
-                if "HTTP 4" not in str(e) and "HTTP 5" not in str(e):
-                    raise
-            else:
-                raise ServerError(f"wrong model: the server's {name!r} accepts token id {self.vocab}, which the model "
-                                  f"{self.model_path.name} (vocab {self.vocab}) cannot have")
-            note += f", token id {self.vocab - 1} accepted and {self.vocab} refused"
-        t = time.monotonic()
-        got = self._post({"prompt": [self.vocab - 1], "max_tokens": self.probe_tokens, "logprobs": 1}, name,
-                         "timing probe")
-        step = (time.monotonic() - t) / max(1, len(got.tokens))
-        note += f", {step * 1e3:.2f} ms per generated token (probe)"
-        _PROBED[key] = (name, note, step)
-        return _PROBED[key]
+            parts.append(f"n_vocab {nv} (/v1/models)")
+        else:
+            parts.append("vocabulary size not reported: not confirmed (every returned id is checked against "
+                         f"the model's {self.vocab})")
+        root = info.root.get(name)
+        if root is not None:
+            parts.append(self._root_note(name, root))
+        elif nv is None:
+            parts.append("no root reported: the weights it serves are not confirmed")
+        if name in info.max_model_len:
+            parts.append(f"max_model_len {info.max_model_len[name]}")
+        return parts
+
+    def _root_note(self, name: str, root: str) -> str:
+        """The server's root (the folder it loaded) against --model: the same folder, or one with the same
+        config.json and weights files (sha256), else a wrong model; a root that is no folder here is unconfirmed."""
+        here, there = self.model_path.resolve(), Path(root).expanduser()
+        if not there.is_absolute():
+            there = Path.cwd() / there
+        if not there.is_dir():
+            return f"root {root!r} is not a folder here: the weights it serves are not confirmed"
+        if there.resolve() == here:
+            return f"root {root!r} is the --model folder"
+        differ = [f for f in ["config.json", *sorted(p.name for p in here.glob("*.safetensors"))]
+                  if _sha256(here / f) != _sha256(there / f)]
+        if differ:
+            raise ServerError(f"wrong model: the server's {name!r} loaded {root}, whose {differ[0]} differs from "
+                              f"the model {self.model_path}'s")
+        return f"root {root!r}: config.json and weights identical to --model's (sha256)"
 
     def _post(self, body: dict, model: str | None = None, what: str = "") -> Completion:
         full = {"model": model or self.model_name, "temperature": 0, "top_k": 1, "top_p": 1.0, "n": 1,
@@ -193,34 +230,61 @@ class OpenAIServerAdapter(Adapter):
         return c, sent, time.monotonic() - t0
 
     def run_trace(self) -> ServerRunResult:
+        """Each request sent at its arrival time on a daemon thread of its own (at most max_concurrency in flight),
+        the answers awaited within the last send + 2 · request_timeout + 5 s; the first error ends the run, named
+        (with the server's own state when a launcher knows it: server_problem). Daemon threads: a run stopped by
+        --timeout or a signal leaves no thread that keeps the process alive."""
         for r in self.trace.requests:
             if r.sampling.kind != "greedy":
                 raise ValueError(f"request {r.id}: the server adapter runs greedy requests only")
         reqs = sorted(self.trace.requests, key=lambda r: (r.arrival_step, r.id))
         t0 = time.monotonic()
-        pool = cf.ThreadPoolExecutor(max_workers=max(1, min(len(reqs), self.max_concurrency)),
-                                     thread_name_prefix="hq-openai")
-        futs = {}
-        try:
-            for r in reqs:
-                delay = t0 + r.arrival_step * self.step - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                futs[r.id] = pool.submit(self._one, r, t0)
-                bad = [f for f in futs.values() if f.done() and f.exception() is not None]
-                if bad:
-                    raise bad[0].exception()
-            bound = self.request_timeout * 2 + 5
-            done, pending = cf.wait(list(futs.values()), timeout=bound, return_when=cf.FIRST_EXCEPTION)
-            for f in done:
-                if f.exception() is not None:
-                    raise f.exception()
-            if pending:
-                late = [rid for rid, f in futs.items() if f in pending]
-                raise ServerError(f"timed out: requests {late} unanswered {bound:g} s after their last send")
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        return self._result({rid: f.result() for rid, f in futs.items()})
+        answers: queue.Queue = queue.Queue()
+        slots = threading.BoundedSemaphore(max(1, self.max_concurrency))
+
+        def send(r) -> None:
+            with slots:
+                try:
+                    answers.put((r.id, self._one(r, t0), None))
+                except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+                    answers.put((r.id, None, e))
+        got: dict[str, tuple[Completion, float, float]] = {}
+
+        def collect(block_until: float | None) -> None:
+            while len(got) < len(reqs):
+                wait = None if block_until is None else block_until - time.monotonic()
+                if wait is not None and wait <= 0:
+                    return
+                try:
+                    rid, ans, err = answers.get(timeout=wait) if block_until is not None else answers.get_nowait()
+                except queue.Empty:
+                    return
+                if err is not None:
+                    raise self._named(err)
+                got[rid] = ans
+        for r in reqs:
+            delay = t0 + r.arrival_step * self.step - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            threading.Thread(target=send, args=(r,), name=f"hq-openai-{r.id}", daemon=True).start()
+            collect(None)
+        bound = self.request_timeout * 2 + 5
+        collect(time.monotonic() + bound)
+        if len(got) < len(reqs):
+            late = [r.id for r in reqs if r.id not in got]
+            raise self._named(ServerError(f"timed out: requests {late} unanswered {bound:g} s after their last "
+                                          "send"))
+        return self._result(got)
+
+    def server_problem(self) -> str | None:
+        """What is known to be wrong with the server itself (a launcher's: it exited, with its log's tail), else
+        None; prefixed to a failed request's error."""
+        return None
+
+    def _named(self, err: BaseException) -> BaseException:
+        """A request's error, with the server's own state prefixed when it is known to be down."""
+        problem = self.server_problem() if isinstance(err, ServerError) else None
+        return ServerError(f"{problem}; {err}") if problem else err
 
     def _result(self, got: dict[str, tuple[Completion, float, float]]) -> ServerRunResult:
         res = ServerRunResult(tokens={}, asked_logprobs=self.asked_logprobs(), schedule_facts=[],
@@ -230,13 +294,7 @@ class OpenAIServerAdapter(Adapter):
         order = sorted(self.trace.requests, key=lambda r: (r.arrival_step, r.id))
         for r in order:
             c, sent, done = got[r.id]
-            bad = [t for t in c.tokens if not 0 <= t < self.vocab]
-            if bad:
-                raise ServerError(f"wrong model: request {r.id}: the server returned token id {bad[0]}, outside the "
-                                  f"model's vocabulary of {self.vocab}")
-            if len(c.tokens) > r.max_new_tokens:
-                raise ServerError(f"malformed answer: request {r.id}: {len(c.tokens)} tokens for max_tokens "
-                                  f"{r.max_new_tokens}")
+            check_answer(c, len(r.prompt), r.max_new_tokens, self.vocab, f"request {r.id}")
             toks, rows, lps = list(c.tokens), c.logprobs, c.sampled_logprob
             stops = set(r.stop_token_ids)
             cut = 0
@@ -281,6 +339,18 @@ class OpenAIServerAdapter(Adapter):
 
     def done(self) -> bool:
         return True
+
+
+def _sha256(path: Path) -> str | None:
+    """A file's sha256, None when it is missing."""
+    import hashlib
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def dumps_facts(facts: list) -> str:

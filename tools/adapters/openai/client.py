@@ -18,6 +18,7 @@ Answer forms understood (the adapter depends on no single server's extension):
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import urllib.error
@@ -88,8 +89,11 @@ def _int(v: Any, at: str) -> int:
 
 
 def _num(v: Any, at: str) -> float:
+    """A logprob: a finite number (NaN and ±inf are refused, naming the field)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ServerError(f"malformed answer: {at}: expected a number, got {v!r}")
+    if not math.isfinite(v):
+        raise ServerError(f"malformed answer: {at}: the logprob {v!r} is not finite")
     return float(v)
 
 
@@ -105,10 +109,13 @@ def _token_key(key: str) -> int | None:
 
 @dataclass
 class ModelInfo:
-    """What /v1/models says: the served ids (with aliases) and, where the server reports it, the vocabulary size."""
+    """What /v1/models says: the served ids (with aliases) and, where the server reports them, the vocabulary size
+    (llama-server meta.n_vocab), the weights it loaded (vLLM root) and its context bound (vLLM max_model_len)."""
     ids: list[str]                 # every name a request may use (ids and aliases)
     entries: list[str] = field(default_factory=list)      # one id per served model
     n_vocab: dict[str, int] = field(default_factory=dict)
+    root: dict[str, str] = field(default_factory=dict)
+    max_model_len: dict[str, int] = field(default_factory=dict)
 
 
 def parse_models(obj: Any, where: str = "/v1/models") -> ModelInfo:
@@ -122,9 +129,14 @@ def parse_models(obj: Any, where: str = "/v1/models") -> ModelInfo:
         info.ids += names
         info.entries.append(mid)
         nv = (m.get("meta") or {}).get("n_vocab") if isinstance(m.get("meta"), dict) else None
-        if isinstance(nv, int) and not isinstance(nv, bool):
-            for n in names:
+        root, mml = m.get("root"), m.get("max_model_len")
+        for n in names:
+            if isinstance(nv, int) and not isinstance(nv, bool):
                 info.n_vocab[n] = nv
+            if isinstance(root, str) and root:
+                info.root[n] = root
+            if isinstance(mml, int) and not isinstance(mml, bool):
+                info.max_model_len[n] = mml
     return info
 
 
@@ -137,10 +149,13 @@ class Completion:
     sampled_logprob: list[float | None] | None   # the sampled token's logprob per position, where given
     logprobs_note: str = ""                      # why logprobs is None, when it is
     prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     cached_tokens: int | None = None
     cached_source: str = ""
     draft_n: int | None = None
     draft_n_accepted: int | None = None
+    token_field: str = "token ids[{i}]"          # the JSON path of token i (a format string, for error messages)
+    logprobs_field: str = "logprobs[{i}]"        # the JSON path of position i's top-k row (a format string)
 
 
 def parse_completion(obj: Any, where: str = "/v1/completions") -> Completion:
@@ -232,17 +247,68 @@ def parse_completion(obj: Any, where: str = "/v1/completions") -> Completion:
         raise ServerError(f"malformed answer: {at}: {len(rows)} logprobs entries for {len(tokens)} tokens")
     fr = ch.get("finish_reason")
     c = Completion(tokens, fr if isinstance(fr, str) else None, rows, sampled, note)
-    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
-    if isinstance(usage.get("prompt_tokens"), int):
-        c.prompt_tokens = usage["prompt_tokens"]
-    details = usage.get("prompt_tokens_details")
-    timings = obj.get("timings") if isinstance(obj.get("timings"), dict) else {}
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        c.cached_tokens, c.cached_source = details["cached_tokens"], "usage.prompt_tokens_details.cached_tokens"
-    elif isinstance(timings.get("cache_n"), int):
-        c.cached_tokens, c.cached_source = timings["cache_n"], "timings.cache_n"
-    if isinstance(timings.get("draft_n"), int):
-        c.draft_n = timings["draft_n"]
-        c.draft_n_accepted = timings.get("draft_n_accepted") if isinstance(timings.get("draft_n_accepted"),
-                                                                             int) else None
+    llama = isinstance(lp, dict) and isinstance(lp.get("content"), list)
+    c.token_field = (at + ".token_ids[{i}]" if ch.get("token_ids") is not None else
+                     at + ".logprobs.content[{i}].id" if llama else at + ".logprobs.tokens[{i}]")
+    c.logprobs_field = at + (".logprobs.content[{i}].top_logprobs" if llama else ".logprobs.top_logprobs[{i}]")
+    _counts(obj, c, where)
     return c
+
+
+def _count(d: Any, key: str, at: str) -> int | None:
+    """d[key] as a count: None when absent or null, else an integer, or a ServerError naming the field."""
+    if not isinstance(d, dict) or d.get(key) is None:
+        return None
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ServerError(f"malformed answer: {at}.{key}: expected an integer count, got {v!r}")
+    return v
+
+
+def _counts(obj: dict, c: Completion, where: str) -> None:
+    """The answer's usage / timings counts into `c` (prompt, completion, cached, draft), each an integer if given."""
+    usage = obj.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise ServerError(f"malformed answer: {where}.usage: expected an object, got {type(usage).__name__}")
+    timings = obj.get("timings") if isinstance(obj.get("timings"), dict) else {}
+    c.prompt_tokens = _count(usage, "prompt_tokens", f"{where}.usage")
+    c.completion_tokens = _count(usage, "completion_tokens", f"{where}.usage")
+    details = (usage or {}).get("prompt_tokens_details")
+    cached = _count(details, "cached_tokens", f"{where}.usage.prompt_tokens_details")
+    if cached is not None:
+        c.cached_tokens, c.cached_source = cached, "usage.prompt_tokens_details.cached_tokens"
+    elif _count(timings, "cache_n", f"{where}.timings") is not None:
+        c.cached_tokens, c.cached_source = timings["cache_n"], "timings.cache_n"
+    c.draft_n = _count(timings, "draft_n", f"{where}.timings")
+    if c.draft_n is not None:
+        c.draft_n_accepted = _count(timings, "draft_n_accepted", f"{where}.timings")
+
+
+def check_answer(c: Completion, prompt_len: int, max_tokens: int, vocab: int, where: str) -> None:
+    """Every field of a parsed answer in range, as an in-process result's would be (whether or not logprobs came):
+    token ids and logprob ids in the model's vocabulary, at most max_tokens tokens, the server's counts consistent
+    with what was sent and returned (cached tokens within the prompt, accepted drafts within the drafted); a
+    ServerError naming the field otherwise. (Logprobs are checked finite while parsing.)"""
+    for i, t in enumerate(c.tokens):
+        if not 0 <= t < vocab:
+            raise ServerError(f"wrong model: {where}: {c.token_field.format(i=i)} = {t}, outside the model's "
+                              f"vocabulary of {vocab}")
+    if len(c.tokens) > max_tokens:
+        raise ServerError(f"malformed answer: {where}: {len(c.tokens)} tokens for max_tokens {max_tokens}")
+    for p, row in enumerate(c.logprobs or []):
+        bad = [i for i in row if not 0 <= i < vocab]
+        if bad:
+            raise ServerError(f"wrong model: {where}: {c.logprobs_field.format(i=p)} has token id {bad[0]}, outside "
+                              f"the model's vocabulary of {vocab}")
+    if c.prompt_tokens is not None and c.prompt_tokens != prompt_len:
+        raise ServerError(f"malformed answer: {where}: usage.prompt_tokens {c.prompt_tokens} for the {prompt_len} "
+                          "prompt tokens sent (a token added, e.g. BOS, changes the model's input)")
+    if c.completion_tokens is not None and c.completion_tokens != len(c.tokens):
+        raise ServerError(f"malformed answer: {where}: usage.completion_tokens {c.completion_tokens} for the "
+                          f"{len(c.tokens)} tokens returned")
+    if c.cached_tokens is not None and not 0 <= c.cached_tokens <= prompt_len:
+        raise ServerError(f"malformed answer: {where}: {c.cached_source} {c.cached_tokens} outside the prompt "
+                          f"(0..{prompt_len})")
+    if c.draft_n is not None and not (c.draft_n >= 0 and 0 <= (c.draft_n_accepted or 0) <= c.draft_n):
+        raise ServerError(f"malformed answer: {where}: timings.draft_n_accepted {c.draft_n_accepted} outside "
+                          f"0..timings.draft_n {c.draft_n}")
