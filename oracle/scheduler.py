@@ -3,6 +3,7 @@
 Plain Python lists and dicts for all bookkeeping: rows, `row_to_slot`, the LIFO free-slot stack, compaction,
 chunked prefill and the async overlap. The model runs per request (state keyed by request id, independent of
 slots), so the tokens are the ground truth and the slot bookkeeping is pure policy, checked by the log.
+Independent on purpose of the fast path's and the llama.cpp worker's schedulers (docs/scheduler.md: why).
 
 A step (legacy, or async when not overlapped):  resolve(k-1) → admit(k) → build_batch(k) → forward → sample.
 An overlapped async step:                       launch(k) = overlap_batch + forward + sample → resolve(k-1).

@@ -1,6 +1,7 @@
 """The fast-path engine: the step loop of docs/scheduler.md over the batched model and the ONE state bank.
 
-Written independently of oracle/scheduler.py (it imports only oracle's trace/log types and IO).  Per step:
+Independent on purpose of oracle/scheduler.py and the llama.cpp worker (docs/scheduler.md: why); it imports only
+oracle's trace/log types and IO.  Per step:
 
     legacy (and non-overlapped async):  resolve(k-1) -> admit(k) -> build_batch(k) -> launch(k)
     overlapped async:                   launch(k) with step k-1's tokens from the device buffer -> resolve(k-1)

@@ -14,6 +14,7 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
 A failure inside an op is a reply {"ok": false, "error": "..."}; a GGML_ASSERT abort kills the process, and the
 parent (adapter.py) reports the death. Imports only the standard library, numpy, llama_cpp and its sibling
 speculation.py (no hybridqual).
+Its scheduler is independent on purpose of the oracle's and the fast path's (docs/scheduler.md: why).
 """
 from __future__ import annotations
 
