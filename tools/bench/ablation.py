@@ -24,6 +24,7 @@ from fastpath.engine import ops
 from fastpath.engine.bank import StateBank
 from fastpath.engine.configs import n_params, named_config, random_device_weights
 from fastpath.model import FastModel, StepBatch
+from hybridqual.bench import arguments
 from hybridqual.bench.chain import time_graph
 from hybridqual.bench.engine import copy_bandwidth
 
@@ -111,20 +112,21 @@ def variants() -> dict[str, tuple[dict, list]]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="*", help="names to run (default: all); the first is the reference row")
     ap.add_argument("--pos", type=int, default=600, help="decode position (attention context)")
     ap.add_argument("--list", action="store_true", help="list the variants and exit")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     table = variants()
     if args.list:
         print("\n".join(table))
-        return
+        return 0
+    problem = arguments.first(arguments.known("--variants", args.variants or [], table),
+                              arguments.in_range("--pos", args.pos, 1, 1 << 20))
+    if problem:
+        return arguments.refuse(problem)
     names = args.variants or list(table)
-    unknown = [n for n in names if n not in table]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; --list shows the names")
     cfg = named_config("anchor-3b")
     model = FastModel(cfg, random_device_weights(cfg, DEV, torch.bfloat16), DEV, torch.bfloat16)
     bank = StateBank(cfg, 1, max(1024, args.pos + 8), DEV, kv_dtype=torch.bfloat16)
@@ -146,7 +148,8 @@ def main() -> None:
           f"µs/step ({1e3 / roof_ms:.0f} tok/s)\n| variant | µs/step | tok/s | vs first |\n|---|---|---|---|")
     for name, ms in rows:
         print(f"| {name} | {ms * 1e3:.1f} | {1e3 / ms:.1f} | {1e3 * (ms - rows[0][1]):+.1f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -27,6 +27,7 @@ import torch
 
 from fastpath.engine.configs import named_config
 from fastpath.options import FastOptions
+from hybridqual.bench import arguments
 from oracle.checkpoint import expected_shapes
 from oracle.config import HybridConfig
 
@@ -160,16 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="cut anchor-3b to its first N layers: bench spec's N-layer draft (default 0: all layers)")
     args = ap.parse_args(argv)
     bools = {f.name for f in dataclasses.fields(FastOptions) if f.type in (bool, "bool")} - {"fold_gains"}  # at load
-    for name in args.flip:
-        if name not in bools:
-            raise SystemExit(f"bench account: --flip {name!r} is not a FastOptions switch; one of {sorted(bools)}")
-    if args.ctx < 1 or args.steps < 1:
-        raise SystemExit("bench account: --ctx and --steps must be >= 1")
-    if not 0 <= args.verify_k <= 16:
-        raise SystemExit(f"bench account: --verify-k must be in [0, 16], got {args.verify_k}")
     cfg = named_config("anchor-3b")
-    if not 0 <= args.layers <= len(cfg.layers):
-        raise SystemExit(f"bench account: --layers must be in [0, {len(cfg.layers)}], got {args.layers}")
+    problem = arguments.first(arguments.known("--flip", args.flip, sorted(bools)),
+                              arguments.at_least("--ctx", args.ctx, 1), arguments.at_least("--steps", args.steps, 1),
+                              arguments.in_range("--verify-k", args.verify_k, 0, 16),
+                              arguments.in_range("--layers", args.layers, 0, len(cfg.layers)),
+                              arguments.writable_file("--out", args.out),
+                              arguments.writable_file("--summary", args.summary))
+    if problem:
+        return arguments.refuse(f"bench account: {problem}")
     if args.layers:
         cfg = dataclasses.replace(cfg, layers=cfg.layers[:args.layers])
     if not torch.cuda.is_available():

@@ -18,6 +18,7 @@ import json
 import torch
 
 import fastpath.kernels.attention as attn
+from hybridqual.bench import arguments
 
 HQ, HKV, HD = 32, 8, 80
 # name -> updates of attention_launch_rule(80); "rule": the rule as it is
@@ -118,13 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args(argv)
     if not 16 <= a.head_dim <= 256 or a.head_dim % 8:
-        print(f"bench attention: --head-dim {a.head_dim}: must be a multiple of 8 in [16, 256]")
-        return 2
+        return arguments.refuse(f"bench attention: --head-dim {a.head_dim}: must be a multiple of 8 in [16, 256]")
     only = a.only.split(",") if a.only else None
-    unknown = [n for n in only or [] if n not in VARIANTS]
-    if unknown:
-        print(f"bench attention: --only {','.join(unknown)}: no such variant (known: {', '.join(VARIANTS)})")
-        return 2
+    problem = arguments.first(arguments.known("--only", only or [], VARIANTS), arguments.writable_file("--out", a.out))
+    if problem:
+        return arguments.refuse(f"bench attention: {problem}")
     if not torch.cuda.is_available():
         print("bench attention: needs CUDA")
         return 2

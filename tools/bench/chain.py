@@ -12,6 +12,8 @@ Figures and their reading: docs/performance.md (History, 2026-11-30 16:44–17:1
 """
 from __future__ import annotations
 
+import argparse
+
 import torch
 import triton
 import triton.language as tl
@@ -126,7 +128,8 @@ def gemv_chain(bw: float, rd: float) -> str:
             f"{(t_ch - r_read) / 128:.2f} us per GEMV above streaming")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)     # no options: --help, refusals
     pm = pdl_meta(DEV)
     bw = copy_bandwidth()
     rd, lines = streaming(bw)
@@ -143,7 +146,8 @@ def main() -> None:
         t0 = time_graph(lambda: barrier_kernel[(G,)](cnt, cnt[1:], G, 0, num_warps=4, **pm), reps=20)
         lines.append(f"grid barrier, {G} CTAs: {(t1 - t0) / 128:.2f} us per barrier")
     print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -35,6 +35,7 @@ from fastpath.engine.configs import n_params, named_config, random_device_weight
 from fastpath.engine.engine import Engine
 from fastpath.kernels.gemv import gemv, gemv_launch_rule
 from fastpath.model import FastModel
+from hybridqual.bench import arguments
 from oracle.schedule_log import StepRecord
 from oracle.trace import EngineConfig, Request
 
@@ -333,7 +334,18 @@ def _write(args, report: dict, lines: list[str]) -> None:
                 f.write(text)
 
 
-def main() -> None:
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """The first bad value among engine's arguments (one line naming the flag), or None; no work done."""
+    from hybridqual.bench.spec import ROW_GROUPS
+    return arguments.first(arguments.int_list("--spec-k", args.spec_k, 1, 64),
+                           arguments.comma_names("--spec-rows", args.spec_rows, ROW_GROUPS),
+                           arguments.at_least("--spec-backoff", args.spec_backoff, 0),
+                           "--tiny: only with --prefix-cache" if args.tiny and not args.prefix_cache else None,
+                           arguments.writable_file("--out", args.out),
+                           arguments.writable_file("--summary", args.summary))
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
     ap.add_argument("--summary")
@@ -359,10 +371,14 @@ def main() -> None:
                     help="also: async+graphs bs1 with other GEMV launch rules patched in (bench-only comparison)")
     ap.add_argument("--tiny", action="store_true", help="with --prefix-cache: a smoke run of the section's code path "
                     "on a tiny zoo model (CPU without CUDA: run with TRITON_INTERPRET=1), seconds")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    problem = argument_problem(args)
+    if problem:
+        return arguments.refuse(problem)
     if args.tiny:
         from hybridqual.bench.prefix import tiny_prefix
-        return tiny_prefix(args, _write)
+        tiny_prefix(args, _write)
+        return 0
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -380,7 +396,7 @@ def main() -> None:
         report["prefix_cache"] = r
         lines += prefix_lines(r)
         _write(args, report, lines)
-        return
+        return 0
     if args.profile:
         report["kernels"] = {}
         for fused, gv in ((False, False), (True, False), (True, True)):
@@ -507,7 +523,8 @@ def main() -> None:
     if args.summary:
         with open(args.summary, "w") as f:
             f.write(text + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

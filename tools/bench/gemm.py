@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fastpath.engine.configs import named_config
+from hybridqual.bench import arguments
 from hybridqual.bench.engine import copy_bandwidth
 
 DEV = torch.device("cuda")
@@ -207,16 +208,24 @@ def step_figures() -> dict:
     return out
 
 
-def main() -> None:
+SECTIONS = ("gemv", "matmul", "invariance", "step")
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_gemm.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="gemv,matmul,invariance,step",
                     help="comma list of gemv, matmul, invariance, step")
     ap.add_argument("--nows-child", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.nows_child:
-        return cublas_nows_child()
+        cublas_nows_child()
+        return 0
+    problem = arguments.first(arguments.comma_names("--sections", args.sections, SECTIONS),
+                              arguments.writable_file("--out", args.out))
+    if problem:
+        return arguments.refuse(problem)
     t0 = time.time()
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} copy {bw / 1e12:.2f} TB/s", flush=True)
@@ -251,7 +260,8 @@ def main() -> None:
         res["step"] = step_figures()
     save()
     print(f"done in {res['wall_s']:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -31,6 +31,7 @@ from fastpath.engine.engine import engine_class
 from fastpath.model import FastModel
 from oracle.speculative import ProposerConfig, SpecConfig
 from oracle.trace import EngineConfig, PrefixCacheConfig, Request, Trace
+from hybridqual.bench import arguments
 from hybridqual.bench.prefix import free_cache, sync
 from hybridqual.bench.spec import code_like_prompt
 from hybridqual.qualify.invariance_checks import row_difference
@@ -288,6 +289,18 @@ TINY = Workload(requests=4, prefix=24, suffix_max=12, osl=3, stagger=2, rows=2, 
                 k=2)
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """The first bad value among the bench's arguments (one line naming the flag), or None; no work done."""
+    counts = [("--requests", args.requests, 1), ("--prefix", args.prefix, 1), ("--osl", args.osl, 1),
+              ("--rows", args.rows, 1), ("--k", args.k, 1), ("--reps", args.reps, 1)]
+    return arguments.first(*(arguments.at_least(flag, v, low) for flag, v, low in counts),
+                           arguments.positive_seconds("--budget-s", args.budget_s),
+                           "--tiny: run with TRITON_INTERPRET=1 (the Triton kernels in the interpreter on the CPU)"
+                           if args.tiny and os.environ.get("TRITON_INTERPRET") != "1" else None,
+                           arguments.writable_file("--out", args.out),
+                           arguments.writable_file("--summary", args.summary))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the bench (anchor-3b on CUDA, or --tiny on the CPU), print the table last, write --out / --summary."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -304,12 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed runs per mode for the cost")
     ap.add_argument("--budget-s", type=float, default=200.0, help="skip comparisons started after this")
     args = ap.parse_args(argv)
+    problem = argument_problem(args)
+    if problem:
+        return arguments.refuse(problem)
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
                     "tiny": args.tiny}
     t0 = time.perf_counter()
     if args.tiny:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            raise SystemExit("--tiny: run with TRITON_INTERPRET=1 (the Triton kernels in the interpreter on the CPU)")
         model, w, graphs, reps = tiny_model(), TINY, False, 1
         report.update(model="zoo bamba M* (tiny)", device="cpu", dtype="float32")
     else:
