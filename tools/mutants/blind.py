@@ -38,6 +38,7 @@ class Stage:
     argv: tuple[str, ...] = ()
     timeout: int = 3600
     interpret: bool = True                  # TRITON_INTERPRET=1 (the CPU tier); False: compiled kernels (gpu tier)
+    ranks: int = 1                          # > 1: qualify under torch.distributed.run with this many processes
 
 
 @dataclass
@@ -76,6 +77,8 @@ def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[
     out: list[Stage] = []
     if "qualify" in which or "qualify-main" in which:
         out.append(Stage("qualify", "qualify"))
+    if "qualify-tp" in which:            # the main job on the TP fast path: two gloo ranks (docs/tp.md)
+        out.append(Stage("qualify --tp 2", "qualify", ("--tp", "2"), ranks=2))
     if "qualify-main-gpu" in which:      # the main job as a GPU user runs it: compiled kernels, bf16, CUDA graphs
         out.append(Stage(GPU_MAIN, "qualify", ("--device", "cuda", "--graphs"), interpret=False))
     if "qualify" in which:
@@ -136,7 +139,9 @@ def run_qualify(stage: Stage, tree: Path, env: dict[str, str], work: Path) -> St
     1 (the report's "stopped" says where); a FAIL line seen in report.json before that also stops it."""
     out = work / ("q-" + stage.name.replace(" ", "_").replace("/", "_"))
     log = work / (out.name + ".log")
-    cmd = [sys.executable, "-m", "hybridqual.qualify", "--quiet", "--fail-fast", "--out", str(out), *stage.argv]
+    launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(stage.ranks)] if stage.ranks > 1 else []
+    cmd = [sys.executable, *launch, "-m", "hybridqual.qualify", "--quiet", "--fail-fast", "--out", str(out),
+           *stage.argv]
     t0 = time.time()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -10,7 +10,7 @@ follow, and the CI subset QUICK.
 """
 from __future__ import annotations
 
-from hybridqual.mutants import zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports, zoo_spec
+from hybridqual.mutants import zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports, zoo_spec, zoo_tp
 from hybridqual.mutants.runner import Mutant
 
 MUTANTS: list[Mutant] = [
@@ -24,6 +24,7 @@ MUTANTS: list[Mutant] = [
     *zoo_prefix.PREFIX_CACHE,
     *zoo_spec.SPECULATIVE,
     *zoo_reports.PUBLIC_REPORTS,
+    *zoo_tp.TP_SHARDING,
 ]
 
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.
