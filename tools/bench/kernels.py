@@ -27,6 +27,7 @@ from fastpath.kernels.gemv_rows import gemv_rows
 from fastpath.kernels.sampling import greedy_sample
 from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen
 from fastpath.kernels.ssm_step import ssm_step, ssm_step_launch_rule
+from hybridqual.bench import arguments
 
 DEV = torch.device("cuda")
 ROWS: list[dict] = []
@@ -308,14 +309,21 @@ def bench_proj(ceil: dict, copies: int = 8) -> None:
         del ws
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+GROUPS = ("ssd", "ssm_step", "rest", "proj")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     ap.add_argument("--summary", default=None)
     ap.add_argument("--quick", action="store_true", help="no launch-config variants")
     ap.add_argument("--only", default="ssd,ssm_step,rest,proj",
                     help="comma list of groups: ssd, ssm_step, rest, proj")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    problem = arguments.first(arguments.comma_names("--only", a.only, GROUPS),
+                              arguments.writable_file("--out", a.out), arguments.writable_file("--summary", a.summary))
+    if problem:
+        return arguments.refuse(problem)
     if not torch.cuda.is_available():
         print("bench_kernels: needs CUDA")
         return 2
