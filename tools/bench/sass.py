@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 
 import triton
 
+from hybridqual.bench import arguments
+
 ARCHS = (80, 86, 89, 90)      # what Triton's NVIDIA backend lowers these kernels for (older GPUs lack their ops)
 OPS = ("BAR", "STS", "LDS", "LDSM", "STSM", "LDL", "STL", "LDG", "SHFL", "HGMMA", "HMMA")
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?\s*([^;]*);")
@@ -299,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
     a = ap.parse_args(argv)
+    problem = arguments.writable_file("--out", a.out)     # --kernels: checked by specs(), before any compile
+    if problem:
+        return arguments.refuse(problem)
     if os.environ.get("TRITON_INTERPRET") != "0":
         # kernels imported under the interpreter cannot be compiled: run again in a process that compiles
         env = {**os.environ, "TRITON_INTERPRET": "0"}
