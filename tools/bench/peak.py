@@ -29,7 +29,11 @@ def _gpu_sampler(stop: threading.Event, peak: list[float]) -> None:
         peak[0] = max(peak[0], pynvml.nvmlDeviceGetMemoryInfo(h).used - base)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if "--" not in argv or argv.index("--") != 1 or len(argv) < 3:
         print("usage: python -m hybridqual.bench.peak LABEL -- COMMAND ...", file=sys.stderr)
         return 2
@@ -49,4 +53,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -37,6 +37,7 @@ import torch
 from fastpath.engine.engine import Engine
 from oracle.speculative import ProposerConfig, SpecConfig
 from oracle.trace import EngineConfig, Request
+from hybridqual.bench import arguments
 from hybridqual.qualify.spec_checks import acceptance_rate
 
 
@@ -435,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.smoke:
         ap.error("on a GPU run `python -m hybridqual.bench.engine --spec`; here only --smoke")
+    problem = arguments.first(arguments.int_list("--spec-k", args.spec_k, 1, 64),
+                              arguments.comma_names("--spec-rows", args.spec_rows, ROW_GROUPS),
+                              arguments.writable_file("--out", args.out))
+    if problem:
+        return arguments.refuse(problem)
     model = smoke_model(args.triton)
     rows, lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=8, prompt_len=40,
                              draft_layers=1, draft_osl=6, n_req=2, groups=tuple(args.spec_rows.split(",")),

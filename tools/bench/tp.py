@@ -30,6 +30,7 @@ from fastpath.engine.engine import Engine
 from fastpath.kernels.matmul import matmul
 from fastpath.model import FastModel
 from fastpath.tp import TPModel, init_from_env
+from hybridqual.bench import arguments
 from oracle.checkpoint import load_checkpoint
 from oracle.trace import EngineConfig, Request, Trace, load_trace
 
@@ -166,10 +167,13 @@ def anchor_fp32_check(dev) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_tp.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    problem = arguments.writable_file("--out", args.out)
+    if problem:
+        return arguments.refuse(problem)
     rank, world = init_from_env("cuda")
     dev, bf = torch.device("cuda", rank), torch.bfloat16
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
@@ -244,7 +248,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(out, indent=1))
     dist.barrier()
     dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
