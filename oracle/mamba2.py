@@ -52,11 +52,20 @@ def mamba2_mixer(c: HybridConfig, w: dict[str, Tensor], prefix: str, u: Tensor, 
                  ssm_state: Tensor, start_pos: int, scan: str = "chunked") -> tuple[Tensor, Tensor, Tensor]:
     """u [L, D] -> (out [L, D], new conv window [conv_dim, K-1], new ssm state [H, P, N])."""
     zxbcdt = linear(u, w[prefix + "in_proj.weight"], w.get(prefix + "in_proj.bias"))
+    y, new_window, h = mamba2_sequence(c, w, prefix, zxbcdt, conv_window, ssm_state, start_pos, scan)
+    out = linear(y, w[prefix + "out_proj.weight"], w.get(prefix + "out_proj.bias"))
+    return out, new_window, h
+
+
+def mamba2_sequence(c: HybridConfig, w: dict[str, Tensor], prefix: str, zxbcdt: Tensor, conv_window: Tensor,
+                    ssm_state: Tensor, start_pos: int, scan: str = "chunked") -> tuple[Tensor, Tensor, Tensor]:
+    """The mixer between its projections, the part that walks one sequence: in_proj's output [L, in_proj_dim] ->
+    (the gated-norm output y [L, d_inner] in the model dtype, new conv window, new ssm state)."""
     z, xBC, dt_raw = split_in_proj(c, zxbcdt)
     xBC, new_window = causal_conv1d(xBC, w[prefix + "conv1d.weight"], w.get(prefix + "conv1d.bias"), conv_window)
     x, B, C = split_xbc(c, F.silu(xBC))
 
-    sd = scan_dtype(u.dtype)
+    sd = scan_dtype(zxbcdt.dtype)
     dt = process_dt(dt_raw.to(sd), w[prefix + "dt_bias"].to(sd), c.dt_limit)
     A = -torch.exp(w[prefix + "A_log"].to(sd))
     D = w[prefix + "D"].to(sd)
@@ -68,7 +77,6 @@ def mamba2_mixer(c: HybridConfig, w: dict[str, Tensor], prefix: str, u: Tensor, 
     else:
         raise ValueError(f"scan: {scan!r} is not 'chunked' or 'recurrence'")
 
-    y = y.reshape(u.shape[0], c.d_inner)
-    y = rms_norm_gated(y, z.to(sd), w[prefix + "norm.weight"], c.mamba_n_groups, c.norm_eps).to(u.dtype)
-    out = linear(y, w[prefix + "out_proj.weight"], w.get(prefix + "out_proj.bias"))
-    return out, new_window, h
+    y = y.reshape(zxbcdt.shape[0], c.d_inner)
+    y = rms_norm_gated(y, z.to(sd), w[prefix + "norm.weight"], c.mamba_n_groups, c.norm_eps).to(zxbcdt.dtype)
+    return y, new_window, h

@@ -191,13 +191,21 @@ def lm_head(c: HybridConfig, w: dict[str, Tensor], h: Tensor, dtype: torch.dtype
 def attention_block(c: HybridConfig, w: dict[str, Tensor], p: str, u: Tensor, k_cache: Tensor, v_cache: Tensor,
                     positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """u [L, D] -> (out [L, D], K cache, V cache) with the new tokens appended (keys stored after RoPE)."""
-    L = u.shape[0]
-    q = linear(u, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(L, c.n_attn_heads, c.attn_head_dim)
-    k = linear(u, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
-    v = linear(u, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(L, c.n_kv_heads, c.attn_head_dim)
+    qkv = [linear(u, w[p + f"{n}_proj.weight"], w.get(p + f"{n}_proj.bias")) for n in "qkv"]
+    o, k_all, v_all = attention_sequence(c, *qkv, k_cache, v_cache, positions)
+    out = linear(o, w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
+    return out, k_all, v_all
+
+
+def attention_sequence(c: HybridConfig, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention between its projections, the part that reads one sequence's keys: q [L, Hq*d], k and v
+    [L, Hkv*d] -> (o [L, Hq*d], K cache, V cache) with the new tokens appended (keys stored after RoPE)."""
+    L = q.shape[0]
+    q = q.view(L, c.n_attn_heads, c.attn_head_dim)
+    k, v = k.view(L, c.n_kv_heads, c.attn_head_dim), v.view(L, c.n_kv_heads, c.attn_head_dim)
     q, k = rope(q, positions, c.rope_dim, c.rope_theta), rope(k, positions, c.rope_dim, c.rope_theta)
     k_all, v_all = torch.cat([k_cache, k]), torch.cat([v_cache, v])
     k_positions = torch.arange(k_all.shape[0], device=positions.device)
     o = attention(q, k_all, v_all, positions, k_positions, c.attn_scale)
-    out = linear(o.reshape(L, c.n_attn_heads * c.attn_head_dim), w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
-    return out, k_all, v_all
+    return o.reshape(L, c.n_attn_heads * c.attn_head_dim), k_all, v_all
