@@ -1,7 +1,8 @@
 """Run in a subprocess by test_kernel_static.py (Triton compiling, never interpreting): the static reports of the
 few-row and one-row GEMVs and the decode path's state kernels at their launch rules, and of a probe whose K loop
 must convert layouts through shared memory (a [BLOCK_M, BLOCK_N, BLOCK_K] product of a weight tile and an x tile:
-the checker's positive control); the fused SSD scan loop's async copies. JSON on stdout."""
+the checker's positive control); the shared memory of the prefill attention's and the SSD chunk-state walk's
+rules. JSON on stdout."""
 from __future__ import annotations
 
 import json
@@ -36,7 +37,6 @@ def main() -> int:
     try:
         chosen = [s for s in specs({"gemv_rows", "gemv", "decode"}) if "attention" not in s.name]  # not asserted
         rows = [report(s) for s in chosen + [probe]]
-        rows += fused_scan_loops()
         rows += attention_shared_memory()
         rows += ssd_state_shared_memory()
     except SassError as e:
@@ -44,25 +44,6 @@ def main() -> int:
         return 0
     print(json.dumps(rows))
     return 0
-
-
-def fused_scan_loops() -> list[dict]:
-    """Async copies (software pipelining) in the fused SSD's scan loop, its last top-level loop, at 32-token
-    sub-chunks with 2 stages: as launch_ssd_fused sets its depth (scan_stages), and at the launch's depth (control)."""
-    import re
-
-    from fastpath.kernels.ssd_fused import scan_stages
-    base = specs({"ssd_fused"})[0]                      # the fused kernel at its rule, as the report compiles it
-    out = []
-    for name, depth in (("ssd_fused scan loop S32", scan_stages(32, False)), ("ssd_fused scan loop S32 control", None)):
-        spec = Spec(name, base.fn, dict(base.constexprs, BLOCK_S=32, USE_CB=False, SCAN_STAGES=depth), 8, 2,
-                    base.types, base.div16)
-        lines = compile_spec(spec).asm["ttgir"].splitlines()
-        start = [i for i, line in enumerate(lines) if re.match(r"\s{4}%\S+ = scf.for ", line)][-1]
-        end = next(i for i in range(start + 1, len(lines)) if re.match(r"\s{4}\}", lines[i]))
-        out.append({"kernel": name, "async_copies": sum("async_copy_global_to_local" in line
-                                                        for line in lines[start:end])})
-    return out
 
 
 def attention_shared_memory() -> list[dict]:
@@ -88,12 +69,12 @@ def ssd_state_shared_memory() -> list[dict]:
     for name, dtype, stages in (("ssd_chunk_state bf16", torch.bfloat16, None),
                                 ("ssd_chunk_state fp32", torch.float32, None),
                                 ("ssd_chunk_state fp32 4 stages", torch.float32, 4)):
-        st = ssd_launch_rule(128, 1, 64, 128, 256, dtype)["state"]
+        r = ssd_launch_rule(128, 1, 64, 128, 256, dtype)
         dt = "bf16" if dtype == torch.bfloat16 else "fp32"
         types = {**base.types, "x_ptr": f"*{dt}", "B_ptr": f"*{dt}", "prev_ptr": f"*{dt}"}
-        spec = Spec(name, base.fn, dict(base.constexprs, BLOCK_K=st["BLOCK_K"], BLOCK_P=st["BLOCK_P"],
-                                        BLOCK_N=st["BLOCK_N"], DOT_PREC="ieee" if dt == "fp32" else "tf32"),
-                    st["num_warps"], stages or st["num_stages"], types, base.div16, base.ones)
+        spec = Spec(name, base.fn, dict(base.constexprs, BLOCK_K=r.state_block_k, BLOCK_P=r.state_block_p,
+                                        BLOCK_N=r.state_block_n, DOT_PREC="ieee" if dt == "fp32" else "tf32"),
+                    r.state_warps, stages or r.state_stages, types, base.div16, base.ones)
         out.append({"kernel": name, "shared": compile_spec(spec, 86).metadata.shared})
     return out
 

@@ -1,6 +1,7 @@
 """fastpath.kernels.ssd_varlen vs the fp64 per-token recurrence (oracle/ssd.py), on the state bank."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -8,8 +9,9 @@ import torch
 
 from kernel_tiers import GPU, NO_CUDA, TIERS, skip_cpu_without_interpreter as _skip_cpu_without_interpreter  # noqa: E402  (sets TRITON_INTERPRET on CPU)
 
+import fastpath.kernels.ssd as ssd_mod  # noqa: E402
 from fastpath.kernels._common import KernelInputError  # noqa: E402
-from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen  # noqa: E402
+from fastpath.kernels.ssd import ssd_chunk_table, ssd_varlen  # noqa: E402
 from oracle.mamba2 import process_dt  # noqa: E402
 from oracle.ssd import chunk_bounds, ssm_recurrence  # noqa: E402
 
@@ -46,26 +48,33 @@ def reference(inp, s_lo, s_hi, h0, limit):
                           inp["D"].double().cpu(), None if h0 is None else h0.double().cpu())
 
 
-def run_batch(inp, lens, start_pos, slots, has_init, Q, limit, use_cb, device):
+def with_tiles(monkeypatch, **tiles) -> None:
+    """ssd_varlen launched with `tiles` in place of its launch rule's (SSDLaunchRule fields): tiles smaller than
+    the chunk run the sub-blocked loops at CPU sizes."""
+    real = ssd_mod.ssd_launch_rule
+    monkeypatch.setattr(ssd_mod, "ssd_launch_rule", lambda *a: dataclasses.replace(real(*a), **tiles))
+
+
+def run_batch(inp, lens, start_pos, slots, has_init, Q, limit, device, table=False):
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
     out = torch.full_like(inp["x"], float("nan"))
+    tab = ssd_chunk_table(cu, start_pos, Q, device, slot=slots, n_slots=inp["bank"].shape[0]) if table else None
     ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"],
                torch.tensor(cu, device=device), torch.tensor(slots, device=device),
                torch.tensor(start_pos, device=device),
-               torch.tensor(has_init, device=device), Q, dt_limit=limit, out=out, use_cb=use_cb)
+               torch.tensor(has_init, device=device), Q, dt_limit=limit, out=out, table=tab)
     return cu, out
 
 
-@pytest.mark.parametrize("use_cb", [False, True], ids=["cb-inline", "cb-precomputed"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_varlen_mixed_batch_matches_recurrence(device, dtype, use_cb):
+def test_ssd_varlen_mixed_batch_matches_recurrence(device, dtype):
     """Lengths 1/Q-1/Q/Q+1/several chunks, mid-chunk continuations, mixed initial states, permuted slots,
     a slot -1 piece, n_groups=2, dt clamp: every output and final state vs fp64; other bank entries untouched."""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 16, 4, 16, 2, 16
-    gen = torch.Generator().manual_seed(11 + use_cb)
+    gen = torch.Generator().manual_seed(11)
     lens = [1, Q - 1, Q, Q + 1, 3 * Q + 5, 7]
     start_pos = [0, 5, Q, 3, Q + 9, 0]          # pieces 1, 3 and 4 start mid-chunk
     has_init = [False, True, True, False, True, False]
@@ -73,7 +82,7 @@ def test_ssd_varlen_mixed_batch_matches_recurrence(device, dtype, use_cb):
     limit = (1e-3, 1.5)
     inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen), device)
     bank0 = inp["bank"].clone()
-    cu, out = run_batch(inp, lens, start_pos, slots, has_init, Q, limit, use_cb, device)
+    cu, out = run_batch(inp, lens, start_pos, slots, has_init, Q, limit, device)
     for s, slot in enumerate(slots):
         h0 = bank0[slot] if has_init[s] and slot >= 0 else None
         y, hf = reference(inp, cu[s], cu[s + 1], h0, limit)
@@ -134,60 +143,42 @@ def test_ssd_chunk_aligned_split_is_bitwise_identical(device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype):
-    """Tiles smaller than the chunk (state sub-blocks, scan row/column blocks, P and N tiles), as the GPU
+def test_ssd_sub_blocked_tiles_match_recurrence(device, dtype, monkeypatch):
+    """Tiles smaller than the chunk (chunk-state sub-blocks, scan sub-chunks, P and N tiles), as the GPU
     launch rule uses at chunk 256: outputs and final states still match fp64."""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 32, 2, 32, 1, 32
-    rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-    rule["state"].update(BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
-    rule["scan"].update(BLOCK_M=16, BLOCK_K=16, BLOCK_P=16, BLOCK_S=16)
-    rule["bmm"].update(BLOCK_M=16)
+    with_tiles(monkeypatch, state_block_k=16, state_block_p=16, state_block_n=16, scan_block_s=16, scan_block_p=16)
     gen = torch.Generator().manual_seed(9)
     lens, start_pos, has_init, slots = [Q + 7, 5], [0, 40], [True, True], [1, 0]
-    for use_cb in (False, True):
-        inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=2), device)
-        bank0 = inp["bank"].clone()
-        cu = [0, lens[0], sum(lens)]
-        out = torch.full_like(inp["x"], float("nan"))
-        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], cu,
-                   torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
-                   out=out, use_cb=use_cb, _rule=rule)
-        for s, slot in enumerate(slots):
-            y, hf = reference(inp, cu[s], cu[s + 1], bank0[slot], (0.0, math.inf))
-            assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output (use_cb={use_cb})"
-            assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} state (use_cb={use_cb})"
+    inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=2), device)
+    bank0 = inp["bank"].clone()
+    cu = [0, lens[0], sum(lens)]
+    out = torch.full_like(inp["x"], float("nan"))
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], cu,
+               torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q, out=out)
+    for s, slot in enumerate(slots):
+        y, hf = reference(inp, cu[s], cu[s + 1], bank0[slot], (0.0, math.inf))
+        assert rel(out[cu[s]:cu[s + 1]], y) < REL[dtype], f"sequence {s} output"
+        assert rel(inp["bank"][slot], hf) < REL[dtype], f"sequence {s} state"
 
 
-@pytest.mark.parametrize("scan,state_mode", [("rec", "parallel"), ("rec", "fused"), ("rec", "flat"),
-                                              ("blocked", "parallel"), ("blocked", "flat"), ("walk", "fused"),
-                                              ("rec_masked_pn", "fused")])
+@pytest.mark.parametrize("masked_pn", [False, True], ids=["whole-pn", "masked-pn"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan, state_mode):
-    """Both scan kernels (sub-chunk recurrence, 16-token steps — also with a wider N tile than N, so masked
-    columns; row x column blocks) and the three
-    chunk-state paths (fused walk, flat walk, parallel chunk states + passing) at a chunk size that is no power of
-    two (48), on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs and
-    final states vs fp64, unused bank entries untouched."""
+def test_ssd_chunk_size_no_power_of_two_matches_recurrence(device, dtype, masked_pn, monkeypatch):
+    """A chunk size that is no power of two (48, 16-token steps; masked_pn: the scan's N tile wider than N, so its
+    columns are masked) on a mixed batch with partial chunks, mid-chunk continuations and a slot -1 piece: outputs
+    and final states vs fp64, unused bank entries untouched."""
     _skip_cpu_without_interpreter(device)
     Q, H, P, G, N = 48, 2, 16, 1, 16
-    rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-    rule["scan"].update(kind=scan, BLOCK_S=16, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16)
-    if scan == "rec_masked_pn":
-        rule["scan"].update(kind="rec", BLOCK_N=2 * N)
-    rule["state"].update(mode=state_mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, PASS_BLOCK=64)
+    with_tiles(monkeypatch, scan_block_s=16, scan_block_p=16, scan_block_n=2 * N if masked_pn else N,
+               state_block_k=16, state_block_p=16, state_block_n=16)
     gen = torch.Generator().manual_seed(21)
     lens, start_pos = [2 * Q + 3, 5, Q + 22, 3], [Q + 7, 0, 2, 1]
     has_init, slots = [True, False, True, False], [2, 0, 3, -1]
     inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=5), device)
     bank0 = inp["bank"].clone()
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    out = torch.full_like(inp["x"], float("nan"))
-    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], cu,
-               torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
-               out=out, _rule=rule)
+    cu, out = run_batch(inp, lens, start_pos, slots, has_init, Q, (0.0, math.inf), device)
     for s, slot in enumerate(slots):
         h0 = bank0[slot] if has_init[s] and slot >= 0 else None
         y, hf = reference(inp, cu[s], cu[s + 1], h0, (0.0, math.inf))
@@ -197,147 +188,61 @@ def test_ssd_every_scan_and_state_kernel_matches_recurrence(device, dtype, scan,
     assert torch.equal(inp["bank"][[1, 4]], bank0[[1, 4]]), "bank entries of unused slots changed"
 
 
-def poison_scratch(monkeypatch) -> None:
-    """Every float tensor torch.empty makes is NaN from here on: a kernel that reads scratch it never wrote
-    (e.g. C·Bᵀ blocks above the diagonal) puts NaN in its outputs instead of reading whatever memory held."""
-    real = torch.empty
-
-    def empty(*a, **k):
-        t = real(*a, **k)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", empty)
-
-
-@pytest.mark.parametrize("use_cb", [False, True], ids=["cb-inline", "cb-precomputed"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_walk_scan_has_the_bits_of_the_blocked_scan(device, dtype, use_cb, monkeypatch):
-    """Scan kind "walk" (one program walks a chunk's row blocks; holding the entering state, or reading it again
-    per row block) == "blocked" (a program per row block) bitwise: outputs and final states, on a batch with
-    partial chunks, a continuation and a slot -1 piece; with row blocks coarser than the C·Bᵀ kernel's (which
-    leaves blocks above the diagonal unwritten) and NaN-poisoned scratch."""
+def test_ssd_zero_length_piece_writes_its_entering_state(device, dtype):
+    """A piece of no tokens (with a slot-checked table and without) leaves its slot holding the state it entered
+    with: zeros without an initial state, the bank's own state with one; the other pieces still match fp64."""
     _skip_cpu_without_interpreter(device)
-    Q, H, P, G, N = 48, 4, 16, 2, 16
-    gen = torch.Generator().manual_seed(31 + use_cb)
-    lens, start_pos, has_init, slots = [2 * Q + 5, 7, Q - 1], [Q + 3, 0, 2], [True, False, True], [1, -1, 2]
-    inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=4), device)
-    cu = [0, lens[0], lens[0] + lens[1], sum(lens)]
-    poison_scratch(monkeypatch)
-    got = {}
-    for name in ("blocked", "walk"):
-        rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-        rule["scan"].update(kind=name, BLOCK_M=32, BLOCK_K=16, BLOCK_P=16)    # K >= 16: tl.dot's minimum on a GPU
-        rule["bmm"].update(BLOCK_M=16)
-        bank = inp["bank"].clone()
-        out = torch.full_like(inp["x"], float("nan"))
-        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, cu,
-                   torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
-                   out=out, use_cb=use_cb, _rule=rule)
-        assert torch.isfinite(out).all(), f"{name}: output rows unwritten or read from unwritten scratch"
-        got[name] = (out, bank)
-    assert torch.equal(got["walk"][0], got["blocked"][0]) and torch.equal(got["walk"][1], got["blocked"][1])
-
-
-@pytest.mark.parametrize("entry,key,value,field", [("state", "mode", "pair", "state mode 'pair'"),
-                                                   ("scan", "kind", "nope", "scan kind 'nope'")])
-def test_ssd_unknown_state_mode_or_scan_kind_is_refused_by_name(entry, key, value, field):
-    """A launch rule naming a chunk-state mode or scan kind that does not exist is refused with the name, before
-    any launch (an unknown state mode used to fall through to the fused walk)."""
-    _skip_cpu_without_interpreter("cpu")
     Q, H, P, G, N = 16, 2, 16, 1, 16
-    inp = make_inputs(20, H, P, G, N, torch.float32, "cpu", torch.Generator().manual_seed(6), S=2)
-    rule = ssd_launch_rule(H, G, P, N, Q, torch.float32)
-    rule[entry][key] = value
-    bank = inp["bank"].clone()
-    with pytest.raises(KernelInputError, match=field):
-        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, 20],
-                   torch.tensor([0]), [0], torch.tensor([False]), Q, fused=False, _rule=rule)
-    assert torch.equal(bank, inp["bank"]), "the bank was written before the refusal"
+    lens, start_pos, has_init, slots = [0, 21, 0], [4, 3, 9], [False, True, True], [5, 1, 2]
+    for table in (False, True):
+        inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, torch.Generator().manual_seed(13), S=6), device)
+        bank0 = inp["bank"].clone()
+        cu, out = run_batch(inp, lens, start_pos, slots, has_init, Q, (0.0, math.inf), device, table=table)
+        assert torch.equal(inp["bank"][5], torch.zeros_like(bank0[5])), f"table={table}: no initial state"
+        assert torch.equal(inp["bank"][2], bank0[2]), f"table={table}: initial state"
+        y, hf = reference(inp, cu[1], cu[2], bank0[1], (0.0, math.inf))
+        assert rel(out, y) < REL[dtype] and rel(inp["bank"][1], hf) < REL[dtype], f"table={table}"
 
 
-@pytest.mark.parametrize("slot,has_init", [(1, True), (-1, False)], ids=["banked", "slot-1"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_segmented_walk_has_the_bits_of_one_walk(device, dtype, slot, has_init, monkeypatch):
-    """State key `segment_chunks` (the walk of one sequence cut into segments carried in fp32, each segment's scan
-    launched after it; on CUDA the walk runs on a side stream) == the uncut walk bitwise: outputs, the final bank
-    state and a checkpoint inside the piece, for segments of 1, 2 and 3 chunks of a mid-chunk continuation of 7
-    chunks (the last segment partial), vs fp64 too; NaN-poisoned scratch catches an unwritten carry."""
+def test_ssd_checkpoint_is_bitwise_the_state_a_piece_ending_there_leaves(device, dtype):
+    """A checkpoint at a chunk start inside a piece (continued mid-chunk from a banked state) holds bitwise the
+    final state of the same piece cut there; the piece's own final state still matches fp64."""
     _skip_cpu_without_interpreter(device)
-    Q, H, P, G, N, S = 48, 2, 16, 1, 16, 4
-    L, sp = 6 * Q - 5, Q + 3                                            # 7 chunks: 45 + 5 × 48 + 4 tokens
-    gen = torch.Generator().manual_seed(47 + has_init)
-    inp = to(make_inputs(L, H, P, G, N, dtype, device, gen, S=S), device)
+    Q, H, P, G, N = 16, 2, 16, 1, 16
+    L, sp, at = 4 * Q + 3, 5, 2 * Q
+    inp = to(make_inputs(L, H, P, G, N, dtype, device, torch.Generator().manual_seed(12), S=4), device)
     bank0 = inp["bank"].clone()
-    poison_scratch(monkeypatch)
-    got = {}
-    for seg in (0, 1, 2, 3):
-        rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-        rule["scan"].update(BLOCK_S=16, BLOCK_P=16)
-        rule["state"].update(BLOCK_K=16, BLOCK_P=16, BLOCK_N=16, segment_chunks=seg)
-        bank = bank0.clone()
-        table = ssd_chunk_table([0, L], [sp], Q, device, slot=[slot], n_slots=S, checkpoints=[(0, 3 * Q, 3)])
-        out = torch.full_like(inp["x"], float("nan"))
-        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, [0, L],
-                   torch.tensor([slot], device=device), [sp], torch.tensor([has_init], device=device), Q,
-                   out=out, table=table, _rule=rule)
-        got[seg] = (out, bank)
-    y, hf = reference(inp, 0, L, bank0[slot] if has_init else None, (0.0, math.inf))
-    assert rel(got[0][0], y) < REL[dtype]
-    if slot >= 0:
-        assert rel(got[0][1][slot], hf) < REL[dtype]
-    for seg in (1, 2, 3):
-        assert torch.equal(got[seg][0], got[0][0]), f"segments of {seg} chunks: outputs differ from one walk"
-        assert torch.equal(got[seg][1], got[0][1]), f"segments of {seg} chunks: bank (final state, checkpoint)"
+    table = ssd_chunk_table([0, L], [sp], Q, device, slot=[1], n_slots=4, checkpoints=[(0, at, 3)])
+    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], [0, L],
+               torch.tensor([1], device=device), [sp], torch.tensor([True], device=device), Q, table=table)
+    n = at - sp                                                 # the tokens before the checkpoint
+    short = {k: (v[:n] if k in ("x", "dt", "B", "C") else v) for k, v in inp.items()}
+    short["bank"] = bank0.clone()
+    run_batch(short, [n], [sp], [1], [True], Q, (0.0, math.inf), device)
+    assert torch.equal(inp["bank"][3], short["bank"][1]), "checkpoint != the state of the piece cut there"
+    _, hf = reference(inp, 0, L, bank0[1], (0.0, math.inf))
+    assert rel(inp["bank"][1], hf) < REL[dtype]
 
 
-@pytest.mark.parametrize("device,dtype", TIERS)
-def test_ssd_descriptor_scan_and_state_have_the_bits_of_the_pointer_kernels(device, dtype):
-    """Scan kind "rec_tma" and state mode "tma" (x, B, C, y moved as tensor-descriptor boxes, which run past a
-    chunk's end into the next sequence) == "rec" and the fused walk — bitwise in the interpreter (the same sums in
-    the same order; compiled, the kernels' layouts may differ, so there within the tier's tolerance) — outputs and
-    final states, on a batch with partial chunks, a continuation and a slot -1 piece; a NaN in the next sequence's
-    x and B reaches neither the sequence before it nor its own finite rows. (The interpreter runs programs in order,
-    so a box store past a chunk's end would be overwritten there: only the GPU can show that race.)"""
-    _skip_cpu_without_interpreter(device)
-    Q, H, P, G, N = 48, 2, 16, 1, 16
-    gen = torch.Generator().manual_seed(41)
-    lens, start_pos = [2 * Q + 5, 7, Q - 1, 9], [Q + 3, 0, 2, 0]
-    has_init, slots = [True, False, True, False], [1, -1, 2, 3]
-    inp = to(make_inputs(sum(lens), H, P, G, N, dtype, device, gen, S=4), device)
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    inp["x"][cu[3]:] = float("nan")            # the last sequence: every row NaN
-    inp["B"][cu[3]:] = float("nan")
-    got = {}
-    for kind, mode in (("rec", "fused"), ("rec_tma", "fused"), ("rec", "tma")):
-        rule = ssd_launch_rule(H, G, P, N, Q, dtype)
-        rule["scan"].update(kind=kind, BLOCK_S=16, BLOCK_P=16, BLOCK_N=16)
-        rule["state"].update(mode=mode, BLOCK_K=16, BLOCK_P=16, BLOCK_N=16)
-        kind = kind if mode == "fused" else f"state_{mode}"
-        bank = inp["bank"].clone()
-        out = torch.full_like(inp["x"], float("nan"))
-        ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank, cu,
-                   torch.tensor(slots, device=device), start_pos, torch.tensor(has_init, device=device), Q,
-                   out=out, _rule=rule)
-        assert torch.isfinite(out[:cu[3]]).all(), f"{kind}: a row unwritten or reached by the next sequence's NaN"
-        got[kind] = (out[:cu[3]], bank[[0, 1, 2]])
-    for k in ("rec_tma", "state_tma"):
-        if device == "cpu":
-            assert torch.equal(got[k][0], got["rec"][0]) and torch.equal(got[k][1], got["rec"][1]), k
-        else:
-            assert rel(got[k][0], got["rec"][0]) < REL[dtype] and rel(got[k][1], got["rec"][1]) < REL[dtype], k
-
-
-def test_ssd_stage_marks_put_the_host_set_up_before_the_first_launch():
-    """The benchmark hook sees "host" once, before any stage, then the staged path's stages in launch order (so a
-    bench's first-stage time excludes the host's checks and set-up)."""
+def test_ssd_varlen_runs_each_stage_once_in_launch_order_through_the_module_names(monkeypatch):
+    """ssd_varlen calls the functions named in STAGES once each, in order, through the module (a bench times the
+    stages by wrapping those names), and a wrapper that passes through keeps the result bitwise."""
     _skip_cpu_without_interpreter("cpu")
     Q, H, P, G, N = 16, 2, 16, 1, 16
     inp = make_inputs(20, H, P, G, N, torch.float32, "cpu", torch.Generator().manual_seed(5), S=2)
+    args = lambda bank: (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], bank,  # noqa: E731
+                         [0, 20], torch.tensor([0]), [0], torch.tensor([False]), Q)
+    bank_a, bank_b = inp["bank"].clone(), inp["bank"].clone()
+    y_a = ssd_varlen(*args(bank_a))
     seen: list[str] = []
-    ssd_varlen(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], inp["dt_bias"], inp["bank"], [0, 20],
-               torch.tensor([0]), [0], torch.tensor([False]), Q, fused=False, _mark=seen.append)
-    assert seen == ["host", "cumsum", "bmm", "state", "scan"]
+    for name in ssd_mod.STAGES:
+        real = getattr(ssd_mod, name)
+        monkeypatch.setattr(ssd_mod, name, lambda *a, real=real, name=name: seen.append(name) or real(*a))
+    y_b = ssd_varlen(*args(bank_b))
+    assert seen == list(ssd_mod.STAGES) == ["cumsum_stage", "chunk_state_stage", "scan_stage"]
+    assert torch.equal(y_a, y_b) and torch.equal(bank_a, bank_b)
 
 
 def test_ssd_chunk_table_cuts_at_absolute_multiples():

@@ -37,7 +37,7 @@ from .packing import pack_step
 from .validate import ArgumentError
 
 _FIELDS = ("ids", "pos", "pre_cu", "pre_slot", "pre_start", "pre_init", "last", "pre_tok_seq")
-_TABLE = ("chunk_start", "chunk_len", "seq_chunk_ptr", "chunk_seq", "pad_index")
+_TABLE = ("chunk_start", "chunk_len", "seq_chunk_ptr")
 
 
 def default_buckets(chunk_size: int, max_tokens: int) -> tuple[int, ...]:

@@ -118,11 +118,6 @@ def row_slot(slot_ptr, r, W, stride_slot_w, stride_slot_r):
     return slot
 
 
-def reg_cap(rule: dict) -> dict:
-    """Launch options capping registers per thread: the rule entry's `maxnreg` (CUDA only; none when absent)."""
-    return {} if INTERPRET or rule.get("maxnreg") is None else dict(maxnreg=int(rule["maxnreg"]))
-
-
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 operands use exact fp32 products on the GPU (not tf32); 16-bit operands use the tensor cores."""
     return "ieee" if dtype == torch.float32 else "tf32"

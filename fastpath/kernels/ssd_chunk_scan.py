@@ -1,107 +1,11 @@
-"""SSD stage 4: the chunk scan. Per chunk, head, row block and P-tile:
+"""SSD stage 3: the chunk scan. Per chunk, head and P-tile:
     y_i = Σ_{j ≤ i in chunk} (C_i·B_j) exp(cs_i − cs_j) dt_j x_j  +  exp(cs_i) C_i · h_prev  +  D x_i
-with h_prev the state entering the chunk (from the chunk-state stage). C·B comes either from the
-precomputed per-group matrix (USE_CB) or is computed here."""
+with h_prev the state entering the chunk (from the chunk-state stage), computed as a recurrence over sub-chunks
+(ssd_chunk_scan_rec_kernel), C·B of each sub-chunk computed here."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def ssd_chunk_scan_kernel(
-    x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, prev_ptr, D_ptr, y_ptr,
-    chunk_start_ptr, chunk_len_ptr,
-    H, P, N, heads_per_group,
-    stride_x_t, stride_x_h, stride_x_p,
-    stride_b_t, stride_b_g, stride_b_n,
-    stride_c_t, stride_c_g, stride_c_n,
-    stride_cb_c, stride_cb_g, stride_cb_i,
-    stride_dt_h,
-    stride_prev_c, stride_prev_h, stride_prev_p,
-    stride_y_t, stride_y_h, stride_y_p,
-    USE_CB: tl.constexpr, HAS_D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, WALK: tl.constexpr = False,
-):
-    """1-D grid over (chunk, head, row block, P-tile), chunk slowest: the programs of one chunk run side by
-    side, so its C·B, states and x are re-read from L2, not HBM. BLOCK_N covers all of N. WALK (scan kind
-    "walk"): grid (chunk, head, P-tile), the program walks the chunk's row blocks in order with the entering
-    state loaded once — the same arithmetic per row block, no state carried between blocks."""
-    n_pb = tl.cdiv(P, BLOCK_P)
-    n_tiles = n_pb if WALK else (BLOCK_Q // BLOCK_M) * n_pb
-    pid = tl.program_id(0)
-    c = pid // (H * n_tiles)
-    h = ((pid // n_tiles) % H).to(tl.int64)
-    pb = pid % n_pb
-    g = h // heads_per_group
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    length = tl.load(chunk_len_ptr + c)
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mp = offs_p < P
-    mn = offs_n < N
-    prev_tile = (prev_ptr + c.to(tl.int64) * stride_prev_c + h * stride_prev_h
-                 + offs_p[None, :] * stride_prev_p + offs_n[:, None])    # [BLOCK_N, BLOCK_P]
-    prev = tl.load(prev_tile, mask=mn[:, None] & mp[None, :], other=0.0)
-    if WALK:
-        mb_lo = 0
-        mb_hi = tl.cdiv(length, BLOCK_M)
-    else:
-        mb_lo = (pid % n_tiles) // n_pb
-        mb_hi = mb_lo + 1
-    for mb in range(mb_lo, mb_hi):
-        _scan_row_block(x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, D_ptr, y_ptr, prev, c, h, g, start, length,
-                        mb, offs_p, offs_n, mp, mn, stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g,
-                        stride_b_n, stride_c_t, stride_c_g, stride_c_n, stride_cb_c, stride_cb_g, stride_cb_i,
-                        stride_dt_h, stride_y_t, stride_y_h, stride_y_p, USE_CB, HAS_D, BLOCK_M, BLOCK_K,
-                        DOT_PREC)
-
-
-@triton.jit
-def _scan_row_block(x_ptr, B_ptr, C_ptr, cb_ptr, dt_ptr, dacs_ptr, D_ptr, y_ptr, prev, c, h, g, start, length, mb,
-                    offs_p, offs_n, mp, mn, stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n,
-                    stride_c_t, stride_c_g, stride_c_n, stride_cb_c, stride_cb_g, stride_cb_i, stride_dt_h,
-                    stride_y_t, stride_y_h, stride_y_p, USE_CB: tl.constexpr, HAS_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Rows [mb·BLOCK_M, +BLOCK_M) of one chunk, head and P-tile: the carried-in term from the entering state
-    `prev` [BLOCK_N, BLOCK_P], then the causal sum over BLOCK_K-token column blocks, then D·x."""
-    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    mm = offs_m < length
-    tok_m = start + offs_m
-    cs_m = tl.load(dacs_ptr + h * stride_dt_h + tok_m, mask=mm, other=0.0)
-    Cm = tl.load(C_ptr + tok_m[:, None] * stride_c_t + g * stride_c_g + offs_n[None, :] * stride_c_n,
-                 mask=mm[:, None] & mn[None, :], other=0.0)
-    acc = tl.dot(Cm, prev.to(Cm.dtype), input_precision=DOT_PREC) * tl.exp(cs_m)[:, None]
-
-    hi = tl.minimum(length, (mb + 1) * BLOCK_M)
-    for k0 in range(0, hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mk = offs_k < hi
-        tok_k = start + offs_k
-        if USE_CB:      # only on or below the diagonal: ssd_bmm leaves blocks above it unwritten
-            cb = tl.load(cb_ptr + c.to(tl.int64) * stride_cb_c + g * stride_cb_g
-                         + offs_m[:, None] * stride_cb_i + offs_k[None, :],
-                         mask=mm[:, None] & mk[None, :] & (offs_m[:, None] >= offs_k[None, :]), other=0.0)
-        else:
-            Bk = tl.load(B_ptr + tok_k[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
-                         mask=mk[:, None] & mn[None, :], other=0.0)
-            cb = tl.dot(Cm, tl.trans(Bk), input_precision=DOT_PREC)
-        cs_k = tl.load(dacs_ptr + h * stride_dt_h + tok_k, mask=mk, other=0.0)
-        dt_k = tl.load(dt_ptr + h * stride_dt_h + tok_k, mask=mk, other=0.0)
-        causal = (offs_m[:, None] >= offs_k[None, :]) & mk[None, :]
-        decay = tl.exp(tl.where(causal, cs_m[:, None] - cs_k[None, :], float("-inf")))
-        w = cb * decay * dt_k[None, :]
-        xk = tl.load(x_ptr + tok_k[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                     mask=mk[:, None] & mp[None, :], other=0.0)
-        acc += tl.dot(w.to(xk.dtype), xk, input_precision=DOT_PREC)
-
-    xm = tl.load(x_ptr + tok_m[:, None] * stride_x_t + h * stride_x_h + offs_p[None, :] * stride_x_p,
-                 mask=mm[:, None] & mp[None, :], other=0.0)
-    if HAS_D:
-        acc += tl.load(D_ptr + h).to(tl.float32) * xm.to(tl.float32)
-    tl.store(y_ptr + tok_m[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
-             acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mp[None, :])
 
 
 @triton.jit

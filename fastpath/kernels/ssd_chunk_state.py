@@ -1,4 +1,4 @@
-"""SSD stage 3: chunk states and their passing along each sequence, fused.
+"""SSD stage 2: the chunk-state walk (each chunk's own state and their passing along the sequence, in one kernel).
 
 One program owns a (sequence, head, P-tile, N-tile) of the state and walks the sequence's chunks in order:
 it records the state entering chunk c (prev_states[c], in the inputs' dtype, read by the chunk scan), then
@@ -99,21 +99,13 @@ def ssd_chunk_state_kernel(
     stride_prev_c, stride_prev_h, stride_prev_p,
     ckpt_ptr,
     BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-    HAS_CKPT: tl.constexpr = False, carry_ptr=None, CARRY_IN: tl.constexpr = False,
-    CARRY_OUT: tl.constexpr = False,
+    HAS_CKPT: tl.constexpr = False,
 ):
     """Grid (cdiv(P, BLOCK_P) * cdiv(N, BLOCK_N), H, n_seqs): the tiles of a head run side by side. HAS_CKPT:
-    ckpt_ptr[c] >= 0 is a bank slot that receives the fp32 state entering chunk c (a prefix-cache checkpoint).
-    A walk cut into segments (one sequence; `ssd_varlen`'s state key `segment_chunks`): CARRY_IN starts from the
-    fp32 carry [H, P, N] instead of the bank, CARRY_OUT leaves the state there instead of in the bank; the walk's
-    bits do not depend on the cut."""
+    ckpt_ptr[c] >= 0 is a bank slot that receives the fp32 state entering chunk c (a prefix-cache checkpoint)."""
     pb, nb, h, s, g, offs_p, offs_n, mp, mn, mpn = _walk_tile(P, N, heads_per_group, BLOCK_P, BLOCK_N)
     slot, bank_tile, state = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h, offs_p, offs_n, mpn, stride_bank_s,
                                          stride_bank_h, stride_bank_p, stride_bank_n)
-    if CARRY_IN or CARRY_OUT:
-        carry_tile = carry_ptr + (h * P + offs_p[:, None]) * N + offs_n[None, :]
-    if CARRY_IN:
-        state = tl.load(carry_tile, mask=mpn, other=0.0)
     c0 = tl.load(seq_chunk_ptr + s)          # int64, so c * stride_prev_c is int64
     c1 = tl.load(seq_chunk_ptr + s + 1)
     for c in range(c0, c1):
@@ -126,128 +118,4 @@ def ssd_chunk_state_kernel(
                                  stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
                                  BLOCK_K, BLOCK_P, BLOCK_N, DOT_PREC)
         state = tl.exp(cs_last) * state + acc
-    if CARRY_OUT:
-        tl.store(carry_tile, state, mask=mpn)
-    else:
-        tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
-
-
-@triton.jit
-def ssd_chunk_state_flat_kernel(
-    x_ptr, B_ptr, dt_ptr, dacs_ptr, bank_ptr, prev_ptr,
-    seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr,
-    P, N, heads_per_group,
-    stride_x_t, stride_x_h, stride_x_p,
-    stride_b_t, stride_b_g, stride_b_n,
-    stride_dt_h,
-    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
-    stride_prev_c, stride_prev_h, stride_prev_p,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """As ssd_chunk_state_kernel (same grid, same sums in the same order), but one flat loop over all
-    BLOCK_K sub-blocks of the sequence (BLOCK_Q // BLOCK_K per chunk), so the software pipeline keeps loads
-    in flight across chunk boundaries; the chunk-end update is applied by select, not by branch."""
-    SUBS: tl.constexpr = BLOCK_Q // BLOCK_K
-    pb, nb, h, s, g, offs_p, offs_n, mp, mn, mpn = _walk_tile(P, N, heads_per_group, BLOCK_P, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    tile_prev = h * stride_prev_h + offs_p[:, None] * stride_prev_p + offs_n[None, :]
-
-    slot, bank_tile, state = _bank_state(bank_ptr, slot_ptr, has_init_ptr, s, h, offs_p, offs_n, mpn, stride_bank_s,
-                                         stride_bank_h, stride_bank_p, stride_bank_n)
-
-    c0 = tl.load(seq_chunk_ptr + s)          # int64
-    c1 = tl.load(seq_chunk_ptr + s + 1)
-    tl.store(prev_ptr + c0 * stride_prev_c + tile_prev, state.to(prev_ptr.dtype.element_ty),
-             mask=tl.where(c0 < c1, mpn, False))
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for i in range(0, (c1 - c0) * SUBS):
-        c = c0 + i // SUBS
-        k0 = (i % SUBS) * BLOCK_K
-        start = tl.load(chunk_start_ptr + c).to(tl.int64)
-        length = tl.load(chunk_len_ptr + c)
-        cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-        acc += _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start + k0 + offs_k, (k0 + offs_k) < length, cs_last,
-                        offs_p, offs_n, mp, mn, stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g,
-                        stride_b_n, stride_dt_h, DOT_PREC)
-        is_end = (i % SUBS) == SUBS - 1
-        state = tl.where(is_end, tl.exp(cs_last) * state + acc, state)
-        acc = tl.where(is_end, 0.0, acc)
-        tl.store(prev_ptr + (c + 1) * stride_prev_c + tile_prev, state.to(prev_ptr.dtype.element_ty),
-                 mask=tl.where(is_end & (c + 1 < c1), mpn, False))
     tl.store(bank_tile, state, mask=tl.where(slot >= 0, mpn, False))
-
-
-@triton.jit
-def ssd_chunk_local_state_kernel(
-    x_ptr, B_ptr, dt_ptr, dacs_ptr, local_ptr,
-    chunk_start_ptr, chunk_len_ptr,
-    H, P, N, heads_per_group,
-    stride_x_t, stride_x_h, stride_x_p,
-    stride_b_t, stride_b_g, stride_b_n,
-    stride_dt_h,
-    stride_loc_c, stride_loc_h, stride_loc_p,
-    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-):
-    """1-D grid over (chunk, head, P-tile × N-tile), tiles fastest: the chunk's own state from a zero start,
-    Σ_j exp(cs_last − cs_j) dt_j x_j ⊗ B_j in fp32 (the same sums, in the same order, as the fused kernel),
-    every chunk in parallel; ssd_state_passing_kernel then chains them."""
-    n_nb = tl.cdiv(N, BLOCK_N)
-    n_tiles = tl.cdiv(P, BLOCK_P) * n_nb
-    pid = tl.program_id(0)
-    t = pid % n_tiles
-    pb = t // n_nb
-    nb = t % n_nb
-    h = ((pid // n_tiles) % H).to(tl.int64)
-    c = (pid // (n_tiles * H)).to(tl.int64)
-    g = h // heads_per_group
-    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    mp = offs_p < P
-    mn = offs_n < N
-    start = tl.load(chunk_start_ptr + c).to(tl.int64)
-    length = tl.load(chunk_len_ptr + c)
-    cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-    acc = _chunk_local_state(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, start, length, cs_last, offs_p, offs_n, mp, mn,
-                             stride_x_t, stride_x_h, stride_x_p, stride_b_t, stride_b_g, stride_b_n, stride_dt_h,
-                             BLOCK_K, BLOCK_P, BLOCK_N, DOT_PREC)
-    tl.store(local_ptr + c * stride_loc_c + h * stride_loc_h + offs_p[:, None] * stride_loc_p + offs_n[None, :],
-             acc, mask=mp[:, None] & mn[None, :])
-
-
-@triton.jit
-def ssd_state_passing_kernel(
-    local_ptr, dacs_ptr, bank_ptr, prev_ptr,
-    seq_chunk_ptr, chunk_start_ptr, chunk_len_ptr, slot_ptr, has_init_ptr,
-    P, N,
-    stride_loc_c, stride_loc_h, stride_loc_p,
-    stride_dt_h,
-    stride_bank_s, stride_bank_h, stride_bank_p, stride_bank_n,
-    stride_prev_c, stride_prev_h, stride_prev_p,
-    BLOCK: tl.constexpr,
-):
-    """Grid (cdiv(P * N, BLOCK), H, n_seqs): walks the sequence's chunks, recording the entering state
-    (prev[c], inputs' dtype) and advancing h ← exp(Σ_chunk dt·A) · h + local[c] in fp32, from ssm_bank[slot]
-    (when has_initial_state) to the final state written back to ssm_bank[slot]. Element-wise, so every
-    load of local[c] is independent of the carried state and streams."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    h = tl.program_id(1).to(tl.int64)
-    s = tl.program_id(2)
-    m = offs < P * N
-    p = offs // N
-    n = offs % N
-    slot = tl.load(slot_ptr + s).to(tl.int64)
-    has_init = tl.load(has_init_ptr + s) != 0
-    bank = bank_ptr + slot * stride_bank_s + h * stride_bank_h + p * stride_bank_p + n * stride_bank_n
-    state = tl.load(bank, mask=tl.where((slot >= 0) & has_init, m, False), other=0.0).to(tl.float32)
-    loc = h * stride_loc_h + p * stride_loc_p + n
-    prv = h * stride_prev_h + p * stride_prev_p + n
-    c0 = tl.load(seq_chunk_ptr + s)
-    c1 = tl.load(seq_chunk_ptr + s + 1)
-    for c in range(c0, c1):
-        tl.store(prev_ptr + c * stride_prev_c + prv, state.to(prev_ptr.dtype.element_ty), mask=m)
-        start = tl.load(chunk_start_ptr + c).to(tl.int64)
-        length = tl.load(chunk_len_ptr + c)
-        cs_last = tl.load(dacs_ptr + h * stride_dt_h + start + length - 1)
-        state = tl.exp(cs_last) * state + tl.load(local_ptr + c * stride_loc_c + loc, mask=m, other=0.0)
-    tl.store(bank, state, mask=tl.where(slot >= 0, m, False))

@@ -10,6 +10,8 @@ are stated next to each case. Every time is the median of triton.testing.do_benc
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -24,6 +26,7 @@ from fastpath.kernels.conv1d import causal_conv1d_varlen, conv1d_step
 from fastpath.kernels.gated_norm import rms_norm_gated
 from fastpath.kernels.gemv import gemv
 from fastpath.kernels.gemv_rows import gemv_rows
+from fastpath.kernels import ssd as ssd_mod
 from fastpath.kernels.sampling import greedy_sample
 from fastpath.kernels.ssd import ssd_chunk_table, ssd_launch_rule, ssd_varlen
 from fastpath.kernels.ssm_step import ssm_step, ssm_step_launch_rule
@@ -89,6 +92,49 @@ def graphed(ours, peer) -> str:
     return f"graphs: ours {ms['ours']:.3f} ms, mamba_ssm {ms['mamba_ssm']:.3f} ms ({ms['mamba_ssm'] / ms['ours']:.2f}x)"
 
 
+@contextlib.contextmanager
+def ssd_rule(rule):
+    """ssd_varlen launched with `rule` (an SSDLaunchRule) in place of its own launch rule; None: its own."""
+    real = ssd_mod.ssd_launch_rule
+    if rule is not None:
+        ssd_mod.ssd_launch_rule = lambda *a: rule
+    try:
+        yield
+    finally:
+        ssd_mod.ssd_launch_rule = real
+
+
+SSD_STAGE_LABELS = {"cumsum_stage": "cumsum", "chunk_state_stage": "state", "scan_stage": "scan"}
+
+
+@contextlib.contextmanager
+def ssd_stage_events(events: list):
+    """ssd_varlen's stage functions wrapped: a CUDA event recorded before the first stage ("host": the host's checks
+    and set-up end there) and after each stage, appended to `events` as (label, event)."""
+    saved = {name: getattr(ssd_mod, name) for name in ssd_mod.STAGES}
+
+    def mark(label):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        events.append((label, e))
+
+    def wrap(name, fn):
+        def stage(*a):
+            if name == ssd_mod.STAGES[0]:
+                mark("host")
+            r = fn(*a)
+            mark(SSD_STAGE_LABELS[name])
+            return r
+        return stage
+    for name, fn in saved.items():
+        setattr(ssd_mod, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(ssd_mod, name, fn)
+
+
 def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
     """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (DESIGN §8 target: <= 1.9 ms at L = 65536)."""
     H, P, G, N, Q = 128, 64, 1, 128, 256
@@ -104,39 +150,27 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
     slot, init = torch.tensor([1], device=DEV), torch.tensor([False], device=DEV)
     table = ssd_chunk_table([0, L], [0], Q, DEV, slot=slot, n_slots=bank.shape[0])   # no host sync per call
     out = torch.empty_like(x)
-    run = lambda **kw: ssd_varlen(x, dt, A, B, C, D, dtb, bank, [0, L], slot, [0], init, Q, out=out,  # noqa: E731
-                                  table=table, **kw)
+    run = lambda: ssd_varlen(x, dt, A, B, C, D, dtb, bank, [0, L], slot, [0], init, Q, out=out,  # noqa: E731
+                             table=table)
     nbytes = 2 * x.numel() * 2 + 2 * B.numel() * 2 + dt.numel() * 4 + H * P * N * 4
     nc = L // Q
     flops = 2 * L * H * P * N * 2 + 2 * nc * H * (Q * (Q + 1) / 2) * P + 2 * nc * G * (Q * (Q + 1) / 2) * N
     base = ssd_launch_rule(H, G, P, N, Q, x.dtype)
     cases = [("rule", None)]
-    if variants:
-        def v(**changes):
-            r = json.loads(json.dumps(base))
-            for k, val in changes.items():
-                stage, key = k.split("__")
-                if stage == "top":
-                    r[key] = val
-                else:
-                    r[stage][key] = val
-            return r
-        cases += [("state-parallel", v(state__mode="parallel")),
-                  ("state-flat", v(state__mode="flat")),
-                  ("state-par-n128-w8", v(state__mode="parallel", state__BLOCK_N=128, state__num_warps=8)),
-                  ("state-fused-k32-st4", v(state__BLOCK_K=32, state__num_stages=4)),
-                  ("scan-blocked", v(scan__kind="blocked")),
-                  ("scan-st1", v(scan__num_stages=1)),
-                  ("scan-st3", v(scan__num_stages=3)),
-                  ("scan-p32", v(scan__BLOCK_P=32)),
-                  ("scan-s128", v(scan__BLOCK_S=128)),
-                  ("scan-s32", v(scan__BLOCK_S=32)),
-                  ("scan-w2", v(scan__num_warps=2))]
+    if variants:       # the launch rule's tiles varied one at a time (the same kernels)
+        v = lambda **changes: dataclasses.replace(base, **changes)  # noqa: E731
+        cases += [("state-k32-st4", v(state_block_k=32, state_stages=4)),
+                  ("scan-st1", v(scan_stages=1)),
+                  ("scan-st3", v(scan_stages=3)),
+                  ("scan-p32", v(scan_block_p=32)),
+                  ("scan-s128", v(scan_block_s=128)),
+                  ("scan-s32", v(scan_block_s=32)),
+                  ("scan-w2", v(scan_warps=2))]
     y_rule = None
     for name, rule in cases:
-        kw = {} if rule is None else dict(_rule=rule, use_cb=rule["use_cb"])
         try:
-            ms = bench(lambda: run(**kw))
+            with ssd_rule(rule):
+                ms = bench(run)
         except Exception as e:  # noqa: BLE001 - a variant that fails to compile is reported, not fatal
             print(f"[bench] ssd variant {name} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
@@ -156,16 +190,13 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
             note = f"rel(y) vs rule {rel(out, y_rule):.2e}"
         if name == "rule":
             ev = []
-            def mark(stage):
-                e = torch.cuda.Event(enable_timing=True)
-                e.record()
-                ev.append((stage, e))
             stage_ms = {}
             for _ in range(5):
                 ev.clear()
                 e0 = torch.cuda.Event(enable_timing=True)
                 e0.record()
-                run(_mark=mark)
+                with ssd_stage_events(ev):
+                    run()
                 torch.cuda.synchronize()
                 prev = e0
                 for stage, e in ev:

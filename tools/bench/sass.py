@@ -3,7 +3,7 @@ ptxas) at its launch rule, reporting registers, spill stack, and what its loops 
 shared-memory and local-memory ops). A spill or a shared-memory round trip in a streaming loop is a cost the GPU
 figures show later; this finds it on a CPU machine.
 
-    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,ssd_fused,decode,prefill_attention] [--arch 90]
+    hybridqual bench sass [--kernels gemv,gemv_rows,ssd_scan,ssd_state,decode,prefill_attention] [--arch 90]
         [--out sass.json]
 
 The figures depend on the Triton version that compiles (the GPU image's may differ from this machine's: a venv
@@ -143,7 +143,7 @@ def specs(names: set[str] | None = None) -> list[Spec]:
     from fastpath.kernels.gemv import gemv_kernel, gemv_launch_rule
     from fastpath.kernels.gemv_rows import ROWS_PER_PROGRAM, gemv_rows_kernel, gemv_rows_launch_rule
     from fastpath.kernels.ssd import ssd_launch_rule
-    from fastpath.kernels.ssd_chunk_scan import ssd_chunk_scan_kernel, ssd_chunk_scan_rec_kernel
+    from fastpath.kernels.ssd_chunk_scan import ssd_chunk_scan_rec_kernel
     from fastpath.kernels.ssd_chunk_state import ssd_chunk_state_kernel
     out: list[Spec] = []
     for N, K in ((10576, 2560), (2560, 6144)):
@@ -161,68 +161,30 @@ def specs(names: set[str] | None = None) -> list[Spec]:
                                  EVEN_K=True, PDL=0), rr["num_warps"], rr["num_stages"],
                             div16=("K", "stride_x_m", "stride_w_n", "stride_y_m")))
     rule = ssd_launch_rule(128, 1, 64, 128, 256, None)
-    sc, st = rule["scan"], rule["state"]
     f32 = {"dt_ptr": "*fp32", "dacs_ptr": "*fp32", "D_ptr": "*fp32", "bank_ptr": "*fp32", "prev_ptr": "*bf16",
            "chunk_start_ptr": "*i32", "chunk_len_ptr": "*i32", "seq_chunk_ptr": "*i64", "slot_ptr": "*i32",
            "has_init_ptr": "*i8", "ckpt_ptr": "*i32"}
     strides = lambda fn: tuple(n for n in fn.arg_names if n.startswith("stride") and not n.endswith(("_p", "_n")))
     out.append(Spec("ssd_chunk_scan_rec", ssd_chunk_scan_rec_kernel,
-                    dict(HAS_D=True, BLOCK_S=sc["BLOCK_S"], BLOCK_P=sc["BLOCK_P"], BLOCK_N=sc["BLOCK_N"],
-                         DOT_PREC="tf32", MASK_PN=False), sc["num_warps"], sc["num_stages"], f32,
+                    dict(HAS_D=True, BLOCK_S=rule.scan_block_s, BLOCK_P=rule.scan_block_p, BLOCK_N=rule.scan_block_n,
+                         DOT_PREC="tf32", MASK_PN=False), rule.scan_warps, rule.scan_stages, f32,
                     strides(ssd_chunk_scan_rec_kernel) + ("H", "P", "N")))
-    for stages in (1, 2):                                     # the walk kind with a precomputed C·Bᵀ (fp32)
-        out.append(Spec(f"ssd_chunk_scan_walk_cb s{stages}", ssd_chunk_scan_kernel,
-                        dict(USE_CB=True, HAS_D=True, BLOCK_Q=256, BLOCK_M=64, BLOCK_K=32, BLOCK_P=sc["BLOCK_P"],
-                             BLOCK_N=sc["BLOCK_N"], DOT_PREC="tf32", WALK=True), 4, stages,
-                        {**f32, "cb_ptr": "*fp32"}, strides(ssd_chunk_scan_kernel) + ("H", "P", "N")))
-    from fastpath.kernels.ssd_scan_tma import ssd_scan_tma_kernel
-    bs, bp, bn = sc["BLOCK_S"], sc["BLOCK_P"], sc["BLOCK_N"]
-    desc = {"x_desc": f"tensordesc<bf16[{bs}, {bp}]>", "y_desc": f"tensordesc<bf16[{bs}, {bp}]>",
-            "B_desc": f"tensordesc<bf16[{bs}, {bn}]>", "C_desc": f"tensordesc<bf16[{bs}, {bn}]>"}
-    out.append(Spec("ssd_chunk_scan_rec_tma", ssd_scan_tma_kernel,       # rec through tensor descriptors (bench kind)
-                    dict(HAS_D=True, BLOCK_S=bs, BLOCK_P=bp, BLOCK_N=bn, DOT_PREC="tf32"), sc["num_warps"],
-                    sc["num_stages"], {**f32, **desc}, strides(ssd_scan_tma_kernel) + ("H", "P", "N")))
-    bk, sp, sn = st["BLOCK_K"], st["BLOCK_P"], st["BLOCK_N"]
-    walk = dict(BLOCK_K=bk, BLOCK_P=sp, BLOCK_N=sn, DOT_PREC="tf32")      # every chunk-state walker's tiles
-    out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel, walk, st["num_warps"], st["num_stages"], f32,
+    out.append(Spec("ssd_chunk_state", ssd_chunk_state_kernel,
+                    dict(BLOCK_K=rule.state_block_k, BLOCK_P=rule.state_block_p, BLOCK_N=rule.state_block_n,
+                         DOT_PREC="tf32"), rule.state_warps, rule.state_stages, f32,
                     strides(ssd_chunk_state_kernel) + ("P", "N")))
-    out.append(Spec("ssd_chunk_state segment (carry in + out)", ssd_chunk_state_kernel,   # bench key segment_chunks
-                    dict(walk, CARRY_IN=True, CARRY_OUT=True), st["num_warps"], st["num_stages"],
-                    {**f32, "carry_ptr": "*fp32"}, strides(ssd_chunk_state_kernel) + ("P", "N")))
-    from fastpath.kernels.ssd_state_tma import ssd_state_tma_kernel
-    out.append(Spec("ssd_chunk_state_tma", ssd_state_tma_kernel,        # the walk through descriptors (bench mode)
-                    walk, st["num_warps"], st["num_stages"],
-                    {**f32, "x_desc": f"tensordesc<bf16[{bk}, {sp}]>", "B_desc": f"tensordesc<bf16[{bk}, {sn}]>"},
-                    strides(ssd_state_tma_kernel) + ("P", "N")))
-    out += _fused_specs(rule["fused"], f32, strides)
     unit = ("stride_x_p", "stride_b_n", "stride_c_n", "stride_y_p")     # x, B, C, y rows are contiguous at launch
     out = [replace(sp, ones=tuple(n for n in sp.fn.arg_names if n in unit)) if sp.name.startswith("ssd") else sp
            for sp in out]
     out += _decode_specs() + _prefill_attention_specs()
     groups = {"gemv": "gemv K", "gemv_rows": "gemv_rows", "ssd_scan": "ssd_chunk_scan", "ssd_state": "ssd_chunk_state",
-              "ssd_fused": "ssd_fused", "decode": "decode ", "prefill_attention": "prefill attention"}
+              "decode": "decode ", "prefill_attention": "prefill attention"}
     if names is None:
         return out
     unknown = names - set(groups)
     if unknown:
         raise ValueError(f"--kernels: unknown {sorted(unknown)}; choose from {sorted(groups)}")
     return [s for s in out if any(s.name.startswith(groups[n]) for n in names)]
-
-
-def _fused_specs(fr: dict, f32: dict, strides) -> list[Spec]:
-    """The one-launch SSD prefill (ssd_fused.py) at its rule, and at 8 warps (the register pressure it halves)."""
-    from fastpath.kernels.ssd_fused import scan_stages, ssd_fused_kernel
-    types = {**f32, "dtp_ptr": "*fp32", "dtb_ptr": "*fp32", "A_ptr": "*fp32", "carry_ptr": "*fp32",
-             "sync_ptr": "*i32", "cb_ptr": "*fp32", "chunk_seq_ptr": "*i64", "pad_idx_ptr": "*i64",
-             "chunk_start_ptr": "*i64",
-             "dt_lo": "fp32", "dt_hi": "fp32"}
-    consts = dict(HAS_BIAS=True, HAS_D=True, HAS_CKPT=False, USE_CB=fr["use_cb"], USE_TICKET=fr["ticket"],
-                  BLOCK_S=fr["BLOCK_S"], BLOCK_P=fr["BLOCK_P"], BLOCK_N=fr["BLOCK_N"], DOT_PREC="tf32",
-                  PRE_DT=fr["pre_dt"], SKIP=0)
-    return [Spec(f"ssd_fused w{w} S{s}", ssd_fused_kernel,
-                 dict(consts, BLOCK_S=s, SCAN_STAGES=scan_stages(s, fr["use_cb"])), w, fr["num_stages"], types,
-                 strides(ssd_fused_kernel) + ("H", "P", "N"))
-            for w, s in ((fr["num_warps"], fr["BLOCK_S"]), (8, fr["BLOCK_S"]), (8, 32))]
 
 
 def prefill_attention_spec(name: str, head_dim: int = 80, dtype: str = "bf16", **over) -> Spec:
@@ -295,7 +257,7 @@ def _decode_specs() -> list[Spec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hybridqual bench sass", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", default=None,
-                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, ssd_fused, decode, prefill_attention "
+                    help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode, prefill_attention "
                          "(default all)")
     ap.add_argument("--arch", type=int, default=90, choices=ARCHS,
                     help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
