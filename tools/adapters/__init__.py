@@ -59,6 +59,7 @@ ENGINES: dict[str, str] = {
     "llamacpp-q8": "llamacpp.adapter:LlamaCppQ8Adapter",
     "llamacpp-mutant": "llamacpp.mutant:LlamaCppMutantAdapter",
     "openai": "openai:OpenAIServerAdapter",
+    "vllm-server": "vllm.server:VLLMServerAdapter",
 }
 
 

