@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, check_dtype, load_checkpoint, save_checkpoint
 from .config import ConfigError, HybridConfig, LayerSpec, from_hf_config
 from .model import OracleModel, OracleState
 
@@ -23,8 +23,10 @@ def load(path: str | os.PathLike, dtype: torch.dtype = torch.float64,
          device: torch.device | str | None = None) -> OracleModel:
     """Load an HF-format folder (config.json + safetensors) as an OracleModel computing in `dtype` on `device`
     (default CPU; logits come back on that device); refuses (CheckpointError) before allocating when that needs
-    more memory than is available (oracle.streamed.require_fits: host RAM, and GPU memory for cuda)."""
+    more memory than is available (oracle.streamed.require_fits: host RAM, and GPU memory for cuda). A bad `dtype`
+    (not one of checkpoint.FLOAT_DTYPES) or `device` (not cpu or cuda) is a ValueError naming the argument."""
     from .streamed import _device, require_fits
+    check_dtype(dtype)
     dev = _device(device)
     if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
         require_fits(path, dtype, dev)

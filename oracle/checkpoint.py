@@ -456,6 +456,18 @@ def read_safetensors(path: str) -> dict[str, Tensor]:
     return index.read(list(index.entries))
 
 
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)   # what a model computes or stores in
+
+
+def check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """`dtype` when it is one of FLOAT_DTYPES; else a ValueError naming the argument and the accepted values (a
+    string or an integer dtype would otherwise fail deep inside torch, or load silently as integers)."""
+    if isinstance(dtype, torch.dtype) and dtype in FLOAT_DTYPES:
+        return dtype
+    what = "not a torch.dtype" if not isinstance(dtype, torch.dtype) else "not a floating dtype"
+    raise ValueError(f"{name}: {dtype!r} is {what}; one of {', '.join(str(d) for d in FLOAT_DTYPES)}")
+
+
 def load_checkpoint(path: str | os.PathLike) -> tuple[HybridConfig, dict[str, Tensor]]:
     """Load an HF folder -> (HybridConfig, canonical tensors in their stored dtype)."""
     if not isinstance(path, (str, os.PathLike)):
@@ -482,6 +494,8 @@ def in_folder(path: str) -> Iterator[None]:
 def save_checkpoint(path: str | os.PathLike, config: HybridConfig, tensors: dict[str, Tensor],
                     dtype: torch.dtype | None = None) -> None:
     """Write config.json + model.safetensors in HF naming (optionally cast to `dtype`)."""
+    if dtype is not None:
+        check_dtype(dtype)
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     hf = to_hf(config, tensors)

@@ -51,7 +51,7 @@ def _device(device: torch.device | str | None) -> torch.device:
     try:
         d = torch.device(device if device is not None else "cpu")
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device: {device!r} is not a torch device ({e})") from None
+        raise ValueError(f"device: {device!r} is not a torch device ({e}); cpu or cuda") from None
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} requested but CUDA is not available")
     if d.type not in ("cpu", "cuda"):
