@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,31 @@ def _bisect_steps(engine, oracle_model, rtol: float, found: list[StateDivergence
     return None
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """The first bad argument (one line naming it), or None: TRACE a readable trace, --model a model folder, --tau,
+    --device and --engine usable; only reads, before the oracle or the engine runs."""
+    import oracle
+    if not args.trace.is_file():
+        return f"TRACE {args.trace}: no such file"
+    try:
+        oracle.load_trace(args.trace)
+    except (ValueError, OSError) as e:
+        return f"TRACE {args.trace}: not a readable trace ({e})"
+    if args.model is not None and not (args.model / "config.json").is_file():
+        return f"--model {args.model}: no config.json there"
+    if args.tau is not None and not (math.isfinite(args.tau) and args.tau >= 0):
+        return f"--tau {args.tau}: must be a finite number >= 0"
+    from hybridqual.qualify.runner import prepare_device
+    problem = prepare_device(args.device)
+    if problem:
+        return problem
+    try:
+        adapters.resolve(args.engine)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hybridqual.replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=None, help="near-tie threshold (default: the engine's dtype's)")
     ap.add_argument("--no-table", action="store_true", help="skip the per-step table")
     args = ap.parse_args(argv)
-    from hybridqual.qualify.runner import prepare_device
-    problem = prepare_device(args.device)
+    problem = argument_problem(args)
     if problem:
         print(problem, file=sys.stderr)
         return 2

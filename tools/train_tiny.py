@@ -374,8 +374,8 @@ def oracle_evaluate(out: Path, n: int) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point."""
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m hybridqual.train_tiny",
                                  description="Train the tiny Bamba-style sorting model (goldens/models/tiny-sort).")
     ap.add_argument("--seed", type=int, default=0)
@@ -398,13 +398,14 @@ def main(argv: list[str] | None = None) -> None:
         r = oracle_evaluate(a.out, a.oracle_eval)
         print(f"oracle held-out accuracy {r['accuracy']:.4f} over {r['n']}, median margin "
               f"{r['margins']['median']:.2f}, min {r['margins']['min']:.2f} ({r['seconds']} s)")
-        return
+        return 0
     model, report = train(a.seed, a.steps, a.batch, a.lr, a.threads, a.n_eval)
     sha = save(model, a.out, report)
     h = report["heldout"]
     print(f"held-out accuracy {h['accuracy']:.4f} over {h['n']}, median margin {h['margins']['median']:.2f}, "
           f"train {report['train_seconds']} s, wrote {a.out} (sha256 {sha[:12]})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -265,6 +265,27 @@ def write_zoo(seed: int, force: bool = False) -> int:
     return 0
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """The first bad argument (one line naming the flag), or None; reads names and folders only, no work done."""
+    if args.cmd == "zoo":
+        return f"--seed {args.seed}: must be >= 0" if args.seed < 0 else None
+    shipped = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").exists()) if MODELS.is_dir() else []
+    folder = Path(args.model) if args.model else None
+    outside = folder is not None and (folder / "config.json").exists() and folder.resolve().parent != MODELS.resolve()
+    if folder is not None and not outside and folder.name not in shipped:
+        return f"--model {args.model}: neither a shipped model ({', '.join(shipped)}) nor a folder with a config.json"
+    if args.trace:
+        if outside:
+            from hybridqual.scenarios.plan import SCENARIOS
+            known, what = list(SCENARIOS), "scenario"
+        else:
+            known, what = sorted(p.stem for p in TRACES.glob("*.json")), "shipped trace"
+        if args.trace not in known:
+            return f"--trace {args.trace}: no such {what} (known: {', '.join(known)})"
+    from hybridqual.qualify.runner import oracle_device_problem
+    return oracle_device_problem(args.oracle_device)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hybridqual.goldens", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -281,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     z.add_argument("--seed", type=int, default=0)
     z.add_argument("--force", action="store_true", help="also overwrite shipped zoo models that would change")
     args = ap.parse_args(argv)
+    problem = argument_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     if args.cmd == "zoo":
         return write_zoo(args.seed, args.force)
     return regen(args.check, args.model, args.trace, args.force, args.oracle, args.oracle_device)

@@ -212,13 +212,34 @@ def report_blind(chosen: list) -> int:
     return 0 if chosen and killed == len(chosen) else 1
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """The first bad value among the counts, times and names (one line naming the flag), or None; no work done."""
+    names = {m.name for m in MUTANTS}
+    unknown = [n for n in args.only or [] if n not in names]
+    if unknown:
+        return f"--only {unknown[0]}: no such mutant (known: {', '.join(sorted(names))})"
+    for flag, value, low in (("--jobs", args.jobs, 1), ("--pytest-jobs", args.pytest_jobs, 1),
+                             ("--rotate", args.rotate, 1), ("--rotate-index", args.rotate_index, 0),
+                             ("--stage-timeout", args.stage_timeout, 1)):
+        if value is not None and value < low:
+            return f"{flag} {value}: must be at least {low}"
+    for flag, value in (("--budget-s", args.budget_s), ("--start-by", args.start_by)):
+        if value is not None and not (value > 0 and value != float("inf")):
+            return f"{flag} {value}: must be a finite number of seconds > 0"
+    from hybridqual.mutants.blind import shipped_models
+    shipped = shipped_models()
+    bad = [m for m in args.models or [] if m not in shipped]
+    if bad:
+        return f"--models {bad[0]}: not a shipped model (known: {', '.join(shipped)})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    names = {m.name for m in MUTANTS}
-    for n in args.only or []:
-        if n not in names:
-            print(f"--only {n}: no such mutant (known: {', '.join(sorted(names))})", file=sys.stderr)
-            return 2
+    problem = argument_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     chosen = [m for m in MUTANTS if (not args.only or m.name in args.only) and (not args.quick or m.name in QUICK)
               and (args.gpu or not m.gpu_only)]
     if args.only:                                   # in the order asked for (most interesting first)

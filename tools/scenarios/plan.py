@@ -209,6 +209,18 @@ def describe(inst: Instance) -> str:
             f"{e.mode}; prompts {lens}")
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """The first bad argument (one line naming it), or None: every --model a folder with a config.json, every
+    NAME of `write` a scenario; nothing is built or written."""
+    for m in (args.model or []) if args.cmd == "list" else []:
+        if not (m / "config.json").is_file():
+            return f"--model {m}: no config.json there"
+    unknown = [n for n in args.names if n not in SCENARIOS] if args.cmd == "write" else []
+    if unknown:
+        return f"NAME {unknown[0]}: no such scenario (known: {', '.join(SCENARIOS)})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hybridqual.scenarios", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,8 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("list", help="instantiate every scenario for each model and print it")
     ls.add_argument("--model", type=Path, action="append", help="HF model folder (default: the shipped models)")
     wr = sub.add_parser("write", help="write goldens/traces/NAME.json from the shipped models' instance")
-    wr.add_argument("names", nargs="+")
+    wr.add_argument("names", nargs="+", metavar="NAME")
     args = ap.parse_args(argv)
+    problem = argument_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         if args.cmd == "write":
             for n in _names(args.names):

@@ -313,6 +313,20 @@ def _in_venv(argv: list[str]) -> int:
     return 0
 
 
+def argument_problem(folder: str, out: str | None) -> str | None:
+    """The first bad argument (one line naming it), or None: FOLDER holds a config.json, --out is a file whose
+    folder exists and is writable; checked before the converter starts."""
+    if not (Path(folder) / "config.json").is_file():
+        return f"FOLDER {folder}: no config.json there"
+    if out is not None:
+        parent = Path(out).parent
+        if Path(out).is_dir():
+            return f"--out {out}: is a folder, not a file"
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            return f"--out {out}: its folder {parent} does not exist or is not writable"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: convert a folder, print the sidecar."""
     argv = sys.argv[1:] if argv is None else argv
@@ -325,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-check", action="store_true", help="write the GGUF even when its metadata is not the model's")
     ap.add_argument("--no-mapping", action="store_true", help="give the converter config.json unchanged")
     a = ap.parse_args(argv)
+    problem = argument_problem(a.folder, a.out)
+    if problem:
+        print(f"convert: {problem}", file=sys.stderr)
+        return 2
     try:
         side = convert(a.folder, a.out, a.outtype, check=not a.no_check, mapping=not a.no_mapping)
     except ConversionError as e:
