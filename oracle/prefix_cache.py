@@ -102,9 +102,48 @@ class SchedulerCache(PrefixCache):
     every event goes into the step's log record (`rec.cache`: hits, stored, evicted; `cached_tokens` on
     admissions)."""
 
-    def __init__(self, block_size: int, capacity: int):
+    def __init__(self, block_size: int, capacity: int, store_decoded: bool = False):
         super().__init__(block_size, capacity)
         self.inside: dict[tuple[str, int], Any] = {}     # (request, p): the state at a boundary inside a piece
+        self.store_decoded = store_decoded               # DESIGN §17: boundaries of generated tokens too
+        self.decoded: dict[tuple[str, int], Any] = {}    # (request, p): a verify row's state at a boundary
+
+    def decode_boundary(self, st: Any, p: int) -> bool:
+        """Whether position p of a request's generated tokens is a decode-store boundary (DESIGN §17)."""
+        return self.store_decoded and p % self.block_size == 0 and p > len(st.req.prompt)
+
+    def keep(self, st: Any, p: int, state: Any) -> None:
+        """Verify hook: the state after an accepted input ends at p; kept while p is a boundary, stored at resolve
+        only if the step's outcome proves it verified."""
+        if self.decode_boundary(st, p):
+            self.decoded[(st.req.id, p)] = copy.deepcopy(state)
+
+    def blocks_overlap(self, batch: list) -> bool:
+        """Async (DESIGN §17): a decode-only step with a row reaching a decode boundary is not overlapped, so its
+        store is filed from the state that row left before the next forward moves it."""
+        return self.store_decoded and any(b.kind == "decode" and (b.pos + 1) % self.block_size == 0 for b in batch)
+
+    def after_resolve(self, batch: list, emitted: dict[str, int], requests: dict, rec: Any, step: int) -> None:
+        """DESIGN §17 decode stores, at the resolve of `step`: for each decode/verify row (batch order) whose request
+        emitted e tokens, every boundary p with len(prompt) < p and pos < p <= pos + e (never a lookahead one)."""
+        kept, self.decoded = self.decoded, {}
+        if not self.store_decoded:
+            return
+        for b in batch:
+            if b.kind not in ("decode", "verify"):
+                continue
+            st = requests[b.request]
+            for p in boundaries(b.pos, emitted.get(b.request, 0), self.block_size):
+                if not self.decode_boundary(st, p):
+                    continue
+                state = kept[(b.request, p)] if b.kind == "verify" else st.model_state
+                assert getattr(state, "position", p) == p, "decode checkpoint state is not at the boundary"
+                tokens = tuple(st.req.prompt) + tuple(st.output)
+                entry, evicted = self.store(tokens, p, b.request, state, step)
+                if evicted is not None:
+                    rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
+                if entry is not None:
+                    rec.cache["stored"].append({"request": b.request, "pos": p})
 
     def admit(self, st: Any, rec: Any, step: int) -> None:
         """The request just admitted (rec.admit[-1]) starts from the longest cached prefix, if any."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .batched import Segment
 from .sampling import sample
 from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
 from .trace import Request, Trace, TraceError, check_against_model, model_positions, validate_request
@@ -136,8 +137,11 @@ class Scheduler:
             from .trace import check_prefix_cache_against_model
             mamba = getattr(cfg, "mamba_layer_ids", None)        # None: a test stand-in model without layers
             check_prefix_cache_against_model(trace.engine, cfg.chunk_size, None if mamba is None else len(mamba))
-            self.cache = SchedulerCache(trace.engine.prefix_cache.block_size, trace.engine.prefix_cache.capacity)
+            pc = trace.engine.prefix_cache
+            self.cache = SchedulerCache(pc.block_size, pc.capacity, pc.store_decoded)
             self.log.prefix_cache = True
+            if self.spec is not None and pc.store_decoded:       # DESIGN §17: verified states at boundaries
+                self.spec.keep_states = self.cache.keep
 
     def add_request(self, req: Request) -> None:
         """Streaming use: submit a request arriving at `req.arrival_step` (>= the current step)."""
@@ -175,6 +179,7 @@ class Scheduler:
         rec = p.record
         row_of = {rid: r for r, rid in enumerate(self.rows) if rid is not None}
         finished: list[int] = []
+        emitted: dict[str, int] = {}                   # tokens appended per request (DESIGN §17 decode stores)
         live = [(b, row_of[b.request]) for b in p.batch if b.request in row_of]    # extra rows are gone
         for b, r in sorted(live, key=lambda br: (br[0].kind not in ("decode", "verify"), br[1])):  # decode first
             if p.row_tokens[r] < 0:                    # no sample: a non-final prefill piece
@@ -183,6 +188,7 @@ class Scheduler:
             row_toks = self.spec.tokens(rec, b, p.row_tokens[r]) if self.spec else [p.row_tokens[r]]
             for j, tok in enumerate(row_toks):         # a verify row emits several; stop / length cut them
                 st.output.append(tok)
+                emitted[b.request] = emitted.get(b.request, 0) + 1
                 pos = b.pos + 1 + j if b.kind == "verify" else b.pos + b.count
                 rec.sampled.append({"request": b.request, "pos": pos, "token": tok})
                 if tok in st.req.stop_token_ids:
@@ -192,6 +198,8 @@ class Scheduler:
                 if st.finish_reason is not None:
                     finished.append(r)
                     break
+        if self.cache is not None:
+            self.cache.after_resolve(p.batch, emitted, self.requests, rec, p.step)
         for r in sorted(finished):
             rid, slot = self.rows[r], self.row_to_slot[r]
             rec.free.append({"request": rid, "row": r, "slot": slot, "reason": self.requests[rid].finish_reason})
@@ -262,15 +270,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------ forward/sample
     def forward_and_sample(self, batch: list[BatchRow], inputs: dict[int, int]) -> list[int]:
-        """Run each batch row through the model on its request's state; sample rows that sample, per row."""
+        """Run each batch row through the model on its request's state; sample rows that sample, per row. Plain
+        prefill and decode rows share one pass over the weights when the model offers it (oracle/batched.py)."""
         row_tokens = [-1] * self.R
+        passed = self.forward_plain_rows(batch, inputs)
         for b in batch:
             st = self.requests[b.request]
             if b.kind == "verify":
                 row_tokens[b.row] = self.spec.forward(self.model, st, b, self.forced.get(b.request, ()))
                 continue
             if b.kind == "prefill":
-                logits, st.model_state = (self.cache.prefill(self.model, st, b) if self.cache is not None else
+                logits, st.model_state = (passed[b.row] if b.row in passed else
+                                          self.cache.prefill(self.model, st, b) if self.cache is not None else
                                           self.model.prefill(list(st.req.prompt[b.pos:b.pos + b.count]),
                                                              st.model_state))
                 st.done = b.pos + b.count
@@ -278,11 +289,32 @@ class Scheduler:
                     continue
                 last = logits[-1]
             else:
-                token = inputs[b.row] if b.row in inputs else st.output[-1]
-                last, st.model_state = self.model.decode(token, st.model_state)
+                if b.row in passed:
+                    logits, st.model_state = passed[b.row]
+                    last = logits[-1]
+                else:
+                    token = inputs[b.row] if b.row in inputs else st.output[-1]
+                    last, st.model_state = self.model.decode(token, st.model_state)
             forced, i = self.forced.get(b.request, ()), b.pos + b.count - len(st.req.prompt)
             row_tokens[b.row] = forced[i] if i < len(forced) else sample(last, st.req.sampling, b.pos + b.count)
         return row_tokens
+
+    def forward_plain_rows(self, batch: list[BatchRow], inputs: dict[int, int]) -> dict[int, tuple[Any, Any]]:
+        """row -> (logits, new state) of the step's plain rows (prefill pieces outside the prefix cache, decodes),
+        all in one model.forward_many pass; empty when the model has none or fewer than two rows are plain."""
+        many = getattr(self.model, "forward_many", None)
+        plain = [b for b in batch if b.kind == "decode" or (b.kind == "prefill" and self.cache is None)]
+        if many is None or len(plain) < 2:
+            return {}
+        segments = []
+        for b in plain:
+            st = self.requests[b.request]
+            if b.kind == "prefill":
+                segments.append(Segment(list(st.req.prompt[b.pos:b.pos + b.count]), st.model_state, "chunked"))
+            else:
+                token = inputs[b.row] if b.row in inputs else st.output[-1]
+                segments.append(Segment([token], st.model_state, "recurrence"))
+        return {b.row: out for b, out in zip(plain, many(segments))}
 
     # ---------------------------------------------------------------------------------------------- step
     def can_overlap(self, k: int) -> bool:
@@ -291,6 +323,7 @@ class Scheduler:
         return (self.mode == "async" and p is not None and p.decode_only and self.active > 0
                 and not self.waiting(k)
                 and (self.spec is None or self.spec.overlappable(p.batch))   # §10: only steps backoff pauses
+                and (self.cache is None or not self.cache.blocks_overlap(p.batch))   # DESIGN §17
                 and not any(self.requests[rid].prefilling for rid in self.rows if rid is not None))
 
     def launch_overlapped(self, rec: StepRecord) -> None:

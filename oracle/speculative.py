@@ -307,16 +307,22 @@ def proposal_room(k: int, max_new_tokens: int, n_generated: int) -> int:
     return max(0, min(k, max_new_tokens - n_generated))
 
 
-def verify(model: Any, state: Any, last: int, proposals: list[int], choose, pos: int) -> tuple[list[int], int, Any]:
+def verify(model: Any, state: Any, last: int, proposals: list[int], choose, pos: int,
+           on_state=None) -> tuple[list[int], int, Any]:
     """Decode `last` then the drafts one by one from `state` (input i at position pos+i); c_i = choose(logits,
     pos+1+i), the request's sampler at that absolute position; stop after the first rejected draft.
+    `on_state(j, state)`: called with the state after each fed (hence accepted) input j (DESIGN §17 stores).
     Returns (c_0..c_a, a, state after the a+1 accepted inputs)."""
     logits, state = model.decode(last, state)
+    if on_state is not None:
+        on_state(0, state)
     choices = [choose(logits, pos + 1)]
     for i, d in enumerate(proposals):
         if d != choices[-1]:
             break
         logits, state = model.decode(d, state)
+        if on_state is not None:
+            on_state(i + 1, state)
         choices.append(choose(logits, pos + 2 + i))
     return choices, len(choices) - 1, state
 
@@ -329,6 +335,7 @@ class SpecRunner:
         self.proposer = make_proposer(self.spec)
         self.backoff = Backoff(self.spec.backoff)
         self.results: dict[str, tuple[list[int], int]] = {}
+        self.keep_states = None        # DESIGN §17: callable(request state, position) -> keep the state there
 
     def row(self, r: int, st, slot: int):
         """A decode row (no proposals) or a verify row of m+1 tokens with its m proposals."""
@@ -359,7 +366,13 @@ class SpecRunner:
 
         def choose(logits, q: int) -> int:
             return forced[q - plen] if q - plen < len(forced) else sample(logits, st.req.sampling, q)
-        choices, a, st.model_state = verify(model, st.model_state, st.output[-1], b.proposals, choose, b.pos)
+        keep = self.keep_states
+
+        def on_state(j: int, state) -> None:
+            if keep is not None:
+                keep(st, b.pos + 1 + j, state)
+        choices, a, st.model_state = verify(model, st.model_state, st.output[-1], b.proposals, choose, b.pos,
+                                            on_state)
         self.results[b.request] = (choices, a)
         return choices[0]
 

@@ -65,10 +65,14 @@ class PrefixCacheConfig:
 
     block_size: int
     capacity: int
+    store_decoded: bool = False      # DESIGN §17: also boundaries of generated tokens (verified state only)
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"block_size": self.block_size, "capacity": self.capacity}
+        """JSON form (store_decoded only when on, so older traces keep their bytes)."""
+        out: dict[str, Any] = {"block_size": self.block_size, "capacity": self.capacity}
+        if self.store_decoded:
+            out["store_decoded"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -247,8 +251,8 @@ def _parse_engine(obj: Any) -> EngineConfig:
         spec = parse_speculative(obj["speculative"])
     pc = obj.get("prefix_cache")
     if "prefix_cache" in obj:                                                  # null is not "absent"
-        _keys(pc, "engine.prefix_cache", None, {"block_size", "capacity"})
-        pc = PrefixCacheConfig(pc["block_size"], pc["capacity"])              # values checked below
+        _keys(pc, "engine.prefix_cache", None, {"block_size", "capacity"}, {"store_decoded"})
+        pc = PrefixCacheConfig(pc["block_size"], pc["capacity"], pc.get("store_decoded", False))   # checked below
     return validate_engine_config(EngineConfig(obj["max_requests"], obj["max_tokens_per_step"],
                                                obj["prefill_chunk"], obj.get("mode", "legacy"), spec,
                                                prefix_cache=pc))
@@ -292,8 +296,10 @@ def _check_prefix_cache(pc: Any, where: str) -> PrefixCacheConfig | None:
         return None
     if not isinstance(pc, PrefixCacheConfig):
         raise TraceError(where, f"must be an oracle.trace.PrefixCacheConfig or absent, got {type(pc).__name__}")
+    if not isinstance(pc.store_decoded, bool):
+        raise TraceError(f"{where}.store_decoded", f"must be true or false, got {pc.store_decoded!r}")
     return PrefixCacheConfig(_int_value(pc.block_size, f"{where}.block_size", None, 1),
-                             _int_value(pc.capacity, f"{where}.capacity", None, 1))
+                             _int_value(pc.capacity, f"{where}.capacity", None, 1), pc.store_decoded)
 
 
 def check_prefix_cache_against_model(ec: EngineConfig, chunk_size: int, n_mamba_layers: int | None,

@@ -108,6 +108,9 @@ class Engine:
         if engine_config.speculative is not None:
             from .speculative import Speculator
             self.spec = Speculator(self, engine_config.speculative)
+            if pc is not None and pc.store_decoded and self.spec.runner.replaying:
+                raise TraceError("engine_config.prefix_cache.store_decoded", "decode stores read the verify "
+                                 "step's per-position snapshots, which FastOptions.spec_replay does not keep")
         self.reset(engine_config.mode)
 
     @classmethod
@@ -183,6 +186,7 @@ class Engine:
         modes, so legacy's shadow rows follow async's extra rows exactly."""
         return (prev is not None and prev.decode_only and self.rows.active > 0 and not self.waiting(self.k)
                 and (self.spec is None or self.spec.overlappable(prev))
+                and (self.prefix is None or not self.prefix.blocks_overlap(prev.batch))       # DESIGN §17
                 and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
 
     def can_overlap(self) -> bool:
@@ -362,7 +366,7 @@ class Engine:
         toks = p.host_tokens[: len(p.batch)].tolist()
         rec, rt = p.record, self.rows
         row_of = {rid: r for r, rid in enumerate(rt.row_request[: rt.active]) if rid is not None}
-        finished = []
+        finished, emitted = [], {}                       # emitted: tokens appended per request (DESIGN §17)
         live = [(j, row_of[b.request]) for j, b in enumerate(p.batch) if b.request in row_of]  # extras gone
         for j, r in sorted(live, key=lambda jr: (p.batch[jr[0]].kind != "decode", jr[1])):      # decode first
             b = p.batch[j]
@@ -372,6 +376,7 @@ class Engine:
                 continue
             st, tok = self.requests[b.request], toks[j]
             st.output.append(tok)
+            emitted[b.request] = emitted.get(b.request, 0) + 1
             self.emitted.setdefault(b.request, []).append(tok)
             rec.sampled.append({"request": b.request, "pos": b.pos + b.count, "token": tok})
             if tok in st.req.stop_token_ids:
@@ -380,6 +385,9 @@ class Engine:
                 st.finish_reason = "length"
             if st.finish_reason is not None:
                 finished.append(r)
+        if self.prefix is not None and self.prefix.store_decoded:    # before rollback: snapshots still hold
+            self.prefix.after_resolve(rec.batch, emitted, self.requests, rec, p.step,
+                                      self.spec.snapshot if self.spec is not None else None)
         if self.spec is not None:
             self.spec.rollback()                       # rows that rejected a draft: copy their accepted snapshot
         finished.sort()

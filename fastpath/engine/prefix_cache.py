@@ -59,6 +59,7 @@ class PrefixCache:
         if bank.pool != config.capacity:
             raise ValueError(f"PrefixCache: the bank has {bank.pool} pool slots, the cache needs {config.capacity}")
         self.block_size, self.capacity, self.bank = config.block_size, config.capacity, bank
+        self.store_decoded = config.store_decoded         # DESIGN §17: boundaries of generated tokens too
         self.reset()
 
     def reset(self) -> None:
@@ -133,3 +134,36 @@ class PrefixCache:
         for _, slot, entry, pos, evicted, inside in self._writes:
             self.bank.copy_state(slot, self.bank.pool_slot(entry.index), pos, state=not inside)
         self._writes = []
+
+    # ---- decode stores (DESIGN §17) ---------------------------------------------------------------------
+    def blocks_overlap(self, batch: list) -> bool:
+        """Async: a decode-only step with a decode row whose input reaches a boundary (pos + 1 = j·B) is not
+        overlapped, so its store reads the state that row left before the next forward moves it."""
+        return self.store_decoded and any(b.kind == "decode" and (b.pos + 1) % self.block_size == 0 for b in batch)
+
+    def after_resolve(self, batch: list, emitted: dict[str, int], requests: dict, rec: Any, step: int,
+                      snapshot) -> None:
+        """At the resolve of `step`, before rollback and frees: for each decode/verify row (batch order) whose
+        request emitted e tokens, store every boundary p with len(prompt) < p and pos < p <= pos + e — never a
+        lookahead one. `snapshot(b, j)`: a verify row's (conv, ssm) after its input j, None = the slot holds it."""
+        if not self.store_decoded:
+            return
+        for b in batch:
+            if b.kind not in ("decode", "verify"):
+                continue
+            st = requests[b.request]
+            for p in boundaries(b.pos, emitted.get(b.request, 0), self.block_size):
+                if p <= len(st.req.prompt):
+                    continue
+                entry, evicted = self.file(tuple(st.req.prompt) + tuple(st.output), p, b.request, step)
+                if evicted is not None:
+                    rec.cache["evicted"].append({"request": evicted.owner, "pos": evicted.pos})
+                if entry is None:
+                    continue
+                rec.cache["stored"].append({"request": b.request, "pos": p})
+                dst = self.bank.pool_slot(entry.index)
+                snap = snapshot(b, p - b.pos - 1) if b.kind == "verify" else None
+                self.bank.copy_state(b.slot, dst, p, state=snap is None)
+                if snap is not None:
+                    self.bank.conv_state[:, dst].copy_(snap[0])
+                    self.bank.ssm_state[:, dst].copy_(snap[1])

@@ -324,6 +324,14 @@ class Speculator:
         return out + list(pre), (lg if plog is None else torch.cat([lg, plog]))
 
     # ---- resolve -------------------------------------------------------------------------------------------
+    def snapshot(self, b: BatchRow, j: int):
+        """A verify row's (conv, ssm) state after its input j (every Mamba layer), before rollback; None when the
+        slot holds it (j is the row's last input: every draft accepted). For DESIGN §17 decode stores."""
+        v = next(x for row, x in self.verified if row is b)
+        if j == len(b.proposals):
+            return None
+        return self.snap.conv[:, j, v.snap], self.snap.ssm[:, j, v.snap]
+
     def rollback(self) -> None:
         """Rows that rejected a draft and go on: bank[slot] := their snapshot after the last accepted input (every
         Mamba layer's conv window and SSM state). A row that accepted every draft already holds that state (its
