@@ -3,7 +3,9 @@ of class attributes and a module global that tests and benches used to flip.
 
     backend          "triton": fastpath/kernels (the default, what every token test runs); "torch": the plain-torch
                      stand-ins of engine/torch_ops.py (same contract; fast scheduler-only tests, cross-checks)
-    fused            Triton backend: residual add + norm and act·mul as one kernel each (False: separate torch ops)
+    fused            Triton backend: residual add + norm and act·mul as one kernel each (False: separate torch ops,
+                     and none of the GEMV folds below). "Fused" means one thing in this package: several
+                     operations in one kernel launch (docs/kernels.md, "Words")
     gemv             CUDA + Triton: one-row projections through the Triton GEMV (False: cuBLAS)
     gemv_rows        CUDA + Triton: 2..8-row projections (a bs1 speculative verify, a small batch) through the
                      few-row GEMV, one read of each weight for all rows, each row with the one-row GEMV's bits
