@@ -7,6 +7,7 @@ recomputes it. This is the suite's "HumanEval": the exact-answer accuracy must b
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Sequence
 
@@ -63,7 +64,10 @@ def build(name: str) -> dict:
             "engine": {**engine, "mode": "legacy"}, "requests": requests}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite every task trace of SPECS (no options; --help says so)."""
+    argparse.ArgumentParser(prog="python -m hybridqual.scenarios.task_traces",
+                            description=__doc__.split("\n")[0]).parse_args(argv)
     from oracle.trace import dump_trace, parse_trace
     for name in SPECS:
         path = TRACES / f"{name}.json"
