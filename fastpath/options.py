@@ -22,8 +22,8 @@ of class attributes and a module global that tests and benches used to flip.
     spec_replay      speculative rollback by replaying the accepted positions' conv/SSM steps from saved inputs
                      (False, the default: per-position snapshots; fastpath/engine/verify.py, docs/engine.md)
     spec_device_drafts  ngram / draft proposals on the device inside the padded / graphed decode loop (no host
-                     sync; fastpath/engine/spec_device.py). Off by default: on the H200 (2026-12-02) it broke bf16
-                     async == legacy and batch-invariant bs1 == batched bitwise on spec_ngram (docs/engine.md)
+                     sync; fastpath/engine/spec_device.py). Off by default: at low acceptance every decode-loop
+                     step becomes a verify step at the room's width (docs/engine.md, "Device proposals")
 """
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def test_decode_step_gemvs_and_state_kernels_do_not_spill(reports):
 
 def test_prefill_attention_rule_fits_hopper_shared_memory_in_bf16_and_fp32(reports):
     """The prefill attention's launch rule (128 × 128 blocks for 2-byte inputs, 64 × 64 for fp32) fits the 227 KiB
-    an sm_90 block may use, at head dims 80 and 128; the control, fp32 at 128 × 128, does not (it failed on an H100
+    an sm_90 block may use, at head dims 80 and 128; the control, fp32 at 128 × 128, does not (it failed on sm_90
     with OutOfResources before the rule keyed on the element size)."""
     limit = 232448
     for dt in ("bf16", "fp32"):

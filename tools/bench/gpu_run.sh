@@ -52,7 +52,7 @@ step_verify_path() {
     --out "$OUT/verify_account.json" --summary "$OUT/verify_path.summary" || rc=1
   return $rc
 }
-# Optional: the A/B of changes compiled and tested on CPU (docs/performance.md, History, 2026-12-05 23:16): their gpu
+# Optional: the A/B of changes compiled and tested on CPU (docs/journal/performance.md): their gpu
 # tests, then the few-row GEMV per projection and in the verify step (account A/B), the one-row GEMV's XB load and
 # the decode attention at 8 warps in bs1 decode. The summary is written as it goes, so a call cut at its limit
 # still returns what ran.
@@ -131,7 +131,7 @@ step_anchor() {
 # The speed figures of docs/performance.md's targets in one run, each beside its peer or roofline of the same run:
 # SSD prefill beside mamba_ssm, prefill attention beside SDPA, bs1 decode beside the copy roofline, speculation at
 # k = 2 (upper bound, drafts forced right, 0% acceptance with backoff 64), prefix hits, the 131k prefill, batch
-# invariance at size (about 5 min on an H100).
+# invariance at size.
 step_speed() {
   local rc=0 tmp s="$OUT/speed.summary"
   tmp=$(mktemp -d)

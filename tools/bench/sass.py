@@ -210,7 +210,7 @@ def prefill_attention_spec(name: str, head_dim: int = 80, dtype: str = "bf16", *
 def _prefill_attention_specs() -> list[Spec]:
     """The prefill attention at anchor-3b's heads (Hq32 Hkv8 d80): its rule (128 × 128 blocks at 8 warps, unmasked
     full key blocks, the head dim in chunks 64 + 16, base-2 exponentials), the same with natural exponentials
-    (EXP2 off, the rule before 2026-12-06 12:00), 64 × 64 blocks at 4 warps, the kernel before the chunks (64 × 64,
+    (EXP2 off, the rule before 8c6749f), 64 × 64 blocks at 4 warps, the kernel before the chunks (64 × 64,
     one 128-wide chunk, every block masked), and the rule at head dim 128 (Bamba's, Nemotron-H's)."""
     n = "prefill attention "
     return [prefill_attention_spec(n + "rule"),
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list: gemv, gemv_rows, ssd_scan, ssd_state, decode, prefill_attention "
                          "(default all)")
     ap.add_argument("--arch", type=int, default=90, choices=ARCHS,
-                    help="compute capability: 90 (H100/H200), 89, 86, 80 (A100)")
+                    help="compute capability: 90 (Hopper), 89 (Ada), 86, 80 (Ampere)")
     ap.add_argument("--out", default=None, help="write the reports as JSON here")
     a = ap.parse_args(argv)
     problem = arguments.writable_file("--out", a.out)     # --kernels: checked by specs(), before any compile
