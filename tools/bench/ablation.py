@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table))
         return 0
     problem = arguments.first(arguments.known("--variants", args.variants or [], table),
-                              arguments.in_range("--pos", args.pos, 1, 1 << 20))
+                              arguments.at_least("--pos", args.pos, 1))
     if problem:
         return arguments.refuse(problem)
     names = args.variants or list(table)

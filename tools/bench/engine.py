@@ -26,6 +26,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import time
 
 import torch
@@ -341,6 +342,9 @@ def argument_problem(args: argparse.Namespace) -> str | None:
                            arguments.comma_names("--spec-rows", args.spec_rows, ROW_GROUPS),
                            arguments.at_least("--spec-backoff", args.spec_backoff, 0),
                            "--tiny: only with --prefix-cache" if args.tiny and not args.prefix_cache else None,
+                           "--tiny without CUDA: run with TRITON_INTERPRET=1 (the kernels run in the interpreter)"
+                           if args.tiny and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+                           else None,
                            arguments.writable_file("--out", args.out),
                            arguments.writable_file("--summary", args.summary))
 
