@@ -16,8 +16,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import torch
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -33,6 +31,7 @@ def main() -> None:
     if mode == "hang":
         time.sleep(3600)
     import oracle
+    import torch
     model = oracle.load(args.model)
     vocab = model.config.vocab_size
     served = {"n": 0}

@@ -37,8 +37,10 @@ from hybridqual.adapters.openai.adapter import _NOTES as _OPENAI_NOTES
 from hybridqual.adapters.openai.adapter import OpenAIServerAdapter
 from hybridqual.adapters.openai.client import ServerError, request_json
 
+# --kv-cache-memory-bytes: a fixed 512 MiB cache; without it the CPU worker reserves --gpu-memory-utilization (0.92)
+# of the machine's memory and refuses to start when other processes hold more than 8 % of it
 BASE_FLAGS = ("--dtype", "float32", "--enforce-eager", "--skip-tokenizer-init", "--return-tokens-as-token-ids",
-              "--max-logprobs", "20")
+              "--max-logprobs", "20", "--kv-cache-memory-bytes", str(512 << 20))
 
 # configuration name -> (the server's extra flags, what it exercises); every configuration's reach is its instances
 FEATURES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
@@ -83,6 +85,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in process group `pgid` (Linux /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class LaunchSettings:
     """How a server is started: the python with vLLM, the server module, the flags every server gets, how long it
@@ -94,6 +108,8 @@ class LaunchSettings:
     stop_timeout: float = 30.0
     log_dir: Path | None = None
     max_starts: int = 3                        # server starts per run (the first and restarts after deaths)
+    env: tuple[tuple[str, str], ...] = ()      # more environment for the server (e.g. a PYTHONPATH that shadows
+                                               # the installed vllm package with a mutated copy)
 
 
 class VLLMServer:
@@ -120,7 +136,7 @@ class VLLMServer:
             f.write("$ " + " ".join(self.cmd) + "\n")
             f.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_die_with_parent)
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.settings.env)), preexec_fn=_die_with_parent)
             f.write(f"# pid {self.proc.pid}\n")
             f.flush()
         try:
@@ -141,6 +157,7 @@ class VLLMServer:
             except ServerError:
                 pass
             if time.monotonic() > deadline:
+                self.stop()
                 raise ServerError(f"{self.name()} was not ready within {self.settings.ready_timeout:g} s "
                                   f"(HYBRIDQUAL_VLLM_READY_TIMEOUT); stopped; its log ends: {self.tail()}")
             time.sleep(1.0)
@@ -164,19 +181,27 @@ class VLLMServer:
         return " | ".join(last)[-chars:] or "(empty log)"
 
     def stop(self) -> None:
-        """SIGTERM to its process group (the API server and its engine process), SIGKILL after stop_timeout."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to its process group (the API server and its engine process), SIGKILL after stop_timeout; the
+        group is killed also when the API server itself already exited (its engine process may be left)."""
+        if self.proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, self.settings.stop_timeout), (signal.SIGKILL, 10.0)):
+        if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(self.settings.stop_timeout)
             except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait)
-                return
+                pass
             except subprocess.TimeoutExpired:
-                continue
+                pass
+        if self.proc.poll() is None or _group_alive(self.proc.pid):    # the group id is still ours while any
+            try:                                                         # member of it lives
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class Servers:
