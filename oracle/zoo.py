@@ -77,6 +77,18 @@ VARIANTS["granite_dense"] = SHIPPED["granite_dense"]
 # down projection reduces over K = 4096 (where batch-invariant and split-K matmuls split K); two layers. Its
 # vocabulary holds twin rows (SHIPPED_EDITS): as untrained reserved tokens of real vocabularies share one row.
 SHIPPED["bamba_wide"] = ("bamba", {"mlp_intermediate_size": 4096, "pattern": "M*"})
+# Models vLLM's CPU backend runs: its CPU attention takes head sizes 32..512 only (the defaults' 8 is refused at the
+# first request), and its relu2 MoE (Nemotron-H's, is_act_and_mul=False) exists on GPU backends only. So attention
+# head_dim 32 (2 query heads, 1 KV head, hidden 64): Granite keeps its MoE; Nemotron-H's MoE layer becomes its dense
+# relu2 MLP (pattern M-*M-). zoo-mamba2 runs in vLLM as it is.
+_HD32 = {"hidden_size": 64, "n_attn_heads": 2, "n_kv_heads": 1, "attn_head_dim": 32}
+SHIPPED["granite_hd32"] = ("granitemoehybrid", {**_HD32, "attn_scale": 0.25, "rope_dim": 32})
+SHIPPED["nemotron_h_hd32"] = ("nemotron_h", {**_HD32, "attn_scale": 32 ** -0.5, "pattern": "M-*M-",
+                                             "moe_router": "", "moe_n_experts": 0, "moe_top_k": 0,
+                                             "moe_intermediate_size": 0, "moe_shared_intermediate_size": 0,
+                                             "moe_n_group": 1, "moe_topk_group": 1,
+                                             "moe_routed_scaling_factor": 1.0})
+VARIANTS.update({n: SHIPPED[n] for n in ("granite_hd32", "nemotron_h_hd32")})
 
 
 def twin_vocab_rows(config: HybridConfig, weights: dict[str, Tensor]) -> dict[str, Tensor]:
