@@ -35,6 +35,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridqual.scenarios.edges import small
+from hybridqual.scenarios.step_rule import OURS
+from hybridqual.scenarios.tails import add_rule_tails
 from hybridqual.scenarios.units import ScenarioError, Skip, Tokens, Units, request, seeded, seq, trace
 
 GRANULARITIES = (16, 64)     # block sizes / budget roundings of the engines we know (vLLM, SGLang, Megatron)
@@ -63,12 +65,24 @@ def piece_tails(u: Units, tok: Tokens) -> dict:
     for i, g in enumerate(granularities(u)):
         reqs.append(request(f"mod{g}", D + i, tok(_small(u, 10 + i, g + 1)), 2))
     reqs.append(request("one_late", D + len(granularities(u)), tok([23]), 2))     # into a freed slot
-    return trace(f"Last prefill pieces of every length 1..d_conv ({D}): prompts of 2C+1..2C+{D} tokens under "
+    obj = trace(f"Last prefill pieces of every length 1..d_conv ({D}): prompts of 2C+1..2C+{D} tokens under "
                  f"prefill_chunk {P} (pieces 2C then the rest); prompts of g+1 tokens for every granularity g in "
                  f"{granularities(u)} (the chunk, the block sizes and budget roundings engines use: whichever they "
                  "cut at, a one-token last piece); two one-token prompts co-batched with the first long prompt, and a "
                  "third admitted later into a freed slot. Length-only finishes: the schedule is model-independent.",
                  3, 4 * C + 8, P, "legacy", reqs)
+    rule = u.rule or OURS
+    out, shape = add_rule_tails(obj, rule, C, D, lambda i, n: tok(_small(u, i, n)), _room(u))
+    if len(out["requests"]) > len(reqs):
+        out["description"] += (f" Under the engine's step rule ({shape.rule}) the prompts above do not all end "
+                               "with a short piece; the rtail requests (after an rfill prompt where the rule needs "
+                               "one to leave a sliver of the budget) arrive into an idle engine and do.")
+    return {**out, "shape": shape.to_json()}
+
+
+def _room(u: Units) -> int | None:
+    """The longest prompt a request of 2 new tokens may have on this model (None: no limit declared)."""
+    return None if u.positions is None else u.positions - 2
 
 
 def cobatch_reuse(u: Units, tok: Tokens) -> dict:

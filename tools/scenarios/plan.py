@@ -44,6 +44,7 @@ class Instance:
     trace: "object | None"          # oracle.trace.Trace for this model (None when skipped)
     skip_reason: str | None
     concrete: dict | None           # the concrete trace's JSON (Trace.to_json()), recorded in reports
+    shape: dict | None = None       # what it promises under the engine's step rule (tools/scenarios/tails.py Shape)
 
 
 def _names(names: list[str] | None) -> list[str]:
@@ -63,24 +64,26 @@ def instantiate_one(name: str, units: Units, where: str = "the model") -> Instan
         obj, folded = build_with_tokens(builder, units)
     except Skip as s:
         return Instance(name, family, None, str(s), None)
+    shape = obj.pop("shape", None)
     try:
         tr = parse_trace(obj, vocab_size=units.vocab)
         check_against_model(tr, units.vocab, units.chunk)
     except TraceError as e:
         raise ScenarioError(f"scenario {name!r} for {where} (chunk_size {units.chunk}, vocab_size {units.vocab}) "
                             f"built an invalid trace: {e}") from e
-    return Instance(name, family, tr, None, tr.to_json())
+    return Instance(name, family, tr, None, tr.to_json(), shape)
 
 
 def instantiate(model_dir: Path, config, names: list[str] | None = None,
-                granularities: tuple[int, ...] = ()) -> list[Instance]:
+                granularities: tuple[int, ...] = (), rule=None) -> list[Instance]:
     """Every scenario (or those named, in that order) for the model at `model_dir` whose oracle config is `config`;
     `granularities`: the engine's own piece rule (block sizes, budget roundings) the engine-aware scenarios cover
-    beside the defaults (tools/scenarios/boundaries.py)."""
+    beside the defaults (tools/scenarios/boundaries.py); `rule`: the engine's StepRule (None: ours), under which
+    piece_tails' prompts end with pieces of 1..d_conv tokens (tools/scenarios/tails.py)."""
     bad = [g for g in granularities if not isinstance(g, int) or isinstance(g, bool) or not 1 <= g <= 1 << 16]
     if bad:
         raise ScenarioError(f"piece granularity {bad[0]!r}: must be an integer in [1, 65536]")
-    units = replace(Units.from_config(config), granularities=tuple(sorted(set(granularities))))
+    units = replace(Units.from_config(config), granularities=tuple(sorted(set(granularities))), rule=rule)
     return [instantiate_one(n, units, str(model_dir)) for n in _names(names)]
 
 
@@ -118,6 +121,7 @@ DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "prefix_cache", ("prefix_shared_system", "prefix_eviction", "prefix_multi_turn", "prefix_pinned")),
     ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget",
                                   "spec_device", "spec_backoff")),
+    ("zoo-bamba", "prefix_cache", ("prefix_spec", "prefix_spec_async")),     # DESIGN §17: both features at once
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 
