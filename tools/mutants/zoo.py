@@ -4,13 +4,14 @@ Patches are anchored on stable lines and must match exactly once (tests/test_mut
 patch still applies, so a refactor that moves an anchor is caught at once). Tests are listed fastest first;
 the runner stops at the first failure (-x).
 
-The entries live in family modules (zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_spec, zoo_reports; the files
-and test ids they name in zoo_paths). This module fixes their order in MUTANTS, which the blind rotation's windows
+The entries live in family modules (zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_spec, zoo_reports, zoo_2026;
+the files and test ids they name in zoo_paths). This module fixes their order in MUTANTS, which the blind rotation's windows
 follow, and the CI subset QUICK.
 """
 from __future__ import annotations
 
-from hybridqual.mutants import zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports, zoo_spec, zoo_tp
+from hybridqual.mutants import (zoo_2026, zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports, zoo_spec,
+                                zoo_tp)
 from hybridqual.mutants.runner import Mutant
 
 MUTANTS: list[Mutant] = [
@@ -25,6 +26,7 @@ MUTANTS: list[Mutant] = [
     *zoo_spec.SPECULATIVE,
     *zoo_reports.PUBLIC_REPORTS,
     *zoo_tp.TP_SHARDING,
+    *zoo_2026.PREFIX_SPEC,
 ]
 
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.
