@@ -60,7 +60,7 @@ ENGINES: dict[str, str] = {
     "llamacpp-mutant": "llamacpp.mutant:LlamaCppMutantAdapter",
     "openai": "openai:OpenAIServerAdapter",
     "vllm-server": "vllm.server:VLLMServerAdapter",
-    "vllm": "vllm.adapter:VLLMAdapter",
+    "vllm": "vllm.adapter:VLLMAdapter", "vllm-mutant": "vllm.mutant:VLLMMutantAdapter",
 }
 
 
