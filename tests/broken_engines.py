@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from fastpath.engine.rows import compaction_moves
-from hybridqual.adapters import Adapter, Capabilities, OracleAdapter, RunResult
+from hybridqual.adapters import Capabilities, OracleAdapter, RunResult, TraceAdapter
 
 
 def compact_without_moving_slots(self):
@@ -22,7 +24,7 @@ def compact_without_moving_slots(self):
 
 
 
-class CacheReportingEngine(Adapter):
+class CacheReportingEngine(TraceAdapter):
     """An 'external' engine behind the adapter protocol (tools/adapters/__init__.py) that reports its prefix-cache facts in
     RunResult.prefix_cache's JSON form, as an engine outside hybridqual would from its own counters. The fast path
     on the torch stand-ins does the work; subclasses break the cache (`inert`) or stay silent (`report = False`)."""
@@ -92,15 +94,19 @@ class DyingWorker(OracleAdapter):
         os._exit(3)
 
 
+@dataclass(frozen=True)
+class Corruption:
+    """HostileOracle's settings: `corrupt(result, trace) -> result`, how it rewrites its well-formed result."""
+    corrupt: Callable[[RunResult, object], RunResult]
+
+
 class HostileOracle(OracleAdapter):
-    """The oracle adapter whose RunResult is rewritten by `corrupt(result, trace)` (a staticmethod of a subclass): an
-    adapter that tries to fool the judge with a malformed result (hybridqual.qualify.validate must FAIL it)."""
+    """The oracle adapter whose RunResult is rewritten by the `corrupt(result, trace)` of its options' Corruption
+    (none: left as is): an adapter that tries to fool the judge with a malformed result (hybridqual.qualify.validate
+    must FAIL it)."""
     CAPABILITIES = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
                                 compute_dtype=torch.float32)
-
-    @staticmethod
-    def corrupt(result: RunResult, trace) -> RunResult:
-        return result
+    OPTIONS = ("settings",)
 
     def run_trace(self) -> RunResult:
         r = super().run_trace()
@@ -110,7 +116,8 @@ class HostileOracle(OracleAdapter):
             logits[req.id] = teacher_forced_logits(self.model, req.prompt, r.tokens[req.id]).float()
         good = RunResult({k: list(v) for k, v in r.tokens.items()}, dict(r.finish_reasons), r.schedule_log, r.digest,
                          logits=logits, prefix_cache=r.prefix_cache)
-        return type(self).corrupt(good, self.trace)
+        how = self.options.settings
+        return how.corrupt(good, self.trace) if how is not None else good
 
 
 class ExitingOracle(OracleAdapter):

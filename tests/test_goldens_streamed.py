@@ -31,5 +31,5 @@ def test_regen_on_a_model_folder_that_does_not_fit_writes_the_goldens_qualify_fi
     assert (tmp_path / "outputs" / "my-model" / "request_order.json").exists()
     truth = StreamedTruth(folder, why="model does not fit: test")
     [inst] = scenarios.instantiate(folder, truth.config, ["request_order"])
-    assert truth_for(folder, inst, truth)["source"] == "golden request_order.json (model and trace sha256 match)"
+    assert truth_for(folder, inst, truth).source == "golden request_order.json (model and trace sha256 match)"
     assert goldens.regen(check=True, model_filter=str(folder), trace_filter="request_order") == 0

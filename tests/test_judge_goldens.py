@@ -117,9 +117,9 @@ def test_a_broken_golden_is_said_and_the_truth_recomputed_so_a_correct_engine_pa
     trace = oracle.load_trace(goldens.TRACES / f"{NAME}.json")
     inst = Instance(NAME, "trace file", trace, None, trace.to_json())
     truth = truth_for(MODEL, inst, omodel)
-    assert truth["source"].startswith("oracle fp64, computed now: shipped golden seed_compaction.json rejected")
-    assert words in truth["golden_rejected"], truth["golden_rejected"]
-    assert {r: g["tokens"] for r, g in truth["requests"].items()} == {r: g["tokens"] for r, g in good["requests"].items()}
-    assert truth["schedule_digest"] == good["schedule_digest"]
+    assert truth.source.startswith("oracle fp64, computed now: shipped golden seed_compaction.json rejected")
+    assert words in truth.golden_rejected, truth.golden_rejected
+    assert truth.tokens == {r: g["tokens"] for r, g in good["requests"].items()}
+    assert truth.schedule_digest == good["schedule_digest"]
     checks = check_instance(OracleAdapter, MODEL, inst, ["legacy", "async"], omodel, "cpu", truth=truth)
     assert checks and all(c.status != "FAIL" for c in checks), [(c.name, c.detail) for c in checks if not c.ok]

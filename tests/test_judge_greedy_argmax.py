@@ -1,4 +1,4 @@
-"""qualify's greedy-argmax line (hybridqual.qualify.checks.check_greedy_argmax): every greedy token is the argmax
+"""qualify's greedy-argmax line (hybridqual.qualify.checks.check_greedy_argmax, registry key "greedy_argmax"): every greedy token is the argmax
 of the logits row the engine returned for it, the lowest index among exact maxima (DESIGN §6). The tie-aware
 token check forgives an exact tie by design, so this line is what sees a wrong tie rule; zoo-bamba_wide's twin
 vocabulary rows (oracle.zoo.twin_vocab_rows) make greedy steps exact ties in any precision.
@@ -17,12 +17,17 @@ from hybridqual.adapters import Capabilities, RunResult
 from hybridqual.adapters.fastpath import FastpathAdapter
 from hybridqual.goldens import regen as goldens
 from hybridqual.paths import OUTPUTS, TRACES
-from hybridqual.qualify.checks import check_greedy_argmax, check_instance
+from hybridqual.qualify.checks import check_instance, context, run_check
 from hybridqual.scenarios.plan import Instance
 
 WIDE = goldens.MODELS / "zoo-bamba_wide"
 CAPS = Capabilities(("greedy", "seeded"), ("legacy",), logits=True)
 NAME = "legacy: greedy tokens are their logits rows' argmax (lowest index on ties)"
+
+
+def check_greedy_argmax(tr, run, caps=CAPS):
+    """The greedy-argmax line of `run` on trace `tr` (mode legacy), from the registry as qualify runs it."""
+    return run_check("greedy_argmax", context(None, "m", tr, None, caps=caps, label="t", mode="legacy", run=run))
 
 
 def trace_of(n_tokens: dict[str, int], seeded: tuple[str, ...] = ()):
@@ -54,14 +59,14 @@ def test_the_lowest_maximum_passes_and_any_other_token_fails_naming_the_position
     logits, tied = case
     tr = trace_of({"r0": len(tied)})
     good = [t[0] for t in tied]
-    ok = check_greedy_argmax("t", "legacy", tr, RunResult({"r0": good}, logits={"r0": logits}), CAPS)
+    ok = check_greedy_argmax(tr, RunResult({"r0": good}, logits={"r0": logits}), CAPS)
     assert ok.status == "PASS" and ok.data["exact_ties"] == sum(len(t) > 1 for t in tied), ok.detail
     for i, t in enumerate(tied):
         for other in (t[-1] if len(t) > 1 else None, (t[0] + 1) % 12 if t[0] + 1 not in t else None):
             if other is None or other == t[0]:
                 continue
             bad = good[:i] + [other] + good[i + 1:]
-            got = check_greedy_argmax("t", "legacy", tr, RunResult({"r0": bad}, logits={"r0": logits}), CAPS)
+            got = check_greedy_argmax(tr, RunResult({"r0": bad}, logits={"r0": logits}), CAPS)
             assert got.status == "FAIL" and got.name == NAME, got.detail
             assert f"request r0 position {i}: token {other}" in got.detail, got.detail
             assert ("lowest index" in got.detail) == (other in t), got.detail
@@ -70,17 +75,17 @@ def test_the_lowest_maximum_passes_and_any_other_token_fails_naming_the_position
 def test_no_line_without_logits_or_without_a_greedy_request():
     tr = trace_of({"s": 2}, seeded=("s",))
     rows = torch.zeros(2, 12)
-    assert check_greedy_argmax("t", "legacy", tr, RunResult({"s": [5, 7]}, logits={"s": rows}), CAPS) is None
+    assert check_greedy_argmax(tr, RunResult({"s": [5, 7]}, logits={"s": rows}), CAPS) is None
     tr = trace_of({"g": 2})
     no_logits = Capabilities(("greedy",), ("legacy",), logits=False)
-    assert check_greedy_argmax("t", "legacy", tr, RunResult({"g": [0, 0]}), no_logits) is None
+    assert check_greedy_argmax(tr, RunResult({"g": [0, 0]}), no_logits) is None
 
 
 def test_seeded_rows_are_not_judged_by_the_argmax_rule():
     tr = trace_of({"g": 1, "s": 1}, seeded=("s",))
     rows = torch.tensor([[0.0, 2.0, 1.0]])
     run = RunResult({"g": [1], "s": [2]}, logits={"g": rows, "s": rows})     # s sampled a non-argmax token
-    assert check_greedy_argmax("t", "legacy", tr, run, CAPS).status == "PASS"
+    assert check_greedy_argmax(tr, run, CAPS).status == "PASS"
 
 
 def test_twin_vocabulary_rows_are_exact_ties_in_fp64_and_the_shipped_model_has_them():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import oracle
 from oracle.trace import parse_trace
-from hybridqual.adapters import RunResult
+from hybridqual.adapters import Engine, EngineOptions, RunResult
 from hybridqual.goldens import regen as goldens
 from hybridqual.qualify.checks import check_instance
 from hybridqual.qualify.validate import validate_result
@@ -172,8 +172,9 @@ def run_checks(engine_cls, omodel, modes=("legacy",)):
     return check_instance(engine_cls, MODEL, inst, list(modes), omodel, "cpu")
 
 
-def hostile(fn):
-    return type("Hostile", (be.HostileOracle,), {"corrupt": staticmethod(fn)})
+def hostile(fn) -> Engine:
+    """The hostile oracle rewriting its results with `fn(result, trace)`."""
+    return Engine(be.HostileOracle, EngineOptions(settings=be.Corruption(fn)))
 
 
 def test_the_honest_hostile_adapter_passes_every_check(omodel):

@@ -8,6 +8,7 @@ import math
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +19,9 @@ import torch
 
 import oracle
 from oracle.trace import load_trace
+from hybridqual.adapters import Engine, EngineOptions
 from hybridqual.adapters.openai import OpenAIServerAdapter, ServerError
+from hybridqual.adapters.openai.adapter import ServerSettings
 from hybridqual.adapters.openai.report import logprobs_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +45,7 @@ class Fake:
         self.max_model_len: int | None = None
         self.n_vocab_reported: int | None = self.vocab
         self.sleep = 0.0
+        self.sleep_requests = 0.0       # seconds each trace request (not the probe) waits before its answer
         self.arrivals: dict[tuple, float] = {}
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
@@ -73,7 +77,8 @@ class Fake:
         if bad == "id_outside_vocab":
             content[-1]["top_logprobs"].append({"id": self.vocab + 5, "logprob": -60.0})
         usage = {"prompt_tokens": len(prompt), "completion_tokens": n,
-                 "prompt_tokens_details": {"cached_tokens": len(prompt) + 1 if bad == "cached_over" else 0}}
+                 "prompt_tokens_details": {"cached_tokens": len(prompt) + 1 if bad == "cached_over" else
+                                           len(prompt) if bad == "cached_all" else 0}}
         if self.flavour == "vllm":
             return {"choices": [{"text": "", "index": 0, "finish_reason": "length", "token_ids": toks,
                                  "logprobs": None if self.mode == "no_logprobs" or not k else
@@ -116,6 +121,9 @@ def fake():
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if state.sleep:
                 time.sleep(state.sleep)
+            end = time.monotonic() + state.sleep_requests * ((body.get("logprobs") or 0) > 1)
+            while time.monotonic() < end and state.sleep_requests:       # a trace request's delay; ends at reset
+                time.sleep(0.05)
             if state.mode == "malformed":
                 self.reply(200, b"{not json")
                 return
@@ -137,18 +145,21 @@ def fake():
 @pytest.fixture
 def fresh(fake):
     """The fake in its good mode, the adapter's probe cache cleared (each test probes anew)."""
-    from hybridqual.adapters.openai import adapter as mod
     def reset():
-        mod._PROBED.clear()
+        OpenAIServerAdapter.probes.clear()
+        OpenAIServerAdapter.seen.clear()
         fake.mode, fake.n_vocab_reported, fake.sleep, fake.flavour = "good", fake.vocab, 0.0, "llama"
+        fake.sleep_requests = 0.0
         fake.root = fake.max_model_len = None
     reset()
     yield fake
     reset()
 
 
-def adapter_for(url: str, **attrs) -> type[OpenAIServerAdapter]:
-    return type("Configured", (OpenAIServerAdapter,), {"base_url": url, **attrs})
+def adapter_for(url: str, served_model: str | None = None, **settings) -> Engine:
+    """The OpenAI adapter against `url` with these ServerSettings fields, as qualify builds it."""
+    return Engine(OpenAIServerAdapter, EngineOptions(base_url=url, served_model=served_model,
+                                                     settings=ServerSettings(**settings)))
 
 
 def run(cls, trace_name: str = "seed_compaction"):
@@ -174,7 +185,7 @@ def test_fake_server_tokens_logprobs_and_arrivals(fresh):
         assert f["due_s"] == round(step * r.arrival_step, 4), (r.id, f)
         assert f["due_s"] - 1e-4 <= f["sent_s"] < f["due_s"] + step, (r.id, f)
     assert "ms after their arrival time" in c.detail
-    assert res.prefix_cache == {"admit": [{"request": f["request"], "cached_tokens": 0} for f in res.schedule_facts]}
+    assert res.prefix_cache is None and all(f["cached_tokens"] == 0 for f in res.schedule_facts)
 
 
 def test_fake_server_measured_step_and_stop_cut(fresh):
@@ -258,12 +269,11 @@ def test_server_root_identifies_the_model(fresh, tmp_path):
     vllm_like(fresh, root=str(copy))
     assert "identical to --model's (sha256)" in run(adapter_for(fresh.url, step_s=0.0))[1].probe
     other = ROOT / "goldens" / "models" / "zoo-mamba2"
-    from hybridqual.adapters.openai import adapter as mod
-    mod._PROBED.clear()
+    OpenAIServerAdapter.probes.clear()
     vllm_like(fresh, root=str(other))
     with pytest.raises(ServerError, match=r"wrong model: .* loaded .*zoo-mamba2, whose config.json differs"):
         run(adapter_for(fresh.url, step_s=0.0))
-    mod._PROBED.clear()
+    OpenAIServerAdapter.probes.clear()
     vllm_like(fresh, root="org/some-hub-name")
     assert "is not a folder here: the weights it serves are not confirmed" in \
         run(adapter_for(fresh.url, step_s=0.0))[1].probe
@@ -291,6 +301,31 @@ def test_bad_answer_field_is_named(fresh, flavour, mode, field):
     fresh.mode = mode
     with pytest.raises(ServerError, match=field):
         run(adapter_for(fresh.url, step_s=0.0))
+
+
+class Launched(OpenAIServerAdapter):
+    """A server only this process talks to (as vllm-server's): its cached tokens are bounded by what it was sent."""
+    seen_is_whole = True
+
+
+def test_cached_tokens_beyond_what_the_server_was_sent_fail(fresh):
+    """A server reporting every prompt token cached: within the prompt, so an external server's answer stands (its
+    cache may hold other clients' prompts); a server only this process talks to cannot have cached prompts it was
+    never sent: FAIL naming the request and the field."""
+    vllm_like(fresh, root=str(TINY))
+    fresh.mode = "cached_all"
+    run(adapter_for(fresh.url, step_s=0.0))
+    OpenAIServerAdapter.probes.clear()
+    OpenAIServerAdapter.seen.clear()
+    launched = Engine(Launched, EngineOptions(base_url=fresh.url, settings=ServerSettings(step_s=0.0)))
+    with pytest.raises(ServerError, match=r"request \w+: usage.prompt_tokens_details.cached_tokens \d+, but the "
+                                          r"longest prefix of its prompt that this server was ever sent is \d+"):
+        run(launched)
+    OpenAIServerAdapter.probes.clear()
+    OpenAIServerAdapter.seen.clear()
+    fresh.mode = "good"
+    trace, res = run(launched)
+    assert all(f["cached_tokens"] == 0 for f in res.schedule_facts)
 
 
 def test_counts_checked_without_logprobs(fresh):
@@ -361,9 +396,23 @@ def test_qualify_cli_against_fake_server(fresh, tmp_path, capsys):
     assert "SKIP  legacy: schedule log" in out
 
 
+def test_timeout_bounds_the_process_with_requests_in_flight(fresh, tmp_path):
+    """qualify --timeout 2 while every trace request waits 60 s at the server: the instance FAILs by --timeout and
+    the process exits at once, its request threads still waiting (no thread keeps it alive)."""
+    fresh.sleep_requests = 60.0
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "hybridqual.qualify", "--engine", "openai", "--base-url", fresh.url,
+                        "--model", str(TINY), "--trace", str(TRACES / "seed_compaction.json"), "--mode", "legacy",
+                        "--in-process", "--timeout", "2", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 1 and "FAIL  legacy: instance finishes within --timeout" in p.stdout, p.stdout + p.stderr
+    assert took < 45, took
+    assert any(f["sent_s"] for f in []) or True
+
+
 def test_qualify_cli_unreachable_is_a_fail_line(tmp_path, capsys):
-    from hybridqual.adapters.openai import adapter as mod
-    mod._PROBED.clear()
+    OpenAIServerAdapter.probes.clear()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -446,8 +495,7 @@ def ggufs(tmp_path_factory):
 
 def qualify(url: str, model: str, traces: list[str], out: Path) -> dict:
     """`hybridqual qualify --engine openai --base-url URL` in a subprocess (bounded); {check name: status,...}."""
-    from hybridqual.adapters.openai import adapter as mod
-    mod._PROBED.clear()
+    OpenAIServerAdapter.probes.clear()
     cmd = ["nice", "-n", "10", "python", "-m", "hybridqual.qualify", "--engine", "openai", "--base-url", url,
            "--model", model, "--trace", *traces, "--mode", "legacy", "--out", str(out)]
     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

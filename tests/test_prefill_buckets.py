@@ -179,10 +179,11 @@ def test_the_prefill_buckets_configuration_runs_bucket_steps_on_its_reach():
     zoo-bamba/prefix_lru: "default" buckets (8, 16) from the trace's budget; bucket steps run, some storing a
     checkpoint inside, none eager and none falling back."""
     import oracle
+    from hybridqual.adapters import Engine
     from hybridqual.adapters.fastpath import FastpathAdapter
     from hybridqual.scenarios.plan import MODELS, TRACES
-    cls = FastpathAdapter.configured("prefill_buckets")
-    a = cls(MODELS / "zoo-bamba", oracle.load_trace(TRACES / "prefix_lru.json"), "legacy")
+    engine = Engine(FastpathAdapter).configured("prefill_buckets")
+    a = engine(MODELS / "zoo-bamba", oracle.load_trace(TRACES / "prefix_lru.json"), "legacy")
     a.run_trace()
     pg = a.engine.prefill_graphs
     assert pg.buckets.buckets == (8, 16) and pg.eager == 0 and pg.buckets.fallbacks == 0

@@ -11,9 +11,10 @@ import torch
 
 from oracle.trace import parse_trace
 from hybridqual import adapters
-from hybridqual.adapters import Capabilities, Configuration, RunResult
+from hybridqual.adapters import Capabilities, Configuration, Engine, EngineOptions, RunResult
+from hybridqual.adapters.fastpath import FastSettings
 from hybridqual.qualify import configurations as configs
-from hybridqual.qualify import invariance_checks, runner
+from hybridqual.qualify import checks, invariance_checks, runner
 from hybridqual.scenarios import plan as scenarios
 
 TRACE = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 2, "max_tokens_per_step": 16, "prefill_chunk": 8,
@@ -37,15 +38,27 @@ class FakeInvariant(adapters.Adapter):
         return RunResult(toks, {r: "length" for r in toks}, logits=logits)
 
 
+class Drifting(FakeInvariant):
+    drift = 1e-7
+
+
+class Plain(FakeInvariant):
+    CAPABILITIES = Capabilities(("greedy",), ("legacy",), logits=True)
+
+
+class VocabOnly:
+    """An oracle stand-in: the vocabulary size is all the invariance check reads of it."""
+    config = type("Config", (), {"vocab_size": VOCAB})
+
+
 def _check(cls):
     tr = parse_trace(TRACE)
-    return invariance_checks.qualify_check("m/t", "legacy", tr, cls("m", tr, "legacy").run_trace(), cls, "m", "cpu",
-                                           VOCAB)
+    ctx = checks.context(cls, "m", tr, VocabOnly(), "cpu", mode="legacy", run=cls("m", tr, "legacy").run_trace())
+    return checks.run_check("batch_invariant", ctx)
 
 
 def test_a_batch_invariant_engine_whose_logit_bits_depend_on_the_batch_fails_naming_the_request():
-    drifting = type("Drifting", (FakeInvariant,), {"drift": 1e-7})
-    c = _check(drifting)
+    c = _check(Drifting)
     assert c.status == "FAIL" and "a: position 0" in c.detail and "bits differ" in c.detail
     assert _check(FakeInvariant).status == "PASS"
 
@@ -60,8 +73,7 @@ def test_the_invariance_check_compares_bits_not_values():
 
 
 def test_no_invariance_check_for_an_engine_that_does_not_claim_it():
-    plain = type("Plain", (FakeInvariant,), {"CAPABILITIES": Capabilities(("greedy",), ("legacy",), logits=True)})
-    assert _check(plain) is None
+    assert _check(Plain) is None
 
 
 def test_every_fastpath_configuration_reaches_shipped_instances():
@@ -82,19 +94,20 @@ def test_a_reach_outside_the_corpus_is_a_scenario_error_naming_it():
 
 
 def test_configured_fastpath_applies_its_options_and_keeps_the_run_flags():
-    graphed = type("Graphed", (adapters.FastpathAdapter,), {"graphs": True})
-    spec = graphed.configured("spec_replay")
-    assert spec.graphs and spec.options.spec_replay and not spec.options.spec_device_drafts
-    assert spec.configuration == "spec_replay"
-    torch_cls = adapters.FastpathAdapter.configured("torch_backend")
-    assert torch_cls.pad_decode and torch_cls.options.backend == "torch"
-    assert adapters.FastpathAdapter.configured("batch_invariant").capabilities("cpu").batch_invariant
-    assert not adapters.FastpathAdapter.capabilities("cpu").batch_invariant
-    assert adapters.FastpathAdapter.configured("prefill_buckets").buckets() == {"prefill_graphs": True,
-                                                                                "prefill_buckets": "default"}
-    assert adapters.FastpathAdapter.buckets() == {}
+    fast = Engine(adapters.FastpathAdapter)
+    spec = Engine(adapters.FastpathAdapter, EngineOptions(graphs=True)).configured("spec_replay")
+    fast_options = spec.options.settings.fast_options()
+    assert spec.options.graphs and fast_options.spec_replay and not fast_options.spec_device_drafts
+    assert spec.options.configuration == "spec_replay"
+    torch_settings = fast.configured("torch_backend").options.settings
+    assert torch_settings.pad_decode and torch_settings.fast_options().backend == "torch"
+    assert fast.configured("batch_invariant").capabilities("cpu").batch_invariant
+    assert not fast.capabilities("cpu").batch_invariant
+    prefill = adapters.FastpathAdapter.settings(fast.configured("prefill_buckets").options)
+    assert adapters.FastpathAdapter.buckets(prefill) == {"prefill_graphs": True, "prefill_buckets": "default"}
+    assert adapters.FastpathAdapter.buckets(FastSettings()) == {}
     with pytest.raises(ValueError, match="spec_replay"):
-        adapters.FastpathAdapter.configured("nosuch")
+        fast.configured("nosuch")
 
 
 def test_the_main_job_runs_the_default_plan_then_each_configuration_on_its_reach():
@@ -124,17 +137,11 @@ class DropsInOneConfiguration(adapters.OracleAdapter):
     def configurations(cls):
         return (Configuration("drop_last", ("zoo-mamba2/request_order",), "a path the defaults never take"),)
 
-    @classmethod
-    def configured(cls, name):
-        if name != "drop_last":
-            return super().configured(name)
-
-        class Dropping(cls):
-            def run_trace(self):
-                r = super().run_trace()
-                r.tokens = {k: v[:-1] for k, v in r.tokens.items()}
-                return r
-        return Dropping
+    def run_trace(self):
+        r = super().run_trace()
+        if self.options.configuration == "drop_last":
+            r.tokens = {k: v[:-1] for k, v in r.tokens.items()}
+        return r
 
 
 def test_a_defect_only_in_a_configuration_fails_the_main_job_under_that_configurations_name(tmp_path):
@@ -143,7 +150,7 @@ def test_a_defect_only_in_a_configuration_fails_the_main_job_under_that_configur
     base = scenarios.main_job_plan
     try:      # the default part cut to one cheap instance: the defect is in the configuration's part
         scenarios.main_job_plan = lambda: [(scenarios.MODELS / "zoo-mamba2", ["request_order"], None)]
-        assert runner.run(args, DropsInOneConfiguration, True) == 1
+        assert runner.run(args, Engine(DropsInOneConfiguration), True) == 1
     finally:
         scenarios.main_job_plan = base
     report = json.loads((tmp_path / "report.json").read_text())

@@ -3,6 +3,7 @@ engine's own tokens scored teacher-forced, the schedule replayed with them. Forc
 the in-memory truth's, check for check; broken engines still FAIL; a model too big for memory streams by itself.
 """
 import copy
+import functools
 import json
 
 import pytest
@@ -14,11 +15,12 @@ from oracle.trace import parse_trace
 from hybridqual import adapters
 from hybridqual.goldens import regen as goldens
 from hybridqual.qualify import runner as qualify
-from hybridqual.qualify.checks import check_instance, check_task, truth_for
+from hybridqual.qualify.checks import check_instance, context, run_check, truth_for
+from hybridqual.qualify.truth import Truth
 from hybridqual.qualify.truth import ScheduleOnly, StreamedTruth, load_truth
 from hybridqual.scenarios.plan import Instance
 
-from test_qualify_verdicts import biased, engine, flip_case as verdicts_flip_case   # noqa: E402  (the oracle-with-forced-tokens engines)
+from test_qualify_verdicts import Forcing, ForcedOracle, biased, engine, flip_case as verdicts_flip_case   # noqa: E402  (the oracle-with-forced-tokens engines)
 
 MODEL = goldens.MODELS / "zoo-bamba"
 SEED = goldens.TRACES / "seed_compaction.json"
@@ -69,21 +71,22 @@ def test_streamed_truth_gives_the_in_memory_verdicts(omodel, stream, case):
     if case == "near_tie_flip":
         tok = next(c for c in st if c.name.startswith("legacy: tokens"))
         assert "near ties: r1@1" in tok.detail and tok.data["requests"]["r1"]["forgiven"] == 1
-    assert "streamed fp64 oracle" in truth_for(MODEL, inst, stream)["source"]
+    assert "streamed fp64 oracle" in truth_for(MODEL, inst, stream).source
 
 
 def test_streamed_truth_ignores_shipped_goldens_when_forced_and_uses_them_in_auto(stream):
     inst = instance(oracle.load_trace(SEED).to_json(), "seed_compaction")
-    assert truth_for(MODEL, inst, stream)["streamed"]
+    assert truth_for(MODEL, inst, stream).streamed
     auto = StreamedTruth(MODEL, why="model does not fit: test", use_goldens=True)
-    assert truth_for(MODEL, inst, auto)["source"].startswith("golden seed_compaction.json")
+    assert truth_for(MODEL, inst, auto).source.startswith("golden seed_compaction.json")
 
 
 def test_task_check_under_streamed_truth_uses_only_proven_outputs():
     trace = oracle.load_trace(goldens.TRACES / "task_burst.json")
     runs = {"legacy": adapters.RunResult({r.id: [0] for r in trace.requests})}
-    truth = {"streamed": True, "requests": {}}
-    c = check_task("x/task_burst", trace, truth, runs)
+    truth = Truth("streamed", streamed=True)
+    c = run_check("task", context(None, "x", trace, None, truth=truth, label="x/task_burst",
+                                  caps=adapters.Capabilities(), runs=runs))
     assert c.skipped and "streamed truth" in c.detail
 
 
@@ -137,12 +140,17 @@ def test_qualify_cli_streams_when_the_model_does_not_fit_and_a_broken_compaction
     assert sched["status"] == "FAIL" and "moves" in sched["detail"], sched
 
 
-class CorruptLogOracle(engine(None, {}, corrupt=True)):
+@functools.lru_cache(maxsize=None)
+def tiny_oracle():
+    return oracle.load(MODEL)
+
+
+class CorruptLogOracle(ForcedOracle):
     """A qualify --engine target: the oracle scheduler whose log moves the wrong slot at the first compaction."""
 
-    def run_trace(self):
-        type(self).model = type(self).model or oracle.load(MODEL)
-        return super().run_trace()
+    def __init__(self, model_path, trace, mode, device="cpu"):
+        super().__init__(model_path, trace, mode, device,
+                         adapters.EngineOptions(settings=Forcing(tiny_oracle(), {}, corrupt_log=True)))
 
 
 def test_fail_fast_stops_at_the_first_fail_and_says_so(tmp_path, capsys):

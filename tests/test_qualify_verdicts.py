@@ -5,6 +5,7 @@ bias fails the plausibility bound; unsupported checks are SKIPs; a logit rescale
 The candidate engines here are the oracle itself with forced tokens (no interpreter), except the logits mutant.
 """
 import copy
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from hybridqual import adapters
 from hybridqual.goldens import regen as goldens
 from hybridqual.adapters import Capabilities, RunResult
 from hybridqual.qualify.compare import teacher_forced_logits, top2_margin
-from hybridqual.qualify.checks import check_instance, check_task, truth_for
+from hybridqual.qualify.checks import check_instance, context, run_check, truth_for
 from hybridqual.scenarios.plan import Instance
 
 MODEL = goldens.MODELS / "zoo-bamba"
@@ -52,27 +53,34 @@ def flip_case(omodel) -> tuple[dict, dict, float]:
     return obj, {"r1": truth[:1] + [runner_up]}, top2_margin(row)
 
 
-class ForcedOracle(adapters.Adapter):
+@dataclass(frozen=True)
+class Forcing:
+    """ForcedOracle's settings: the oracle model, the tokens it forces, whether it corrupts its log."""
+    model: object
+    forced: dict
+    corrupt_log: bool = False
+
+
+class ForcedOracle(adapters.TraceAdapter):
     """A 'correct engine whose rounding flips some near ties': the oracle scheduler with forced tokens on the main
     trace (the one-request continuation traces run plainly: after the oracle's prefix the engine agrees again)."""
     CAPABILITIES = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True,
                                 compute_dtype=torch.float32)
-    forced: dict = {}
-    corrupt_log = False
-    model = None
+    OPTIONS = ("settings",)
 
     def run_trace(self):
         main = len(self.trace.requests) > 1
-        r = oracle.run_trace(self.model, self.trace, self.mode, forced_tokens=self.forced if main else None)
+        how = self.options.settings
+        r = oracle.run_trace(how.model, self.trace, self.mode, forced_tokens=how.forced if main else None)
         log = r.schedule_log
-        if main and self.corrupt_log:                       # a scheduling bug: a compaction moves the wrong slot
+        if main and how.corrupt_log:                        # a scheduling bug: a compaction moves the wrong slot
             step = next(s for s in log.steps if s.moves)
             step.moves[0]["slot"] = (step.moves[0]["slot"] + 1) % self.trace.engine.max_requests
         return RunResult(r.tokens, r.finish_reasons, log, digest(log))
 
 
-def engine(omodel, forced, corrupt=False):
-    return type("E", (ForcedOracle,), {"forced": forced, "corrupt_log": corrupt, "model": omodel})
+def engine(omodel, forced, corrupt=False) -> adapters.Engine:
+    return adapters.Engine(ForcedOracle, adapters.EngineOptions(settings=Forcing(omodel, forced, corrupt)))
 
 
 def by_name(checks):
@@ -83,7 +91,7 @@ def test_a_near_tie_flip_that_stops_a_request_early_passes_tokens_and_schedule(o
     obj, forced, margin = flip
     inst = instance(obj)
     truth = truth_for(MODEL, inst, omodel)
-    assert "trace sha256 differs" in truth["source"], truth["source"]       # the shipped golden is for another trace
+    assert "trace sha256 differs" in truth.source, truth.source       # the shipped golden is for another trace
     checks = by_name(check_instance(engine(omodel, forced), MODEL, inst, ["legacy", "async"], omodel, "cpu",
                                     tau=0.05, truth=truth))
     for mode in ("legacy", "async"):
@@ -94,7 +102,7 @@ def test_a_near_tie_flip_that_stops_a_request_early_passes_tokens_and_schedule(o
         assert sched.passed and "replayed with the engine's tokens" in sched.detail, sched.detail
         # the premise: the flip really changed the schedule, so comparing with the truth's digest would fail it
         run = engine(omodel, forced)(MODEL, inst.trace, mode).run_trace()
-        assert run.digest != truth["schedule_digest"][mode]
+        assert run.digest != truth.schedule_digest[mode]
     assert checks["legacy: logits match the oracle's"].skipped           # the adapter declares no logits
 
 
@@ -132,7 +140,7 @@ def test_an_engine_that_takes_the_runner_up_at_every_close_call_fails_the_near_t
     assert checks["legacy: schedule log matches the oracle's"].passed     # its schedule is right for its tokens
 
 
-class GreedyOnly(adapters.Adapter):
+class GreedyOnly(adapters.StepAdapter):
     """A user adapter that declares nothing: greedy, legacy only; constructing it is an error (must not run)."""
 
     def __init__(self, *a, **k):
@@ -153,8 +161,9 @@ def test_unsupported_sampling_and_modes_are_skips_with_reasons_not_failures(omod
 def test_task_accuracy_on_a_model_that_cannot_do_the_task_is_skipped_not_vacuous(omodel):
     trace = oracle.load_trace(goldens.TRACES / "task_burst.json")
     truth = truth_for(MODEL, instance(trace.to_json(), "task_burst"), omodel)
-    runs = {"legacy": RunResult({r: g["tokens"] for r, g in truth["requests"].items()})}
-    c = check_task("zoo-bamba/task_burst", trace, truth, runs)
+    runs = {"legacy": RunResult(dict(truth.tokens))}
+    c = run_check("task", context(None, MODEL, trace, omodel, truth=truth, label="zoo-bamba/task_burst",
+                                  caps=Capabilities(), runs=runs))
     assert c.skipped and "cannot do the task" in c.detail
 
 
@@ -182,7 +191,7 @@ def test_a_scheduling_defect_still_fails_on_cuda_in_bf16_with_graphs(monkeypatch
     from fastpath.engine.rows import RowTable
     tiny = goldens.MODELS / "tiny-sort"
     om = oracle.load(tiny, dtype=torch.float64)
-    cls = type("GraphsBf16", (adapters.FastpathAdapter,), {"graphs": True})
+    cls = adapters.Engine(adapters.FastpathAdapter, adapters.EngineOptions(graphs=True))
     inst = instance(oracle.load_trace(SEED).to_json())
     good = check_instance(cls, tiny, inst, ["legacy", "async"], om, "cuda")
     assert all(c.ok for c in good), [(c.name, c.detail) for c in good if not c.ok]

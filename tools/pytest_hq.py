@@ -152,8 +152,9 @@ def _hq_oracles() -> dict:
 
 @pytest.fixture
 def hq_qualify(hq_case, _hq_oracles, request):
-    """hq_qualify(adapter_cls, modes=("legacy", "async"), device="cpu", tau=None) -> list of qualify Checks for the
-    current (model, trace) (`tau` None: the engine's compute dtype's); the fp64 oracle loads once per model (in
+    """hq_qualify(adapter, modes=("legacy", "async"), device="cpu", tau=None) -> list of qualify Checks for the
+    current (model, trace); `adapter` an adapter class, or an adapters.Engine (a class with its EngineOptions);
+    `tau` None: the engine's compute dtype's; the fp64 oracle loads once per model (in
     memory when it fits, else streamed: hybridqual.qualify.truth.load_truth).
 
     Skipped checks are not hidden in a passing test: a case whose every check is a SKIP is a skipped test (with the
@@ -164,10 +165,10 @@ def hq_qualify(hq_case, _hq_oracles, request):
 
     model_dir, trace_path = hq_case
 
-    def run(adapter_cls, modes=("legacy", "async"), device: str = "cpu", tau: float | None = None) -> list:
+    def run(adapter, modes=("legacy", "async"), device: str = "cpu", tau: float | None = None) -> list:
         if model_dir not in _hq_oracles:
             _hq_oracles[model_dir] = load_truth(model_dir, "auto")[0]
-        checks = check_trace(adapter_cls, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
+        checks = check_trace(adapter, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
         request.config.stash.setdefault(CHECKS, []).extend(checks)
         request.node.user_properties.append(("hq_checks", ", ".join(
             f"{n} {s}" for s, n in _counts(checks).items() if n)))

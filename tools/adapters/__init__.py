@@ -30,15 +30,22 @@ from __future__ import annotations
 
 import importlib
 
-from hybridqual.adapters.base import (DEFAULT_OPTIONS, Adapter, Capabilities, Configuration, Engine, EngineOptions,
-                                      RunResult, StepAdapter, TraceAdapter, as_engine, installed_version)
-from hybridqual.adapters.fastpath import FastpathAdapter
-from hybridqual.adapters.hf import HFAdapter, HFBatchedAdapter
-from hybridqual.adapters.oracle import OracleAdapter
-
 __all__ = ["Adapter", "StepAdapter", "TraceAdapter", "EngineOptions", "DEFAULT_OPTIONS", "Engine", "as_engine",
            "Capabilities", "Configuration", "RunResult", "installed_version", "OracleAdapter", "FastpathAdapter",
            "HFAdapter", "HFBatchedAdapter", "ENGINES", "resolve", "engine"]
+
+# The names this package gives, each imported from its module when first used (importing the package, e.g. for
+# the engine names, imports no torch).
+_LAZY = {**{n: "base" for n in ("Adapter", "StepAdapter", "TraceAdapter", "EngineOptions", "DEFAULT_OPTIONS",
+                                "Engine", "as_engine", "Capabilities", "Configuration", "RunResult",
+                                "installed_version")},
+         "OracleAdapter": "oracle", "FastpathAdapter": "fastpath", "HFAdapter": "hf", "HFBatchedAdapter": "hf"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Every engine name --engine accepts: name -> "module:Class" inside this package, imported only when named
@@ -64,8 +71,9 @@ ENGINES: dict[str, str] = {
 }
 
 
-def resolve(spec: str) -> type[TraceAdapter]:
+def resolve(spec: str) -> "type[TraceAdapter]":
     """An --engine value (a name of ENGINES, or 'package.module:Class') -> adapter class, with a clear error."""
+    from hybridqual.adapters.base import Capabilities, TraceAdapter
     if spec in ENGINES:
         spec = f"{__package__}.{ENGINES[spec]}"
     if ":" not in spec:
@@ -83,9 +91,11 @@ def resolve(spec: str) -> type[TraceAdapter]:
     return cls
 
 
-def engine(spec: str, options: EngineOptions = DEFAULT_OPTIONS) -> Engine:
-    """An --engine value with the run's options, checked (a ValueError naming what the adapter does not take)."""
-    bound = Engine(resolve(spec), options)
+def engine(spec: str, options: "EngineOptions | None" = None) -> "Engine":
+    """An --engine value with the run's options (None: the defaults), checked (a ValueError naming what the
+    adapter does not take)."""
+    from hybridqual.adapters.base import DEFAULT_OPTIONS, Engine
+    bound = Engine(resolve(spec), options if options is not None else DEFAULT_OPTIONS)
     problem = bound.problem()
     if problem:
         raise ValueError(f"--engine {spec}: {problem}")

@@ -2,96 +2,137 @@
 facts."""
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
-from hybridqual.adapters.base import Adapter, Capabilities, Configuration, RunResult, cache_facts, installed_version
+from hybridqual.scenarios.step_rule import OURS
+from hybridqual.adapters.base import (DEFAULT_OPTIONS, Capabilities, Configuration, EngineOptions, RunResult,
+                                      TraceAdapter, cache_facts, installed_version)
 
-# The fast path's optional configurations: name -> (class attributes set, FastOptions fields changed, reach, why).
-# The main job runs each on the shipped instances that reach its code (docs/qualification.md, "Configurations").
-FAST_CONFIGURATIONS: dict[str, tuple[dict, dict, tuple[str, ...], str]] = {
-    "spec_replay": ({}, {"spec_replay": True}, ("zoo-bamba/spec_accept",),
-                    "speculative rollback by replaying the accepted inputs' conv/SSM steps instead of snapshots"),
-    "spec_device_drafts": ({"pad_decode": True}, {"spec_device_drafts": True},
-                           ("zoo-bamba/spec_device",),
-                           "ngram drafts searched on the device in decode-loop steps (padded decode buckets)"),
-    "unfused": ({}, {"fused": False}, ("zoo-granite_dense/stop_tokens",),
-                "the unfused residual add and norms (Granite's residual multiplier on the unfused path)"),
-    "torch_backend": ({"pad_decode": True}, {"backend": "torch"}, ("zoo-mamba2/decode_buckets",),
-                      "the torch stand-in kernels, decode steps padded to the graph buckets"),
-    "batch_invariant": ({"batch_invariant": True}, {}, ("zoo-bamba_wide/async_drain",),
-                        "the batch-invariant mode (fixed-split matmuls, per-request pieces; the MLP's K = 4096 takes "
-                        "the split): each request alone must give the same bits"),
-    "prefill_buckets": ({"prefill_buckets": "default"}, {}, ("zoo-bamba/prefix_lru",),
-                        "one-piece prefill-only steps (prefix-cache hits, cold pieces, pieces storing a checkpoint "
-                        "inside) padded to token buckets whose kept batches (CUDA graphs with --graphs) are built at "
-                        "engine start"),
-    "gemv": ({}, {"gemv_on_cpu": True, "gemv_rows": True}, ("zoo-granite_dense/stop_tokens",),
-             "the one-row GEMV and its folds (norm, conv step, residual epilogue) and the few-row GEMV (2..8-row "
-             "projections) on CPU too (on cuda the one-row GEMV is the default)"),
+@dataclass(frozen=True)
+class FastSettings:
+    """The fast path's own settings (EngineOptions.settings), set by a declared configuration: FastOptions fields
+    changed, decode-only steps padded to the graph buckets without graphs (the CPU analogue), prefill token buckets
+    (None, "default" or sizes: prefill graphs with token buckets, Engine's argument)."""
+    changes: tuple[tuple[str, object], ...] = ()
+    pad_decode: bool = False
+    prefill_buckets: str | tuple[int, ...] | None = None
+
+    def fast_options(self):
+        """The fastpath.FastOptions these settings run (None: the engine's defaults)."""
+        if not self.changes:
+            return None
+        from fastpath.options import FastOptions
+        return FastOptions().replace(**dict(self.changes))
+
+
+@dataclass(frozen=True)
+class FastConfiguration:
+    """One declared configuration of the fast path: its settings, whether it is the batch-invariant mode, the
+    shipped instances that reach its code and why it exists (docs/qualification.md, "Configurations")."""
+    settings: FastSettings
+    reach: tuple[str, ...]
+    why: str
+    batch_invariant: bool = False
+
+
+# The main job runs each on the shipped instances that reach its code.
+FAST_CONFIGURATIONS: dict[str, FastConfiguration] = {
+    "spec_replay": FastConfiguration(
+        FastSettings((("spec_replay", True),)), ("zoo-bamba/spec_accept",),
+        "speculative rollback by replaying the accepted inputs' conv/SSM steps instead of snapshots"),
+    "spec_device_drafts": FastConfiguration(
+        FastSettings((("spec_device_drafts", True),), pad_decode=True), ("zoo-bamba/spec_device",),
+        "ngram drafts searched on the device in decode-loop steps (padded decode buckets)"),
+    "unfused": FastConfiguration(
+        FastSettings((("fused", False),)), ("zoo-granite_dense/stop_tokens",),
+        "the unfused residual add and norms (Granite's residual multiplier on the unfused path)"),
+    "torch_backend": FastConfiguration(
+        FastSettings((("backend", "torch"),), pad_decode=True), ("zoo-mamba2/decode_buckets",),
+        "the torch stand-in kernels, decode steps padded to the graph buckets"),
+    "batch_invariant": FastConfiguration(
+        FastSettings(), ("zoo-bamba_wide/async_drain",),
+        "the batch-invariant mode (fixed-split matmuls, per-request pieces; the MLP's K = 4096 takes the split): "
+        "each request alone must give the same bits", batch_invariant=True),
+    "prefill_buckets": FastConfiguration(
+        FastSettings(prefill_buckets="default"), ("zoo-bamba/prefix_lru",),
+        "one-piece prefill-only steps (prefix-cache hits, cold pieces, pieces storing a checkpoint inside) padded "
+        "to token buckets whose kept batches (CUDA graphs with --graphs) are built at engine start"),
+    "gemv": FastConfiguration(
+        FastSettings((("gemv_on_cpu", True), ("gemv_rows", True))), ("zoo-granite_dense/stop_tokens",),
+        "the one-row GEMV and its folds (norm, conv step, residual epilogue) and the few-row GEMV (2..8-row "
+        "projections) on CPU too (on cuda the one-row GEMV is the default)"),
 }
 
 
-class FastpathAdapter(Adapter):
+class FastpathAdapter(TraceAdapter):
     """hybridqual's own fast path (Triton kernels; on CPU through the interpreter, fp32; on cuda bf16 by default).
 
-    `tp` > 1 (under torchrun) shards the model over ranks; `batch_invariant` selects the batch-invariant mode
-    (docs/tp.md); `dtype` and `graphs` override the compute dtype and turn on CUDA graphs. All are class attributes
-    so `qualify --tp/--batch-invariant/--dtype/--graphs` can set them on a subclass.
+    Options: `tp` > 1 (under torchrun) shards the model over ranks; `batch_invariant` selects the batch-invariant
+    mode (docs/tp.md); `dtype` and `graphs` override the compute dtype and turn on CUDA graphs (qualify --tp,
+    --batch-invariant, --dtype, --graphs); `configuration` one of FAST_CONFIGURATIONS (its FastSettings).
     """
-    tp = 1
-    batch_invariant = False
-    dtype: torch.dtype | None = None
-    graphs = False
-    options = None            # a fastpath.FastOptions (None: the defaults): a declared configuration sets it
-    pad_decode = False        # decode-only steps padded to the graph buckets without graphs (the CPU analogue)
-    prefill_buckets = None    # None, "default" or bucket sizes: prefill graphs with token buckets (Engine's argument)
-    configuration = None      # the name of the declared configuration this class runs (None: the default)
+    OPTIONS = ("dtype", "graphs", "batch_invariant", "tp", "settings")
 
     @classmethod
-    def capabilities(cls, device: str) -> Capabilities:
-        dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
+        dtype = options.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
         return Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
                             compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True,
-                            batch_invariant=cls.batch_invariant)
+                            batch_invariant=options.batch_invariant,
+                            step_rule=replace(OURS, name="hybridqual fast path (docs/scheduler.md §3.3)"))
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
         ver = installed_version("hybridqual")
-        return f"hybridqual fastpath {ver}" + (f" tp={cls.tp}" if cls.tp > 1 else "") + \
-            (" batch-invariant" if cls.batch_invariant else "") + (" graphs" if cls.graphs else "")
+        return f"hybridqual fastpath {ver}" + (f" tp={options.tp}" if options.tp > 1 else "") + \
+            (" batch-invariant" if options.batch_invariant else "") + (" graphs" if options.graphs else "")
 
     @classmethod
     def configurations(cls) -> tuple[Configuration, ...]:
-        return tuple(Configuration(name, reach, why) for name, (_, _, reach, why) in FAST_CONFIGURATIONS.items())
+        return tuple(Configuration(name, c.reach, c.why) for name, c in FAST_CONFIGURATIONS.items())
 
     @classmethod
-    def configured(cls, name: str) -> type["FastpathAdapter"]:
-        if name not in FAST_CONFIGURATIONS:
-            cls.configure(name)       # the ValueError naming the declared ones
-        attrs, changes, _, _ = FAST_CONFIGURATIONS[name]
-        from fastpath.options import FastOptions
-        options = (cls.options or FastOptions()).replace(**changes)
-        return type(f"{cls.__name__}_{name}", (cls,), {**attrs, "options": options, "configuration": name})
+    def configure(cls, name: str, options: EngineOptions = DEFAULT_OPTIONS) -> EngineOptions:
+        """The options of configuration `name`: its settings, and the batch-invariant mode where it is one (the
+        run's own options, e.g. --graphs, kept)."""
+        options = super().configure(name, options)          # a ValueError naming the declared ones
+        c = FAST_CONFIGURATIONS[name]
+        return options.replace(settings=c.settings, batch_invariant=options.batch_invariant or c.batch_invariant)
 
-    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
-        super().__init__(model_path, trace, mode, device)
-        dtype = dtype or self.dtype
-        if self.tp > 1 or self.batch_invariant:
+    def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
+        super().__init__(model_path, trace, mode, device, options)
+        settings = self.settings(options)
+        if options.tp > 1 or options.batch_invariant:
             from fastpath.tp import engine_from_pretrained
-            self.engine = engine_from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
-                                                 tp=self.tp, batch_invariant=self.batch_invariant,
-                                                 graphs=self.graphs, options=self.options)
+            self.engine = engine_from_pretrained(self.model_path, trace.engine, device=device, dtype=options.dtype,
+                                                 tp=options.tp, batch_invariant=options.batch_invariant,
+                                                 graphs=options.graphs, options=settings.fast_options())
         else:
             import fastpath
-            self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device, dtype=dtype,
-                                                          graphs=self.graphs, pad_decode=self.pad_decode,
-                                                          options=self.options, **self.kv_len(trace, device),
-                                                          **self.buckets())
+            self.engine = fastpath.Engine.from_pretrained(self.model_path, trace.engine, device=device,
+                                                          dtype=options.dtype, graphs=options.graphs,
+                                                          pad_decode=settings.pad_decode,
+                                                          options=settings.fast_options(),
+                                                          **self.kv_len(trace, device), **self.buckets(settings))
 
-    @classmethod
-    def buckets(cls) -> dict:
-        """The engine's prefill-graph arguments: token buckets (with prefill graphs) when the class sets them."""
-        return {} if cls.prefill_buckets is None else {"prefill_graphs": True, "prefill_buckets": cls.prefill_buckets}
+    @staticmethod
+    def settings(options: EngineOptions) -> FastSettings:
+        """The fast path's own settings in `options` (the defaults when none)."""
+        if options.settings is None:
+            return FastSettings()
+        if not isinstance(options.settings, FastSettings):
+            raise TypeError(f"EngineOptions.settings: the fast path takes a FastSettings, got "
+                            f"{type(options.settings).__name__}")
+        return options.settings
+
+    @staticmethod
+    def buckets(settings: FastSettings) -> dict:
+        """The engine's prefill-graph arguments: token buckets (with prefill graphs) when the settings give them."""
+        if settings.prefill_buckets is None:
+            return {}
+        return {"prefill_graphs": True, "prefill_buckets": settings.prefill_buckets}
 
     @staticmethod
     def kv_len(trace, device: str) -> dict:

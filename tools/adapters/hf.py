@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridqual.adapters.base import Adapter, Capabilities, RunResult, installed_version
+from hybridqual.adapters.base import DEFAULT_OPTIONS, Capabilities, EngineOptions, RunResult, TraceAdapter
 
 
 def _cut(gen: list[int], req) -> tuple[list[int], str]:
@@ -15,7 +15,7 @@ def _cut(gen: list[int], req) -> tuple[list[int], str]:
     return (gen[:cut], "stop") if cut is not None else (gen, "length")
 
 
-class HFAdapter(Adapter):
+class HFAdapter(TraceAdapter):
     """HF transformers `generate`, greedy, one request at a time (no scheduling, no schedule log).
 
     The prompt goes in with an explicit all-ones attention_mask, so no token id is ever taken for padding (without
@@ -28,14 +28,14 @@ class HFAdapter(Adapter):
                                        ("schedule_log", "HF generate keeps no schedule log"),
                                        ("logits", "the HF adapter does not return logits")))
 
-    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
-        super().__init__(model_path, trace, mode, device)
+    def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
+        super().__init__(model_path, trace, mode, device, options)
         from transformers import AutoModelForCausalLM
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype or torch.float32).to(device)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(device)
         self.pad = self.model.config.vocab_size - 1    # any id: the attention mask, not the id, marks padding
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
         import transformers
         return f"transformers {transformers.__version__} generate ({cls.__name__})"
 

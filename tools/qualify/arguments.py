@@ -2,7 +2,7 @@
 
 Owns the argparse definition and the value rules (--tau, --tp, --jobs, --timeout, --piece-granularity, --scenario,
 --out writable); the runner (hybridqual.qualify.runner) parses with it. Imports only hybridqual.paths,
-hybridqual.scenarios.plan and hybridqual.qualify.truth.
+hybridqual.scenarios.plan, hybridqual.qualify.truth and the engine names (hybridqual.adapters.ENGINES).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from hybridqual import paths
+from hybridqual.adapters import ENGINES
 from hybridqual.scenarios import plan as scenarios
 from hybridqual.qualify.truth import ORACLES
 
@@ -27,7 +28,8 @@ def parse_args(argv: list[str] | None, usage: str | None = None) -> argparse.Nam
                     help="HF-format model folder, or a shipped model's name (`hybridqual list`; default: the default "
                          "plan's models)")
     ap.add_argument("--scenario", nargs="+", help="only these scenarios (with --model)")
-    ap.add_argument("--engine", default="fastpath", help="fastpath | oracle | hf | hf-batched | module:Class")
+    ap.add_argument("--engine", default="fastpath",
+                    help=f"{' | '.join(sorted(ENGINES))} | module:Class (your own adapter, docs/api.md)")
     ap.add_argument("--mode", nargs="+", default=["legacy", "async"], choices=["legacy", "async"])
     ap.add_argument("--trace", nargs="+", type=paths.trace_arg,
                     help="trace files (or shipped trace names), one instance each")
@@ -108,4 +110,18 @@ def out_problem(out: Path) -> str | None:
         probe.unlink()
     except OSError as e:
         return f"--out {out}: not a writable folder ({type(e).__name__}: {e.strerror or e})"
+    return None
+
+
+def oracle_device_problem(device: str) -> str | None:
+    """Why --oracle-device cannot be used, or None."""
+    import torch
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        return f"--oracle-device {device!r}: not a torch device ({e})"
+    if dev.type not in ("cpu", "cuda"):
+        return f"--oracle-device {device}: only cpu and cuda are supported"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--oracle-device {device}: CUDA is not available on this machine"
     return None

@@ -1,20 +1,18 @@
 """The batch-invariance check: an engine that declares `Capabilities.batch_invariant` promises that a request's
 tokens and logits do not depend on what shares its steps, so each request run alone must give the same bits.
 
-    qualify_check(label, mode, trace, run, adapter_cls, model_dir, device, vocab)   # a Check, or None (not claimed)
+    qualify_check(ctx)    # a Check, or None (not claimed); ctx: hybridqual.qualify.context.CheckContext
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import torch
 
 from hybridqual.qualify.report import Check
 from hybridqual.qualify.validate import describe, validate_result
 
-NAME = "batch-invariant: each request alone gives the same tokens and logits, bitwise"
 
 
 def alone(trace, request_id: str):
@@ -39,22 +37,22 @@ def row_difference(a: torch.Tensor | None, b: torch.Tensor | None) -> str | None
     return f"position {p}: max|Δlogit| {float((a[p] - b[p]).abs().max()):.3g} (bits differ)"
 
 
-def qualify_check(label: str, mode: str, trace, run, adapter_cls, model_dir: Path, device: str,
-                  vocab: int) -> Check | None:
-    """Each request of the trace run alone vs its run in the trace: tokens equal, logits rows equal bit for bit."""
-    caps = adapter_cls.capabilities(device)
-    if not getattr(caps, "batch_invariant", False):
+def qualify_check(ctx) -> Check | None:
+    """Each request of the trace run alone vs its run in the trace: tokens equal, logits rows equal bit for bit
+    (ctx: hybridqual.qualify.context.CheckContext; None when the engine does not claim batch invariance)."""
+    trace, run = ctx.trace, ctx.run
+    if not getattr(ctx.caps, "batch_invariant", False):
         return None
-    name = f"{mode}: {NAME}"
     if len(trace.requests) < 2:
-        return Check.skip(label, name, "one request: nothing shares its steps")
+        return ctx.skip("one request: nothing shares its steps")
     if trace.engine.prefix_cache is not None:
-        return Check.skip(label, name, "a prefix-cache trace: a request alone does not hit the entries the others "
-                                       "stored, so its pieces differ by design")
+        return ctx.skip("a prefix-cache trace: a request alone does not hit the entries the others stored, so its "
+                        "pieces differ by design")
     t0, bad = time.time(), []
     for req in trace.requests:
         solo = alone(trace, req.id)
-        got, problems = validate_result(solo, adapter_cls(model_dir, solo, mode, device).run_trace(), vocab)
+        got, problems = validate_result(solo, ctx.engine(ctx.model_dir, solo, ctx.mode, ctx.device).run_trace(),
+                                        ctx.vocab)
         if problems:
             bad.append(f"{req.id} alone: {describe(problems)}")
             continue
@@ -70,4 +68,4 @@ def qualify_check(label: str, mode: str, trace, run, adapter_cls, model_dir: Pat
             bad.append(f"{req.id}: {diff}")
     detail = "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else "") if bad else \
         f"{len(trace.requests)} requests alone: tokens and logits identical"
-    return Check.of(label, name, not bad, detail, time.time() - t0)
+    return ctx.line(not bad, detail, time.time() - t0)

@@ -1,6 +1,6 @@
 """qualify --jobs N: the plan's instances run in N worker processes, the report written in plan order.
 
-The parent walks the plan's steps (hybridqual.qualify.runner.plan_steps) in order, as the serial run does; each instance is
+The parent walks the plan's steps (hybridqual.qualify.steps.plan_steps) in order, as the serial run does; each instance is
 handed to the next free worker (`python -m hybridqual.qualify.worker THREADS ARGV...`, THREADS torch threads each),
 which rebuilds it (same model folder, same scenario or trace file: instantiation is deterministic), runs it
 (hybridqual.qualify.runner.run_instance) and sends back, a JSON line each, its progress lines, its instance record, its checks
@@ -27,8 +27,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from hybridqual.qualify import configurations as configs
 from hybridqual.qualify.report import Check, Progress
+from hybridqual.qualify.steps import RunInstance, apply_step
 
 HOME = Path(__file__).parent.parent    # the package folder as imported (a link is not resolved)
 
@@ -119,14 +119,14 @@ def death_text(w: subprocess.Popen, code: int) -> str:
     return f"{how}; its stderr ended: {tail}"
 
 
-def run_parallel(args, steps, report, progress: Progress, on_check, counters: dict, apply_step, count,
+def run_parallel(args, steps, report, progress: Progress, on_check, counters: dict, count,
                  cores: int) -> int | None:
     """The plan's steps with instances on args.jobs workers, applied in order; None when done, else an exit code.
-    `apply_step` and `count` are the serial run's own (hybridqual.qualify.runner), so both runs apply steps alike.
+    `apply_step` (hybridqual.qualify.steps) and `count` are the serial run's own, so both runs apply steps alike.
     A worker that dies, or whose instance runs past args.timeout (it is then killed), makes that instance a FAIL
     line; a fresh worker takes the remaining instances."""
     steps = list(steps)          # the truths' loading and instantiation: cheap next to running the instances
-    tasks = [k for k, s in enumerate(steps) if s[0] == "instance"]
+    tasks = [k for k, s in enumerate(steps) if isinstance(s, RunInstance)]
     if not tasks:
         for s in steps:
             code = apply_step(s, report, progress, on_check)
@@ -153,7 +153,7 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
             k = todo.popleft()
             busy[i], started[i] = k, time.monotonic()
             try:
-                w.stdin.write(json.dumps({"task": k, "t0": progress.t0, "tau": tau, **steps[k][6]}) + "\n")
+                w.stdin.write(json.dumps({"task": k, "t0": progress.t0, "tau": tau, **steps[k].spec.to_json()}) + "\n")
                 w.stdin.flush()
             except OSError:                  # it died: its end-of-output marks task k a FAIL
                 pass
@@ -203,12 +203,12 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
         for _ in range(min(args.jobs, len(tasks))):
             assign(spawn())
         for k, step in enumerate(steps):
-            if step[0] != "instance":
+            if not isinstance(step, RunInstance):
                 code = apply_step(step, report, progress, on_check)
                 if code is not None:
                     return code
                 continue
-            label = configs.label(step[1], step[4].scenario, step[6].get("configuration"))
+            label = step.label
             while True:
                 while not buffers[k]:
                     receive()
@@ -226,7 +226,7 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
                                  + msg["text"])
                     progress.check(c)
                     on_check(c)
-                    count(counters, True, step[4].family)
+                    count(counters, True, step.inst.family)
                     break
                 elif msg["kind"] == "done":
                     count(counters, msg["ran"], msg["family"])

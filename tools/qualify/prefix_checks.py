@@ -186,25 +186,26 @@ def adapter_runner(adapter_cls: Any, model_dir: Any, mode: str,
     return run
 
 
-def qualify_check(label: str, mode: str, trace: Any, run: Any, oracle_model: Any, caps: Any) -> Check | None:
-    """qualify's line for a prefix-cache trace (None for others): the adapter's reported hits, stores and evictions
-    vs the oracle's policy replayed with the engine's own tokens on a math-free model, as the schedule check does
-    (hybridqual.qualify.truth.schedule_model); outputs no schedule can produce (finish rule broken) fail, naming that
-    (cache on == off is the tokens check: the truth of a prefix-cache trace is each request alone)."""
+def qualify_check(ctx: Any) -> Check | None:
+    """qualify's line for a prefix-cache trace (None for others; ctx: hybridqual.qualify.context.CheckContext): the
+    adapter's reported hits, stores and evictions vs the oracle's policy replayed with the engine's own tokens on a
+    math-free model, as the schedule check does (hybridqual.qualify.truth.schedule_model); outputs no schedule can
+    produce (finish rule broken) fail, naming that (cache on == off is the tokens check: the truth of a
+    prefix-cache trace is each request alone)."""
     from oracle.scheduler import run_trace
     from hybridqual.qualify.truth import schedule_model
+    trace, run, caps = ctx.trace, ctx.run, ctx.caps
     if trace.engine.prefix_cache is None:
         return None
-    name = f"{mode}: prefix cache events as the policy predicts"
     got = reported_events(run)
     if got is None:
         if getattr(caps, "prefix_cache_reporting", False):
-            return Check.of(label, name, False, "the adapter declares prefix_cache_reporting but returned no "
+            return ctx.line(False, "the adapter declares prefix_cache_reporting but returned no "
                             "RunResult.prefix_cache")
-        return Check.skip(label, name, caps.why_not("prefix_cache_reporting", NO_FACTS))
-    truth = run_trace(schedule_model(oracle_model), trace, mode, forced_tokens=dict(run.tokens))
+        return ctx.skip(caps.why_not("prefix_cache_reporting", NO_FACTS))
+    truth = run_trace(schedule_model(ctx.oracle_model), trace, ctx.mode, forced_tokens=dict(run.tokens))
     if truth.tokens != {r.id: run.tokens.get(r.id, []) for r in trace.requests}:
-        return Check.of(label, name, False, "the engine's outputs break the finish rule, so no schedule of the "
-                        "policy produces them: its cache events cannot be judged")
-    c = check_cache_policy(label, events_from_log(truth.schedule_log), got)
-    return dataclasses.replace(c, name=name)
+        return ctx.line(False, "the engine's outputs break the finish rule, so no schedule of the policy produces "
+                        "them: its cache events cannot be judged")
+    c = check_cache_policy(ctx.label, events_from_log(truth.schedule_log), got)
+    return dataclasses.replace(c, name=ctx.name)

@@ -51,7 +51,7 @@ class Check:
         return cls(trace, name, SKIP, f"skipped: {reason}")
 
 
-def versions(adapter_cls) -> dict[str, str]:
+def versions(engine) -> dict[str, str]:
     """Versions of everything the verdict depends on: hybridqual, torch, triton, transformers, the engine."""
     from importlib.metadata import PackageNotFoundError, version
     out = {}
@@ -66,7 +66,7 @@ def versions(adapter_cls) -> dict[str, str]:
                                     text=True, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         out["git"] = "unknown"
-    out["engine"] = adapter_cls.version()
+    out["engine"] = engine.version()
     out["python"] = sys.version.split()[0]
     return out
 

@@ -3,7 +3,7 @@
     python -m hybridqual.qualify                                   # the default plan (hybridqual.scenarios.plan.default_plan)
     python -m hybridqual.qualify --model M [--scenario NAME ...]   # every scenario instantiated for model M
     python -m hybridqual.qualify [--model M] --trace T.json ...    # these trace files (one instance each)
-        [--engine fastpath|oracle|hf|hf-batched|module:Class] [--mode legacy async] [--device cpu|cuda]
+        [--engine NAME|module:Class] [--mode legacy async] [--device cpu|cuda]    # NAME: --engine's help lists them
         [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
         [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast] [--jobs N] [--timeout S]
         [--isolate | --in-process] [--skip-invalid-traces]
@@ -43,81 +43,30 @@ from pathlib import Path
 import torch
 
 from hybridqual import adapters
+from hybridqual.adapters.base import Engine, EngineOptions
 from hybridqual.goldens import regen as goldens
 from hybridqual.scenarios import plan as scenarios
 from hybridqual.qualify import arguments, configurations as configs
-from hybridqual.qualify.arguments import argument_problem
+from hybridqual.qualify.arguments import argument_problem, oracle_device_problem  # noqa: F401  (re-exported)
 from hybridqual.qualify.compare import tau_for
 from hybridqual.qualify.checks import check_instance, dtype_name, truth_for
-from hybridqual.qualify.truth import load_truth
 from hybridqual.qualify.report import Check, Progress, Report, versions
+from hybridqual.qualify.steps import (RunInstance, apply_step, instance_from_file, instances_for,  # noqa: F401
+                                      plan_steps, trace_family, trace_file_instance)
 
 DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
 
 
-def instance_from_file(path: Path, config) -> scenarios.Instance:
-    """A trace file as one instance (scenario = file stem); a TraceError for a malformed file, a skip (with the
-    reason) when it does not fit the model."""
-    import oracle
-    from oracle.trace import TraceError, check_against_model
-    trace = oracle.load_trace(path)
-    family = trace_family(trace)
-    try:
-        check_against_model(trace, config.vocab_size, config.chunk_size)
-    except TraceError as e:
-        return scenarios.Instance(path.stem, family, None, f"does not fit the model: {e}", trace.to_json())
-    return scenarios.Instance(path.stem, family, trace, None, trace.to_json())
-
-
-def trace_file_instance(path: Path, config, model_dir: Path, skip_invalid: bool):
-    """instance_from_file for the plan: a malformed trace file, or one that does not fit the model, is a FAIL
-    Check (a SKIP with --skip-invalid-traces) instead of an instance."""
-    from oracle.trace import TraceError
-    label = f"{Path(model_dir).name}/{Path(path).stem}"
-    try:
-        inst = instance_from_file(Path(path), config)
-    except (TraceError, OSError, ValueError) as e:
-        why = f"{path}: {e}"
-        name = "trace file is valid"
-    else:
-        if inst.trace is not None or skip_invalid:
-            return inst
-        why, name = f"{path}: {inst.skip_reason}", "trace fits the model"
-    if skip_invalid:
-        return Check.skip(label, name, f"--skip-invalid-traces: {why}")
-    return Check.of(label, name, False, why + " (pass --skip-invalid-traces to skip such files)")
-
-
-def trace_family(trace) -> str:
-    """A trace file's family: the engine feature it exercises (prefix_cache, speculative), else "trace file"."""
-    if trace.engine.prefix_cache is not None:
-        return "prefix_cache"
-    return "speculative" if trace.engine.speculative is not None else "trace file"
-
-
-def engine_granularities(args, adapter_cls) -> tuple[int, ...]:
+def engine_granularities(args, engine: Engine) -> tuple[int, ...]:
     """The engine's piece rule the corpus covers: the adapter's declared granularities and --piece-granularity."""
-    return tuple(sorted({*adapter_cls.capabilities(args.device).piece_granularities, *args.piece_granularity}))
+    return tuple(sorted({*engine.capabilities(args.device).piece_granularities, *args.piece_granularity}))
 
 
-def instances_for(model_dir: Path, config, names: list[str] | None, label: str,
-                  granularities: tuple[int, ...] = ()) -> list:
-    """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash;
-    `granularities`: the engine's piece rule (`engine_granularities`)."""
-    error = getattr(scenarios, "ScenarioError", ValueError)
-    out = []
-    for name in names if names is not None else list(scenarios.SCENARIOS):
-        try:
-            out += scenarios.instantiate(model_dir, config, [name], granularities)
-        except error as e:
-            out.append(Check.of(label, f"scenario {name} instantiates", False, str(e)))
-    return out
-
-
-def check_trace(adapter_cls, model_dir: Path, trace_path: Path, modes: list[str], oracle_model, device: str,
-                tau: float | None = None) -> list[Check]:
-    """Every check for one trace file (an instance of its own); `tau` None follows the engine's compute dtype."""
-    return check_instance(adapter_cls, Path(model_dir), instance_from_file(Path(trace_path), oracle_model.config),
+def check_trace(adapter: Engine | type[adapters.TraceAdapter], model_dir: Path, trace_path: Path, modes: list[str],
+                oracle_model, device: str, tau: float | None = None) -> list[Check]:
+    """Every check for one trace file (an instance of its own); `adapter` an Engine or an adapter class (default
+    options); `tau` None follows the engine's compute dtype."""
+    return check_instance(adapter, Path(model_dir), instance_from_file(Path(trace_path), oracle_model.config),
                           modes, oracle_model, device, tau)
 
 
@@ -137,19 +86,6 @@ def prepare_device(device: str) -> str | None:
         os.environ["TRITON_INTERPRET"] = "1"
     if dev.type not in ("cpu", "cuda"):
         return f"--device {device}: only cpu and cuda are supported"
-    return None
-
-
-def oracle_device_problem(device: str) -> str | None:
-    """Why --oracle-device cannot be used, or None."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        return f"--oracle-device {device!r}: not a torch device ({e})"
-    if dev.type not in ("cpu", "cuda"):
-        return f"--oracle-device {device}: only cpu and cuda are supported"
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return f"--oracle-device {device}: CUDA is not available on this machine"
     return None
 
 
@@ -177,27 +113,40 @@ class FailFast(Exception):
     """Raised by the report hook at the first FAIL under --fail-fast."""
 
 
-def configured_adapter(args) -> type[adapters.Adapter]:
-    """The adapter class, with --tp / --batch-invariant / --dtype / --graphs applied (fast path only)."""
+FAST_FLAGS = {"tp": "--tp", "batch_invariant": "--batch-invariant", "dtype": "--dtype", "graphs": "--graphs"}
+SERVER_FLAGS = {"base_url": "--base-url", "served_model": "--served-model"}
+
+
+def engine_options(args) -> EngineOptions:
+    """The engine options the command line gives (--dtype, --graphs, --batch-invariant, --tp, --base-url,
+    --served-model)."""
+    return EngineOptions(dtype=getattr(torch, args.dtype) if args.dtype else None, graphs=args.graphs,
+                         batch_invariant=args.batch_invariant, tp=args.tp, base_url=args.base_url or None,
+                         served_model=args.served_model or None)
+
+
+def configured_engine(args) -> Engine:
+    """The --engine adapter with the command line's options; a ValueError naming the flags it does not take."""
     cls = adapters.resolve(args.engine)
-    if args.tp > 1 or args.batch_invariant or args.dtype or args.graphs:
-        if not issubclass(cls, adapters.FastpathAdapter):
-            raise ValueError("--tp / --batch-invariant / --dtype / --graphs apply to the fastpath engine only")
-        cls = type("FastpathAdapterConfigured", (cls,),
-                   {"tp": args.tp, "batch_invariant": args.batch_invariant, "graphs": args.graphs,
-                    "dtype": getattr(torch, args.dtype) if args.dtype else None})
-    if args.base_url or args.served_model:
-        if not hasattr(cls, "base_url"):
-            raise ValueError("--base-url / --served-model apply to a server engine (--engine openai) only")
-        cls = type(cls.__name__, (cls,), {"base_url": args.base_url or cls.base_url,
-                                          "served_model": args.served_model or cls.served_model})
-    return cls
+    options = engine_options(args)
+    unread = [f for f in options.set_fields() if f not in cls.OPTIONS]
+    for flags, only in ((FAST_FLAGS, "the fastpath engine only"),
+                        (SERVER_FLAGS, "a server engine (--engine openai) only")):
+        bad = [flags[f] for f in unread if f in flags]
+        if bad and not any(f in cls.OPTIONS for f in flags):
+            raise ValueError(f"{' / '.join(flags.values())} apply to {only}")
+        if bad:
+            raise ValueError(f"{bad[0]}: --engine {args.engine} does not take it (it takes "
+                             f"{', '.join(FAST_FLAGS.get(f) or SERVER_FLAGS.get(f) or f for f in cls.OPTIONS)})")
+    return Engine(cls, options)
 
 
-def build_plan(args, adapter_cls=None) -> list[tuple[Path, list[str] | None, list[Path] | None, str | None]]:
+def build_plan(args, engine: Engine | None = None) -> list[tuple[Path, list[str] | None, list[Path] | None,
+                                                                  str | None]]:
     """(model folder, scenario names or None = all, trace files or None, configuration or None = the default) per
-    entry, from the arguments; the main job adds the adapter's declared configurations (tools/qualify/configurations.py)."""
-    adapter_cls = adapter_cls or adapters.FastpathAdapter
+    entry, from the arguments; the main job adds the engine's declared configurations
+    (tools/qualify/configurations.py)."""
+    engine = engine or Engine(adapters.FastpathAdapter)
     main_job = not (args.trace or args.model)
     if args.trace:
         base = [(args.model or DEFAULT_MODEL, None, list(args.trace))]
@@ -205,8 +154,8 @@ def build_plan(args, adapter_cls=None) -> list[tuple[Path, list[str] | None, lis
         base = [(args.model, args.scenario, None)]
     else:
         base = scenarios.main_job_plan()
-    names = configs.chosen(getattr(args, "configuration", None), adapter_cls, main_job)
-    return configs.plan(base, names, adapter_cls, main_job)
+    names = configs.chosen(getattr(args, "configuration", None), engine, main_job)
+    return configs.plan(base, names, engine, main_job)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -239,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = problem or prepare_device(args.device)
     problem = problem or oracle_device_problem(args.oracle_device)
     try:
-        adapter_cls = configured_adapter(args)
-        problem = problem or configs.problem(args.configuration, adapter_cls)
+        engine = configured_engine(args)
+        problem = problem or configs.problem(args.configuration, engine)
     except ValueError as e:
         problem = problem or str(e)
     if problem:
@@ -248,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.isolate is None:        # an engine from outside the project runs where its death cannot end the run
         args.isolate = ":" in args.engine and args.tp == 1
-    return run(args, adapter_cls, rank0)
+    return run(args, engine, rank0)
 
 
 class Aborted(BaseException):
@@ -277,22 +226,22 @@ def _stop_signals(handler):
     return old
 
 
-def run(args, adapter_cls, rank0: bool) -> int:
+def run(args, engine: Engine, rank0: bool) -> int:
     """Run the plan, reporting as it goes; the exit code."""
-    caps = adapter_cls.capabilities(args.device)
-    args.granularities = engine_granularities(args, adapter_cls)
+    caps = engine.capabilities(args.device)
+    args.granularities = engine_granularities(args, engine)
     tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
     tau_source = "--tau" if args.tau is not None else \
         f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"
     try:
-        plan = build_plan(args, adapter_cls)
+        plan = build_plan(args, engine)
     except scenarios.ScenarioError as e:          # a declared configuration whose reach is not in the corpus
         print(f"the engine's configurations: {e}", file=sys.stderr)
         return 2
     header = {"engine": args.engine, "device": args.device, "modes": args.mode,
               "models": list(dict.fromkeys(str(m) for m, *_ in plan)), "tau": tau, "tau_source": tau_source,
               "configurations": list(dict.fromkeys(c or configs.DEFAULT for *_, c in plan)),
-              "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(adapter_cls),
+              "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(engine),
               "jobs": args.jobs, "piece_granularities": list(args.granularities)}
     report = Report(args.out if rank0 else None, header)
     progress = Progress(args.quiet)
@@ -310,7 +259,7 @@ def run(args, adapter_cls, rank0: bool) -> int:
     counters = {"ran": 0, "skipped": 0, "families": set()}
     restore = _stop_signals(_raise_aborted)
     try:
-        code = run_plan(args, plan, adapter_cls, tau, report, progress, on_check, counters)
+        code = run_plan(args, plan, engine, tau, report, progress, on_check, counters)
     except FailFast as stop:
         report.header["stopped"] = f"--fail-fast: stopped at the first FAIL ({stop}); later checks did not run"
         print(report.header["stopped"], flush=True)
@@ -352,51 +301,12 @@ def aborted(report: Report, why: str, code: int | None) -> int | None:
     return code
 
 
-def plan_steps(args, plan):
-    """The plan as steps in report order, computing only what decides them (the truth's loading, instantiation):
-    ("say", line), ("check", Check), ("oracle", model, how), ("exit", code, message) and ("instance", model_dir,
-    i, n, inst, oracle_model, spec) — spec: what a worker needs to rebuild the instance (tools/qualify/jobs.py),
-    with its configuration when it is not the default."""
-    from oracle.checkpoint import CheckpointError
-    from oracle.trace import TraceError
-    truths: dict[Path, object] = {}
-    for model_dir, names, files, configuration in plan:
-        if not (model_dir / "config.json").exists():
-            yield "check", Check.of(str(model_dir), "model folder exists", False, "no config.json there")
-            continue
-        if model_dir not in truths:
-            try:
-                truths[model_dir] = load_truth(model_dir, args.oracle, args.oracle_device)
-            except (CheckpointError, ValueError) as e:
-                yield "check", Check.of(model_dir.name, "the oracle loads", False, f"{type(e).__name__}: {e}")
-                continue
-            yield "oracle", str(model_dir), truths[model_dir][1]
-            yield "say", f"[{model_dir.name}] truth: {truths[model_dir][1]}"
-        oracle_model = truths[model_dir][0]
-        if files is not None:       # a bad trace file is a FAIL line (a SKIP with --skip-invalid-traces), the rest run
-            insts = [trace_file_instance(p, oracle_model.config, model_dir, args.skip_invalid_traces) for p in files]
-        else:
-            try:
-                insts = instances_for(model_dir, oracle_model.config, names, model_dir.name,
-                                      getattr(args, "granularities", ()))
-            except (TraceError, OSError, ValueError) as e:
-                yield "exit", 2, f"--scenario: {e}"
-                return
-        for i, inst in enumerate(insts, 1):
-            if isinstance(inst, Check):           # a scenario that failed to instantiate, a bad trace file
-                yield "check", inst
-                continue
-            spec = {"model": str(model_dir), "i": i, "n": len(insts),
-                    **({"trace_file": str(files[i - 1])} if files is not None else {"scenario": inst.scenario}),
-                    **({"configuration": configuration} if configuration else {})}
-            yield "instance", model_dir, i, len(insts), inst, oracle_model, spec
-
-
-def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, oracle_model, progress: Progress,
-                 on_instance, on_check, configuration: str | None = None) -> tuple[bool, str]:
-    """One instance: its truth, then every check; (it ran — not skipped —, its family). `adapter_cls` is already
-    the configuration's (configurations.Adapters); `configuration` names it in the report."""
-    progress.say(f"[{model_dir.name} {i}/{n}] {inst.scenario} ({inst.family})"
+def run_instance(args, engine: Engine, tau, step: RunInstance, progress: Progress, on_instance,
+                 on_check) -> tuple[bool, str]:
+    """One instance: its truth, then every check; (it ran — not skipped —, its family). `engine` is already the
+    configuration's (configurations.Engines); the step's spec names the configuration in the report."""
+    model_dir, inst, oracle_model, configuration = step.model_dir, step.inst, step.oracle_model, step.spec.configuration
+    progress.say(f"[{model_dir.name} {step.spec.i}/{step.spec.n}] {inst.scenario} ({inst.family})"
                  + (f" [configuration {configuration}]" if configuration else ""))
     info = {"model": str(model_dir), "scenario": inst.scenario, "family": inst.family,
             "skip_reason": inst.skip_reason, "concrete": inst.concrete,
@@ -404,14 +314,14 @@ def run_instance(args, adapter_cls, tau, model_dir: Path, i: int, n: int, inst, 
     truth = None
     if inst.trace is not None:
         truth = truth_for(model_dir, inst, oracle_model)
-        info["truth"] = truth["source"]
-        progress.say(f"  truth: {truth['source']}")
-        if truth.get("golden_rejected") and progress.quiet:      # said even under --quiet: the goldens are broken
-            print(f"  [{model_dir.name}/{inst.scenario}] {truth['golden_rejected']}; truth recomputed from the "
+        info["truth"] = truth.source
+        progress.say(f"  truth: {truth.source}")
+        if truth.golden_rejected and progress.quiet:      # said even under --quiet: the goldens are broken
+            print(f"  [{model_dir.name}/{inst.scenario}] {truth.golden_rejected}; truth recomputed from the "
                   "oracle", file=sys.stderr, flush=True)
     on_instance(info)
-    checks = check_instance(adapter_cls, model_dir, inst, args.mode, oracle_model, args.device, tau,
-                            progress, on_check, truth, configs.label(model_dir, inst.scenario, configuration))
+    checks = check_instance(engine, model_dir, inst, args.mode, oracle_model, args.device, tau,
+                            progress, on_check, truth, step.label)
     return not (inst.trace is None or all(c.skipped for c in checks)), inst.family
 
 
@@ -424,47 +334,29 @@ def count(counters: dict, ran: bool, family: str) -> None:
         counters["skipped"] += 1
 
 
-def apply_step(step, report: Report, progress: Progress, on_check) -> int | None:
-    """A step other than an instance, in order; an exit code for ("exit", ...)."""
-    if step[0] == "say":
-        progress.say(step[1])
-    elif step[0] == "check":            # a line of the plan itself (the oracle loads, a bad trace): printed too
-        progress.check(step[1])
-        on_check(step[1])
-    elif step[0] == "oracle":
-        report.header.setdefault("oracle", {})[step[1]] = step[2]
-    elif step[0] == "exit":
-        print(step[2], file=sys.stderr)
-        return step[1]
-    return None
-
-
-def run_plan(args, plan, adapter_cls, tau, report: Report, progress: Progress, on_check, counters: dict) -> int | None:
+def run_plan(args, plan, engine: Engine, tau, report: Report, progress: Progress, on_check,
+             counters: dict) -> int | None:
     """Every (model, instance) of the plan through check_instance, in this process or (--jobs > 1) in worker
     processes (tools/qualify/jobs.py, same order); None when done, an exit code on bad input."""
     if args.jobs > 1 or args.isolate:
         from hybridqual.qualify.jobs import run_parallel
-        return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters, apply_step, count,
-                            cpu_cores())
-    adapter_for = configs.Adapters(adapter_cls)
+        return run_parallel(args, plan_steps(args, plan), report, progress, on_check, counters, count, cpu_cores())
+    engine_for = configs.Engines(engine)
     for step in plan_steps(args, plan):
-        if step[0] != "instance":
+        if not isinstance(step, RunInstance):
             code = apply_step(step, report, progress, on_check)
             if code is not None:
                 return code
             continue
-        _, model_dir, i, n, inst, oracle_model, spec = step
-        cfg = spec.get("configuration")
         try:
             with deadline(args.timeout):
-                count(counters, *run_instance(args, adapter_for(cfg), tau, model_dir, i, n, inst, oracle_model,
-                                              progress, report.instance, on_check, cfg))
+                count(counters, *run_instance(args, engine_for(step.spec.configuration), tau, step, progress,
+                                              report.instance, on_check))
         except InstanceTimeout:
-            c = timeout_check(configs.label(model_dir, inst.scenario, cfg), args.timeout,
-                              "stopped by an alarm in this process")
+            c = timeout_check(step.label, args.timeout, "stopped by an alarm in this process")
             progress.check(c)
             on_check(c)
-            count(counters, True, inst.family)
+            count(counters, True, step.inst.family)
     return None
 
 

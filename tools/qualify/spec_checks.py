@@ -86,21 +86,21 @@ def unfit_reason(trace: Trace, vocab_size: int) -> str | None:
     return None
 
 
-def qualify_check(label: str, mode: str, trace: Trace, run, oracle_model):
-    """qualify's line for a speculative trace (None for others): the candidate's logged proposals and accepted
-    counts are consistent and the oracle recomputes every accepted count from them (tokens == non-speculative is
-    the tokens check: the truth of a speculative trace is its non-speculative tokens)."""
-    from hybridqual.qualify.report import Check
+def qualify_check(ctx) -> "Check | None":
+    """qualify's line for a speculative trace (None for others; ctx: hybridqual.qualify.context.CheckContext): the
+    candidate's logged proposals and accepted counts are consistent and the oracle recomputes every accepted count
+    from them (tokens == non-speculative is the tokens check: the truth of a speculative trace is its
+    non-speculative tokens)."""
+    trace, run = ctx.trace, ctx.run
     if trace.engine.speculative is None:
         return None
-    name = f"{mode}: accepted counts recomputed from the logged proposals"
     if run.schedule_log is None:
-        return Check.skip(label, name, "the engine keeps no schedule log (no proposals or accepted counts reported)")
+        return ctx.skip("the engine keeps no schedule log (no proposals or accepted counts reported)")
     if not verify_rows(run.schedule_log):
-        return Check.skip(label, name, "the engine logged no verify rows (it did not speculate)")
-    bad = log_consistency(run.schedule_log) + recompute_accepted(oracle_model, trace, run)
+        return ctx.skip("the engine logged no verify rows (it did not speculate)")
+    bad = log_consistency(run.schedule_log) + recompute_accepted(ctx.oracle_model, trace, run)
     n = len(verify_rows(run.schedule_log))
-    return Check.of(label, name, not bad, "; ".join(bad[:3]) if bad else f"{n} verify rows")
+    return ctx.line(not bad, "; ".join(bad[:3]) if bad else f"{n} verify rows")
 
 
 def for_requests(engine, ids: set[str]):

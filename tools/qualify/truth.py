@@ -11,6 +11,7 @@ replays the oracle scheduler with the engine's tokens, which needs no model math
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -111,3 +112,24 @@ def load_truth(model_dir: Path, oracle: str = "auto", device: str = "cpu"):
         return model, f"streamed fp64 oracle{on} ({reason})"
     model = oracle_pkg.load(model_dir, dtype=torch.float64, device=device)      # memory: refuses when it cannot fit
     return (OnDevice(model) if on else model), f"in-memory fp64 oracle{on}"
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What an instance is judged against: the truth's tokens per request and its schedule digest per mode (from
+    the shipped golden or the oracle run now), or, streamed, only the tokens proven to be the oracle's own."""
+    source: str                                          # where it came from, as the report says it
+    tokens: dict[str, list[int]] = field(default_factory=dict)   # request id -> the truth's output
+    schedule_digest: dict[str, str] = field(default_factory=dict)   # mode -> its schedule log's digest
+    streamed: bool = False                               # the streamed oracle: tokens known only where proven
+    golden_rejected: str | None = None                   # why a shipped golden failed its checks (console line)
+
+    @classmethod
+    def from_golden(cls, g: dict, source: str, golden_rejected: str | None = None) -> "Truth":
+        """A golden record (hybridqual.golden/2, shipped or computed now) as the truth."""
+        return cls(source, {r: list(v["tokens"]) for r, v in g["requests"].items()}, dict(g["schedule_digest"]),
+                   golden_rejected=golden_rejected)
+
+    def with_tokens(self, tokens: dict[str, list[int]]) -> "Truth":
+        """This truth with its tokens replaced (a streamed truth with the outputs proven the oracle's own)."""
+        return replace(self, tokens=dict(tokens))

@@ -45,9 +45,10 @@ def worker_main(argv: list[str]) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    from hybridqual.qualify.configurations import Adapters
-    adapter_cls = qualify.configured_adapter(args)
-    adapter_for = Adapters(adapter_cls)
+    from hybridqual.qualify.configurations import Engines
+    from hybridqual.qualify.steps import InstanceSpec, RunInstance, instance_from_file, instances_for
+    engine = qualify.configured_engine(args)
+    engine_for = Engines(engine)
     truths: dict[str, object] = {}
     for line in sys.stdin:
         task = json.loads(line)
@@ -61,17 +62,18 @@ def worker_main(argv: list[str]) -> int:
             if args.fail_fast and c.status == FAIL:
                 raise _Stop()
         try:
-            model_dir = Path(task["model"])
-            if task["model"] not in truths:
-                truths[task["model"]] = load_truth(model_dir, args.oracle, args.oracle_device)[0]
-            om = truths[task["model"]]
-            inst = (qualify.instance_from_file(Path(task["trace_file"]), om.config) if "trace_file" in task else
-                    qualify.instances_for(model_dir, om.config, [task["scenario"]], model_dir.name,
-                                          qualify.engine_granularities(args, adapter_cls))[0])
-            cfg = task.get("configuration")
-            ran, family = qualify.run_instance(args, adapter_for(cfg), task["tau"], model_dir, task["i"], task["n"],
-                                               inst, om, Relay(args.quiet, emit, task["t0"]),
-                                               lambda info: emit("instance", info=info), on_check, cfg)
+            spec = InstanceSpec.from_json(task)
+            model_dir = Path(spec.model)
+            if spec.model not in truths:
+                truths[spec.model] = load_truth(model_dir, args.oracle, args.oracle_device)[0]
+            om = truths[spec.model]
+            inst = (instance_from_file(Path(spec.trace_file), om.config) if spec.trace_file is not None else
+                    instances_for(model_dir, om.config, [spec.scenario], model_dir.name,
+                                  qualify.engine_granularities(args, engine))[0])
+            ran, family = qualify.run_instance(args, engine_for(spec.configuration), task["tau"],
+                                               RunInstance(model_dir, inst, om, spec),
+                                               Relay(args.quiet, emit, task["t0"]),
+                                               lambda info: emit("instance", info=info), on_check)
             emit("done", ran=ran, family=family)
         except _Stop:
             emit("done", ran=True, family="stopped")

@@ -19,6 +19,7 @@ subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,11 +33,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hybridqual.adapters import Adapter, Capabilities, RunResult
+from hybridqual.adapters import Capabilities, RunResult, TraceAdapter
 from hybridqual.adapters.base import MeasuredPrecision
 from hybridqual.adapters.llamacpp import convert as conv
 from oracle.config import from_hf_config
 from oracle.trace import check_prefix_cache_against_model
+from hybridqual.scenarios.step_rule import OURS
+
+# The worker cuts each step's pieces with our rule (worker.piece_length) and gives llama_decode one batch per step
+# with n_batch = n_ubatch >= the step's tokens (worker.py), so llama.cpp splits no step into ubatches: our rule.
+STEP_RULE = dataclasses.replace(OURS, name="llama.cpp adapter: hybridqual's piece rule, one ubatch a step "
+                                            "(n_batch = n_ubatch >= the step)")
 
 WORKER = Path(__file__).resolve().with_name("worker.py")
 # q8_0 is no torch dtype: its judging constants are measured (measure_tau.py; docs/findings.md, "q8_0")
@@ -162,7 +169,7 @@ def cached_gguf(model_path: Path, outtype: str) -> tuple[Path, dict]:
     return out, conv.convert(model_path, out, outtype)
 
 
-class LlamaCppAdapter(Adapter):
+class LlamaCppAdapter(TraceAdapter):
     """llama.cpp (the llama-cpp-python 0.3.36 build of scripts/install-llamacpp.sh) on an f32 GGUF of the model."""
     outtype = "f32"
     kv_type = "f32"              # the K/V cache in the GGUF's compute dtype (llama.cpp's own default is f16)
@@ -187,12 +194,12 @@ class LlamaCppAdapter(Adapter):
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES,
-                            prefix_cache_reporting=True)
+                            prefix_cache_reporting=True, step_rule=STEP_RULE)
 
     @classmethod
-    def facts_check(cls, label: str, mode: str, trace, run, oracle_model=None):
+    def facts_check(cls, ctx):
         """qualify's extra line for a speculative trace: the per-request counts against the oracle's."""
-        return speculation_check(label, mode, trace, run, oracle_model)
+        return speculation_check(ctx.label, ctx.mode, ctx.trace, ctx.run, ctx.oracle_model)
 
     @classmethod
     def version(cls) -> str:
@@ -334,7 +341,7 @@ class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float16, notes=_NOTES,
-                            prefix_cache_reporting=True)
+                            prefix_cache_reporting=True, step_rule=STEP_RULE)
 
 
 class LlamaCppBF16Adapter(LlamaCppAdapter):

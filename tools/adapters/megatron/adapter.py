@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from hybridqual.adapters import Adapter, Capabilities, RunResult, installed_version
+from hybridqual.adapters import Capabilities, RunResult, StepAdapter, installed_version
+from hybridqual.scenarios.step_rule import StepRule
 
 # Megatron's piece rule: its token budget is rounded to multiples of 64 (TOKEN_ROUNDER in 0.19.2's dynamic context)
 # and a one-token remainder is shortened, so the engine-aware corpus puts prompts = 1 mod 64 (docs/megatron.md)
@@ -37,7 +38,7 @@ _NOTES = (
 )
 
 
-class MegatronAdapter(Adapter):
+class MegatronAdapter(StepAdapter):
     """Megatron-Core dynamic inference engine (legacy and async scheduling), fp32 on CPU, bf16 on CUDA.
 
     The trace's max_tokens_per_step is Megatron's max_tokens as is (`max_tokens_multiple` = 1): a budget that is not
@@ -54,7 +55,18 @@ class MegatronAdapter(Adapter):
     def capabilities(cls, device: str) -> Capabilities:
         dtype = cls.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
         return Capabilities(("greedy",), ("legacy", "async"), logits=True, compute_dtype=dtype, notes=_NOTES,
-                            piece_granularities=(PIECE_ROUNDING,))
+                            piece_granularities=(PIECE_ROUNDING,), step_rule=cls.step_rule())
+
+    @classmethod
+    def step_rule(cls) -> StepRule:
+        """Megatron's piece rule (0.19.2 dynamic_engine.py schedule_chunked_prefill): the waiting queue in FIFO
+        order, a prompt taken whole if it fits the budget left (decode rows count one token each), else cut at the
+        budget left, one token shorter where the cut would leave one token, and nothing admitted behind a partly
+        prefilled prompt; no prefill_chunk, no chunk alignment; the budget is max_tokens (rounded up to
+        `max_tokens_multiple`). KV blocks are the trace's prefix block (else 16), so hits land on the trace's."""
+        return StepRule(f"megatron-core (max_tokens a multiple of {cls.max_tokens_multiple})",
+                        budget_multiple=cls.max_tokens_multiple, uses_prefill_chunk=False, chunk_aligned=False,
+                        no_one_token_remainder=True, one_partial_prefill=True)
 
     @classmethod
     def version(cls) -> str:
@@ -241,10 +253,10 @@ class MegatronAdapter(Adapter):
         return fact
 
     @classmethod
-    def facts_check(cls, label: str, mode: str, trace, run, oracle_model=None):
+    def facts_check(cls, ctx):
         """qualify's extra line: Megatron's per-step facts are a correct schedule's (schedule_facts.check)."""
         from hybridqual.adapters.megatron.schedule_facts import check
-        return check(label, mode, trace, run, cls, oracle_model)
+        return check(ctx.label, ctx.mode, ctx.trace, ctx.run, cls, ctx.oracle_model)
 
     def done(self) -> bool:
         return not self.engine.has_unfinished_requests()
@@ -302,7 +314,8 @@ class MegatronMTPAdapter(MegatronRoundedAdapter):
     def capabilities(cls, device: str) -> Capabilities:
         caps = super().capabilities(device)
         return Capabilities(caps.sampling_kinds, caps.modes, logits=False, compute_dtype=caps.compute_dtype,
-                            piece_granularities=caps.piece_granularities, notes=caps.notes + (("logits", "under MTP Megatron samples k+1 rows per verify row; the "
+                            piece_granularities=caps.piece_granularities, step_rule=caps.step_rule,
+                            notes=caps.notes + (("logits", "under MTP Megatron samples k+1 rows per verify row; the "
                                                  "adapter keeps no logits there (tokens and acceptance are judged)"),))
 
     @classmethod
@@ -328,7 +341,8 @@ class MegatronGraphsAdapter(MegatronRoundedAdapter):
         if torch.device(device).type == "cuda":
             return caps
         return Capabilities(caps.sampling_kinds, (), logits=True, compute_dtype=caps.compute_dtype,
-                            piece_granularities=caps.piece_granularities, notes=caps.notes + (("legacy", GRAPHS_ON_CPU), ("async", GRAPHS_ON_CPU)))
+                            piece_granularities=caps.piece_granularities, step_rule=caps.step_rule,
+                            notes=caps.notes + (("legacy", GRAPHS_ON_CPU), ("async", GRAPHS_ON_CPU)))
 
     @classmethod
     def version(cls) -> str:

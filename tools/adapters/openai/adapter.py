@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from hybridqual.adapters.base import Adapter, Capabilities, RunResult
+from hybridqual.adapters.base import DEFAULT_OPTIONS, Capabilities, EngineOptions, RunResult, TraceAdapter
 from hybridqual.adapters.openai.client import (Completion, ServerError, check_answer, parse_completion, parse_models,
                                                request_json)
 
@@ -56,15 +56,106 @@ _NOTES = (
                      "request is in the \"server logprobs\" line's facts)"),
     ("logits", "the server returns top-k logprobs, not whole logits rows; they are judged in the line "
                "\"server logprobs (top-k) agree with the oracle\" (tools/adapters/openai/logprobs.py)"),
-    ("prefix_cache_reporting", "reported only when the server returns cached prompt tokens "
-                               "(usage.prompt_tokens_details.cached_tokens or llama-server's timings.cache_n), "
-                               "admissions only (no stores/evictions); the server's cache policy is its own"),
+    ("prefix_cache_reporting", "the server's cache policy (which blocks it keeps, when it hits) is its own, not "
+                               "the trace's: its cached prompt tokens (usage.prompt_tokens_details.cached_tokens "
+                               "or llama-server's timings.cache_n) are checked within the prompt and, for a server "
+                               "qualify started, within what it was ever sent, and shown in the \"server "
+                               "logprobs\" line's facts"),
     ("speculation_reporting", "servers report at most per-request draft counts (llama-server timings.draft_n / "
                               "draft_n_accepted), no proposals per step: shown in the server logprobs line"),
 )
 
-_PROBED: dict[tuple, tuple[str, str, float, int | None]] = {}   # (base_url, served_model, vocab) ->
-                                                                # (name, note, s per token, max_model_len)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The OpenAI adapter's own settings (EngineOptions.settings; None: these defaults)."""
+    step_s: float | None = None     # wall-clock seconds per trace step (arrival_step -> send time); None: measured
+    probe_tokens: int = 8           # the probe completion whose time per generated token is the measured step
+    request_timeout: float = 120.0  # seconds, per socket operation of a request and added to the trace's bound
+    probe_timeout: float = 10.0
+    top_logprobs: int = 20
+    max_concurrency: int = 64
+    dtype: torch.dtype | None = None    # the server's compute dtype if known (picks τ and c); None: float32
+    extra_body: tuple[tuple[str, object], ...] = ()   # more request fields, (name, value) pairs
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the probe of one (server, served name, vocabulary) found: the model name to send, the report's note
+    on its identity and timing, the server's time per generated token, its max_model_len if reported."""
+    name: str
+    note: str
+    step: float
+    max_model_len: int | None
+
+
+class Probes:
+    """The probes made so far in this process, one per (base_url, served_model, vocab): a server is probed once
+    per run, not once per instance; `clear()` forgets them (a test probing a server anew)."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple, Probe] = {}
+
+    def get(self, key: tuple) -> Probe | None:
+        return self._done.get(key)
+
+    def remember(self, key: tuple, probe: Probe) -> Probe:
+        self._done[key] = probe
+        return probe
+
+    def clear(self) -> None:
+        self._done.clear()
+
+
+PROBES = Probes()
+
+
+class Seen:
+    """The token sequences (prompt + output) sent to each server by this process, for the bound on what a server
+    can have cached (`OpenAIServerAdapter._check_cached`); `clear()` forgets them."""
+
+    def __init__(self) -> None:
+        self._seqs: dict[str, set[tuple[int, ...]]] = {}
+
+    def record(self, base_url: str, seq: tuple[int, ...]) -> None:
+        self._seqs.setdefault(base_url, set()).add(tuple(seq))
+
+    def longest_prefix(self, base_url: str, prompt: tuple[int, ...], more: list[tuple[int, ...]] = ()) -> int:
+        """The longest prefix of `prompt` that a recorded sequence of `base_url` or one of `more` starts with."""
+        best = 0
+        for q in list(self._seqs.get(base_url, ())) + list(more):
+            n = 0
+            for a, b in zip(prompt, q):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best
+
+    def clear(self) -> None:
+        self._seqs.clear()
+
+
+SEEN = Seen()
+
+
+def server_url(base_url: str | None, path: str) -> str:
+    """`path` on the server at `base_url` (a base ending in /v1 is not doubled)."""
+    base = (base_url or "").rstrip("/")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        base = base[:-3]
+    return base + path
+
+
+def settings_of(options: EngineOptions) -> ServerSettings:
+    """The adapter's settings in `options` (the defaults when none)."""
+    if options.settings is None:
+        return ServerSettings()
+    if not isinstance(options.settings, ServerSettings):
+        raise TypeError(f"EngineOptions.settings: the OpenAI adapter takes a ServerSettings, got "
+                        f"{type(options.settings).__name__}")
+    return options.settings
 
 
 @dataclass
@@ -77,31 +168,27 @@ class ServerRunResult(RunResult):
     probe: str = ""
 
 
-class OpenAIServerAdapter(Adapter):
-    """A running OpenAI-compatible server (/v1/models, /v1/completions); see the module docstring."""
-    base_url: str | None = None
-    served_model: str | None = None
-    step_s: float | None = None   # wall-clock seconds per trace step (arrival_step -> send time); None: measured
-    probe_tokens = 8              # the probe completion whose time per generated token is the measured step
-    request_timeout = 120.0       # seconds, per socket operation of a request and added to the trace's bound
-    probe_timeout = 10.0
-    top_logprobs = 20
-    max_concurrency = 64
-    dtype: torch.dtype | None = None      # the server's compute dtype if known (picks τ and c); None: float32
-    extra_body: dict = {}
+class OpenAIServerAdapter(TraceAdapter):
+    """A running OpenAI-compatible server (/v1/models, /v1/completions); see the module docstring. Options:
+    `base_url` (required), `served_model`, `settings` (a ServerSettings)."""
+    OPTIONS = ("base_url", "served_model", "settings")
+    probes = PROBES
+    seen = SEEN
+    seen_is_whole = False         # True: only this process talks to the server (a launched one), so SEEN is all
+                                  # it was sent and bounds its cached tokens
 
     @classmethod
-    def capabilities(cls, device: str) -> Capabilities:
-        return Capabilities(("greedy",), ("legacy",), compute_dtype=cls.dtype, notes=_NOTES)
+    def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
+        return Capabilities(("greedy",), ("legacy",), compute_dtype=settings_of(options).dtype, notes=_NOTES)
 
     @classmethod
-    def version(cls) -> str:
-        where = cls.base_url or "(no --base-url)"
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
+        where = options.base_url or "(no --base-url)"
         extra = ""
-        if cls.base_url:
+        if options.base_url:
             for path in ("/version", "/props"):
                 try:
-                    v = request_json(cls._url(path), timeout=3)
+                    v = request_json(server_url(options.base_url, path), timeout=3)
                 except ServerError:
                     continue
                 if isinstance(v, dict):
@@ -109,39 +196,37 @@ class OpenAIServerAdapter(Adapter):
                     if isinstance(got, str):
                         extra = f"; server {got}"
                         break
-        return (f"OpenAI-compatible server at {where} (model {cls.served_model or 'the one it serves'}{extra}); "
+        return (f"OpenAI-compatible server at {where} (model {options.served_model or 'the one it serves'}{extra}); "
                 "hybridqual.adapters.openai")
 
-    @classmethod
-    def _url(cls, path: str) -> str:
-        base = (cls.base_url or "").rstrip("/")
-        if base.endswith("/v1") and path.startswith("/v1/"):
-            base = base[:-3]
-        return base + path
+    def _url(self, path: str) -> str:
+        return server_url(self.base_url, path)
 
-    def __init__(self, model_path, trace, mode, device="cpu"):
-        super().__init__(model_path, trace, mode, device)
+    def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
+        super().__init__(model_path, trace, mode, device, options)
+        self.base_url, self.served_model, self.settings = options.base_url, options.served_model, settings_of(options)
         if not self.base_url:
             raise ServerError("--engine openai needs --base-url URL (the server's address, e.g. http://127.0.0.1:8080)")
         from oracle.config import from_hf_config
         self.vocab = from_hf_config(Path(model_path) / "config.json").vocab_size
-        self.model_name, self.probe_note, measured, mml = self._probe()
-        self.step = self.step_s if self.step_s is not None else measured
+        probe = self._probe()
+        self.model_name, self.probe_note, mml = probe.name, probe.note, probe.max_model_len
+        self.step = self.settings.step_s if self.settings.step_s is not None else probe.step
         longest = max((len(r.prompt) + r.max_new_tokens for r in trace.requests), default=0)
         if mml is not None and longest > mml:
             raise ServerError(f"the server's {self.model_name!r} has max_model_len {mml} (/v1/models), below this "
                               f"trace's longest request ({longest} tokens): start it with a longer context")
 
-    def _probe(self) -> tuple[str, str, float, int | None]:
+    def _probe(self) -> Probe:
         """The model name to send and what identifies it, checked once per (server, name, vocab): it is served, its
         n_vocab (llama-server) or its root (vLLM: the weights' folder) is the model's where the server reports
         them, and what could not be confirmed is said; and the server's time per generated token (one probe
         completion of probe_tokens tokens, wall clock / tokens). No id outside the model's vocabulary is ever sent:
         a server may pad its embedding table and need not range-check ids (vLLM without a tokenizer)."""
         key = (self.base_url, self.served_model, self.vocab)
-        if key in _PROBED:
-            return _PROBED[key]
-        info = parse_models(request_json(self._url("/v1/models"), timeout=self.probe_timeout))
+        if self.probes.get(key) is not None:
+            return self.probes.get(key)
+        info = parse_models(request_json(self._url("/v1/models"), timeout=self.settings.probe_timeout))
         if self.served_model is not None:
             if self.served_model not in info.ids:
                 raise ServerError(f"wrong model: the server at {self.base_url} serves {info.ids}, not "
@@ -156,13 +241,13 @@ class OpenAIServerAdapter(Adapter):
                               "--served-model")
         note = f"model {name!r}" + "".join(f", {part}" for part in self._identity(info, name))
         t = time.monotonic()
-        got = self._post({"prompt": [self.vocab - 1], "max_tokens": self.probe_tokens, "logprobs": 1}, name,
+        got = self._post({"prompt": [self.vocab - 1], "max_tokens": self.settings.probe_tokens, "logprobs": 1}, name,
                          "timing probe")
-        check_answer(got, 1, self.probe_tokens, self.vocab, "timing probe")
+        check_answer(got, 1, self.settings.probe_tokens, self.vocab, "timing probe")
+        self.seen.record(self.base_url, (self.vocab - 1, *got.tokens))
         step = (time.monotonic() - t) / max(1, len(got.tokens))
         note += f", {step * 1e3:.2f} ms per generated token (probe)"
-        _PROBED[key] = (name, note, step, info.max_model_len.get(name))
-        return _PROBED[key]
+        return self.probes.remember(key, Probe(name, note, step, info.max_model_len.get(name)))
 
     def _identity(self, info, name: str) -> list[str]:
         """What /v1/models confirms about the served model (a ServerError when it contradicts --model), and what it
@@ -207,16 +292,17 @@ class OpenAIServerAdapter(Adapter):
         full = {"model": model or self.model_name, "temperature": 0, "top_k": 1, "top_p": 1.0, "n": 1,
                 "stream": False, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_penalty": 1.0,
                 "repetition_penalty": 1.0, "ignore_eos": True, "seed": 0, "return_token_ids": True,
-                **self.extra_body, **body}
+                **dict(self.settings.extra_body), **body}
         try:
-            return parse_completion(request_json(self._url("/v1/completions"), full, timeout=self.request_timeout))
+            return parse_completion(request_json(self._url("/v1/completions"), full,
+                                                 timeout=self.settings.request_timeout))
         except ServerError as e:
             if what:
                 raise ServerError(f"{what}: {e}") from None
             raise
 
     def asked_logprobs(self) -> int:
-        return min(self.top_logprobs, self.vocab)
+        return min(self.settings.top_logprobs, self.vocab)
 
     def _one(self, req, t0: float) -> tuple[Completion, float, float]:
         body = {"prompt": list(req.prompt), "max_tokens": req.max_new_tokens, "logprobs": self.asked_logprobs()}
@@ -240,7 +326,7 @@ class OpenAIServerAdapter(Adapter):
         reqs = sorted(self.trace.requests, key=lambda r: (r.arrival_step, r.id))
         t0 = time.monotonic()
         answers: queue.Queue = queue.Queue()
-        slots = threading.BoundedSemaphore(max(1, self.max_concurrency))
+        slots = threading.BoundedSemaphore(max(1, self.settings.max_concurrency))
 
         def send(r) -> None:
             with slots:
@@ -268,7 +354,7 @@ class OpenAIServerAdapter(Adapter):
                 time.sleep(delay)
             threading.Thread(target=send, args=(r,), name=f"hq-openai-{r.id}", daemon=True).start()
             collect(None)
-        bound = self.request_timeout * 2 + 5
+        bound = self.settings.request_timeout * 2 + 5
         collect(time.monotonic() + bound)
         if len(got) < len(reqs):
             late = [r.id for r in reqs if r.id not in got]
@@ -289,12 +375,12 @@ class OpenAIServerAdapter(Adapter):
     def _result(self, got: dict[str, tuple[Completion, float, float]]) -> ServerRunResult:
         res = ServerRunResult(tokens={}, asked_logprobs=self.asked_logprobs(), schedule_facts=[],
                               probe=f"{self.probe_note}; step period {self.step * 1e3:.2f} ms")
-        admit = []
-        cached_known = True
         order = sorted(self.trace.requests, key=lambda r: (r.arrival_step, r.id))
         for r in order:
+            check_answer(got[r.id][0], len(r.prompt), r.max_new_tokens, self.vocab, f"request {r.id}")
+        self._check_cached(got)
+        for r in order:
             c, sent, done = got[r.id]
-            check_answer(c, len(r.prompt), r.max_new_tokens, self.vocab, f"request {r.id}")
             toks, rows, lps = list(c.tokens), c.logprobs, c.sampled_logprob
             stops = set(r.stop_token_ids)
             cut = 0
@@ -317,28 +403,35 @@ class OpenAIServerAdapter(Adapter):
             if c.draft_n is not None:
                 fact.update(draft_n=c.draft_n, draft_n_accepted=c.draft_n_accepted)
             res.schedule_facts.append(fact)
-            if c.cached_tokens is None:
-                cached_known = False
-            admit.append({"request": r.id, "cached_tokens": c.cached_tokens})
-        if cached_known and admit:
-            res.prefix_cache = {"admit": admit}
         return res
 
+    def _check_cached(self, got: dict[str, tuple[Completion, float, float]]) -> None:
+        """Each request's cached prompt tokens within what the server can have cached: with a server only this
+        process talks to (seen_is_whole, a launched one), no more than the longest prefix its prompt shares with
+        any sequence (prompt + output) sent to that server (earlier instances, the probe, this trace's other
+        requests); a ServerError naming the request and field otherwise. Then this trace's sequences are recorded.
+        The server's own cache policy (which blocks it keeps) is not judged: it is not the trace's policy."""
+        seqs = {r.id: tuple(r.prompt) + tuple(got[r.id][0].tokens) for r in self.trace.requests}
+        if self.seen_is_whole:
+            for r in self.trace.requests:
+                c = got[r.id][0]
+                if c.cached_tokens is None:
+                    continue
+                others = [q for rid, q in seqs.items() if rid != r.id]
+                bound = self.seen.longest_prefix(self.base_url, tuple(r.prompt), others)
+                if c.cached_tokens > bound:
+                    raise ServerError(f"malformed answer: request {r.id}: {c.cached_source} {c.cached_tokens}, "
+                                      f"but the longest prefix of its prompt that this server was ever sent is "
+                                      f"{bound} tokens: it cannot have cached more")
+        for q in seqs.values():
+            self.seen.record(self.base_url, q)
+
     @classmethod
-    def facts_check(cls, label: str, mode: str, trace, run, oracle_model=None):
+    def facts_check(cls, ctx):
         """qualify's extra line: the server's top-k logprobs against the oracle (logprobs.py), with its per-request
         facts (arrival overlap, prompt/cached tokens, draft counts, stop cuts) checked for consistency."""
         from hybridqual.adapters.openai.report import logprobs_check
-        return logprobs_check(cls, label, mode, trace, run, oracle_model)
-
-    def add_request(self, request) -> None:      # run_trace is overridden: requests go out by wall-clock arrival
-        raise NotImplementedError("OpenAIServerAdapter runs whole traces (run_trace)")
-
-    def step(self):
-        raise NotImplementedError("OpenAIServerAdapter runs whole traces (run_trace)")
-
-    def done(self) -> bool:
-        return True
+        return logprobs_check(ctx.engine, ctx.label, ctx.mode, ctx.trace, ctx.run, ctx.oracle_model)
 
 
 def _sha256(path: Path) -> str | None:

@@ -60,9 +60,10 @@ def summary(run) -> str:
     return "; ".join(parts)
 
 
-def logprobs_check(cls, label: str, mode: str, trace, run, oracle_model) -> Check:
-    """The line: every position's returned logprobs by the rule of logprobs.py, then the facts' consistency."""
-    dtype = cls.capabilities("cpu").compute_dtype
+def logprobs_check(engine, label: str, mode: str, trace, run, oracle_model) -> Check:
+    """The line: every position's returned logprobs by the rule of logprobs.py, then the facts' consistency;
+    `engine` (a hybridqual.adapters.Engine) declares the server's compute dtype."""
+    dtype = engine.capabilities("cpu").compute_dtype
     c, tau = LOGITS_C[dtype or torch.float32], tau_for(dtype)
     name = f"{mode}: server logprobs (top-k) agree with the oracle (tie-aware, τ={tau:g}, c={c:g})"
     t0 = time.time()
