@@ -134,3 +134,22 @@ def test_observed_pieces_read_a_schedule_log_and_schedule_facts():
     class Nothing:
         schedule_log = schedule_facts = None
     assert observed_pieces(tr, Nothing()) is None
+
+
+@pytest.mark.parametrize("chunk", (8, 64, 128, 256))
+def test_megatrons_declared_rule_gives_piece_tails_every_short_last_piece(chunk):
+    """The rule the Megatron adapter declares (its max_tokens rounding; no prefill_chunk) gives 1..d_conv."""
+    from hybridqual.adapters.megatron.adapter import MegatronRoundedAdapter
+    rule = MegatronRoundedAdapter.capabilities("cpu").step_rule
+    assert rule.budget(4 * chunk + 8) % 64 == 0 and not rule.uses_prefill_chunk
+    inst = scenarios.instantiate_one("piece_tails", Units(chunk, 96, rule=rule))
+    assert set(inst.shape["last_pieces"].values()) == {1, 2, 3, 4} and inst.shape["unreachable"] == []
+
+
+def test_prefix_lru_hits_land_on_the_engines_cache_blocks():
+    rule = StepRule("blocks", mamba_block=16, attention_block=32)
+    inst = scenarios.instantiate_one("prefix_lru", Units(8, 96, rule=rule))
+    assert inst.trace.engine.prefix_cache.block_size == 32
+    assert len(inst.trace.request("h1").prompt) == 32 + 1             # a hit then a 1-token suffix
+    ours = scenarios.instantiate_one("prefix_lru", Units(8, 96))
+    assert ours.trace.engine.prefix_cache.block_size == 8

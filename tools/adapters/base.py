@@ -14,6 +14,8 @@ from typing import ClassVar
 
 import torch
 
+from hybridqual.scenarios.step_rule import StepRule
+
 
 def installed_version(dist: str) -> str:
     """The installed distribution's version, or "(not installed)" (a checkout used through PYTHONPATH)."""
@@ -54,6 +56,9 @@ class Capabilities:
     piece_granularities: tuple[int, ...] = ()     # the engine's own piece rule: the block sizes / budget roundings its
                                                   # scheduler cuts prefill at; the engine-aware scenarios put prompts
                                                   # = 1 mod each (tools/scenarios/boundaries.py) beside the defaults
+    step_rule: StepRule | None = None             # how the engine forms a step (budget rounding, pieces, cache
+                                                  # blocks): piece_tails is instantiated under it; None: unknown
+                                                  # (qualify --engine-budget sets one; else ours is assumed)
     notes: tuple[tuple[str, str], ...] = ()       # (capability, why it is missing), quoted in skip reasons
 
     def why_not(self, what: str, default: str) -> str:

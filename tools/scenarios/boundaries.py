@@ -107,7 +107,8 @@ def prefix_lru(u: Units, tok: Tokens) -> dict:
     C, D = u.chunk, u.d_conv
     if C < MIN_CHUNK:
         raise Skip(f"chunk_size {C} < {MIN_CHUNK}: suffixes of 1..d_conv tokens are not shorter than a block")
-    x1, x2, x3 = small(0, C), small(1, C), small(2, C)           # ids < 16: one concrete trace for every shipped model
+    K = (u.rule or OURS).cache_block(C)       # the engine's cache blocks (Mamba, KV): hits land on multiples of all
+    x1, x2, x3 = small(0, K), small(1, K), small(2, K)           # ids < 16: one concrete trace for every shipped model
     t = lambda i, n: small(4 + i, n)                                        # noqa: E731 - distinct tails
     reqs = [request("s1", 0, tok(x1 + t(0, 2)), 2),      # stores X1 (seq 1)
             request("s2", 2, tok(x2 + t(1, 3)), 2),      # stores X2 (seq 2, newer)
@@ -116,7 +117,8 @@ def prefix_lru(u: Units, tok: Tokens) -> dict:
             request("h1b", 8, tok(x1 + t(4, 2)), 2),    # hits X1 (a cache that never touched it on a hit misses)
             request("h3b", 8, tok(x3 + t(5, 1)), 2),    # hits X3 in the same step; suffix 1
             request("h2b", 8, tok(x2 + t(6, D)), 2)]    # misses (X2 was evicted), stores it again
-    return {**trace(f"Prefix cache, block {C} (= chunk), capacity 2: s1 stores X1, s2 stores X2 later, h1 hits X1 "
+    what = "= chunk" if K == C else "a multiple of the chunk and of the engine's cache blocks"
+    return {**trace(f"Prefix cache, block {K} ({what}), capacity 2: s1 stores X1, s2 stores X2 later, h1 hits X1 "
                     "after that newer store (last use X1 > X2 while store order is X1 < X2), s3's store evicts the "
                     "least recently used, X2; then h1b and h3b hit X1 and X3 in one admission step (each must "
                     "restore its own checkpoint) and h2b misses and stores X2 again. Suffixes after a hit are 1 "
@@ -124,7 +126,7 @@ def prefix_lru(u: Units, tok: Tokens) -> dict:
                     "finishes: the schedule and the cache's hits, stores and evictions are model-independent.",
                     3, 3 * C, 2 * C, "legacy", reqs),
             "engine": {"max_requests": 3, "max_tokens_per_step": 3 * C, "prefill_chunk": 2 * C, "mode": "legacy",
-                       "prefix_cache": {"block_size": C, "capacity": 2}}}
+                       "prefix_cache": {"block_size": K, "capacity": 2}}}
 
 
 DECODE_ROWS = 8                           # max_requests: buckets 1, 2, 4, 8 pad 3, 5, 6 and 7 live rows
