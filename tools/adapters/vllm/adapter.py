@@ -96,9 +96,14 @@ class VLLMAdapter(TraceAdapter):
     @classmethod
     def options_problem(cls, options: EngineOptions) -> str | None:
         bad = super().options_problem(options)
-        if bad is None and settings_of(options).async_scheduling:
+        s = settings_of(options)
+        if bad is None and s.async_scheduling:
             return ("vLLM refuses async scheduling on CPU: vllm/platforms/cpu.py:329-331 sets "
                     "scheduler_config.async_scheduling = False ('async scheduling is not required on CPU')")
+        if bad is None and s.mamba_ssm_cache_dtype != "float32" and torch.cpu._is_avx512_bf16_supported():
+            return (f"vLLM refuses mamba_ssm_cache_dtype={s.mamba_ssm_cache_dtype} on this CPU: "
+                    "vllm/platforms/cpu.py:302-320 resets it to float32 ('Reset SSM cache type to float32 for "
+                    "accelerated GDN mamba backend') on every CPU with AVX512-BF16, for every non-GDN Mamba model")
         return bad
 
     def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
