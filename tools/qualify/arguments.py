@@ -68,6 +68,12 @@ def parse_args(argv: list[str] | None, usage: str | None = None) -> argparse.Nam
                     help="the engine's own piece rule: block sizes / budget roundings its scheduler cuts prefill at "
                          "(vLLM's block size, SGLang's page size, a budget rounding); the engine-aware scenarios add "
                          "prompts = 1 mod each, beside the adapter's declared ones and the defaults (16, 64, chunk)")
+    ap.add_argument("--engine-budget", metavar="KEY=VALUE,...",
+                    help="the step rule of an engine the adapter does not declare one for (it replaces a declared "
+                         "one): keys of hybridqual.scenarios.step_rule.StepRule, e.g. 'budget_multiple=64,"
+                         "uses_prefill_chunk=false,chunk_aligned=false,no_one_token_remainder=true' (a budget-only "
+                         "engine rounding to 64); piece_tails is instantiated so prompts end with pieces of "
+                         "1..d_conv tokens under it")
     ap.add_argument("--configuration", nargs="+", metavar="NAME",
                     help="run the engine in these of its declared configurations ('default' for its defaults; "
                          "an unknown name is refused with the list): with --model/--trace, every instance in each; in the main job, "
@@ -94,6 +100,12 @@ def argument_problem(args, check_out: bool = True) -> str | None:
     bad = [g for g in args.piece_granularity if not 1 <= g <= 1 << 16]
     if bad:
         return f"--piece-granularity {bad[0]}: must be an integer in [1, 65536]"
+    if getattr(args, "engine_budget", None):
+        from hybridqual.scenarios.step_rule import parse_step_rule
+        try:
+            parse_step_rule(args.engine_budget)
+        except scenarios.ScenarioError as e:
+            return str(e)
     if args.scenario:
         unknown = [n for n in args.scenario if n not in scenarios.SCENARIOS]
         if unknown:

@@ -233,6 +233,11 @@ def _prefix_cache(ctx: CheckContext) -> Check | None:
     return qualify_check(ctx)
 
 
+def _shape(ctx: CheckContext) -> Check | None:
+    from hybridqual.qualify.shape_checks import check_shape            # instances that promise a shape
+    return check_shape(ctx)
+
+
 def _batch_invariant(ctx: CheckContext) -> Check | None:
     from hybridqual.qualify.invariance_checks import qualify_check    # batch-invariant engines
     return qualify_check(ctx)
@@ -266,6 +271,7 @@ PER_MODE: tuple[QualifyCheck, ...] = (
     QualifyCheck("batch_invariant", "{mode}: batch-invariant: each request alone gives the same tokens and logits, "
                  "bitwise", _batch_invariant),
     QualifyCheck("engine_facts", "{mode}: engine schedule facts", check_engine_facts),
+    QualifyCheck("shape", "{mode}: the short last pieces the step rule promises happened", _shape),
 )
 ACROSS_MODES: tuple[QualifyCheck, ...] = (
     QualifyCheck("modes_equal", "async == legacy, bitwise", check_modes_equal),
@@ -353,7 +359,7 @@ def check_instance(adapter: Engine | type[TraceAdapter], model_dir: Path, inst, 
         add(Check.skip(label, "scenario runs on this model", inst.skip_reason or "no concrete trace"))
         return checks
     ctx = context(adapter, model_dir, inst.trace, oracle_model, device, tau,
-                  truth or truth_for(model_dir, inst, oracle_model), label, modes)
+                  truth or truth_for(model_dir, inst, oracle_model), label, modes, shape=getattr(inst, "shape", None))
     proven = None       # request -> tokens shown to be the oracle's own (streamed truth)
     for mode in modes:
         started = progress.start(f"{label} · {mode}")

@@ -87,6 +87,7 @@ class CheckContext:
     mode: str | None = None             # per-mode checks: the mode judged
     run: RunResult | None = None        # per-mode checks: that mode's validated result
     runs: dict[str, RunResult] = field(default_factory=dict)   # across modes: every mode's validated result
+    shape: dict | None = None           # what the instance promises under the engine's step rule (Instance.shape)
     name: str = ""
 
     def __post_init__(self) -> None:

@@ -57,6 +57,14 @@ from hybridqual.qualify.steps import (RunInstance, apply_step, instance_from_fil
 DEFAULT_MODEL = goldens.MODELS / "tiny-sort"
 
 
+def engine_rule(args, engine: Engine):
+    """The engine's step rule the corpus is instantiated under: --engine-budget, else the adapter's declared
+    Capabilities.step_rule, else None (ours)."""
+    from hybridqual.scenarios.step_rule import parse_step_rule
+    spec = getattr(args, "engine_budget", None)
+    return parse_step_rule(spec) if spec else engine.capabilities(args.device).step_rule
+
+
 def engine_granularities(args, engine: Engine) -> tuple[int, ...]:
     """The engine's piece rule the corpus covers: the adapter's declared granularities and --piece-granularity."""
     return tuple(sorted({*engine.capabilities(args.device).piece_granularities, *args.piece_granularity}))
@@ -230,6 +238,7 @@ def run(args, engine: Engine, rank0: bool) -> int:
     """Run the plan, reporting as it goes; the exit code."""
     caps = engine.capabilities(args.device)
     args.granularities = engine_granularities(args, engine)
+    args.step_rule = engine_rule(args, engine)
     tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
     tau_source = "--tau" if args.tau is not None else \
         f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"
@@ -242,7 +251,8 @@ def run(args, engine: Engine, rank0: bool) -> int:
               "models": list(dict.fromkeys(str(m) for m, *_ in plan)), "tau": tau, "tau_source": tau_source,
               "configurations": list(dict.fromkeys(c or configs.DEFAULT for *_, c in plan)),
               "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(engine),
-              "jobs": args.jobs, "piece_granularities": list(args.granularities)}
+              "jobs": args.jobs, "piece_granularities": list(args.granularities),
+              "step_rule": args.step_rule.describe() if args.step_rule is not None else None}
     report = Report(args.out if rank0 else None, header)
     progress = Progress(args.quiet)
     print(f"hybridqual qualify: engine={args.engine} ({header['versions']['engine']}) device={args.device} "

@@ -126,14 +126,15 @@ def trace_file_instance(path: Path, config, model_dir: Path, skip_invalid: bool)
 
 
 def instances_for(model_dir: Path, config, names: list[str] | None, label: str,
-                  granularities: tuple[int, ...] = ()) -> list:
+                  granularities: tuple[int, ...] = (), rule=None) -> list:
     """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash;
-    `granularities`: the engine's piece rule (hybridqual.qualify.runner.engine_granularities)."""
+    `granularities`: the engine's piece rule (hybridqual.qualify.runner.engine_granularities); `rule`: its step
+    rule (hybridqual.qualify.runner.engine_rule)."""
     error = getattr(scenarios, "ScenarioError", ValueError)
     out = []
     for name in names if names is not None else list(scenarios.SCENARIOS):
         try:
-            out += scenarios.instantiate(model_dir, config, [name], granularities)
+            out += scenarios.instantiate(model_dir, config, [name], granularities, rule)
         except error as e:
             out.append(Check.of(label, f"scenario {name} instantiates", False, str(e)))
     return out
@@ -162,7 +163,7 @@ def plan_steps(args, plan) -> Iterator[Step]:
         else:
             try:
                 insts = instances_for(model_dir, oracle_model.config, names, model_dir.name,
-                                      getattr(args, "granularities", ()))
+                                      getattr(args, "granularities", ()), getattr(args, "step_rule", None))
             except (TraceError, OSError, ValueError) as e:
                 yield Exit(2, f"--scenario: {e}")
                 return

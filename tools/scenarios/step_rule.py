@@ -113,7 +113,10 @@ def parse_step_rule(text: str, name: str = "--engine-budget") -> StepRule:
                 values[key] = int(raw)
             except ValueError:
                 raise ScenarioError(f"{name} {key}: must be an integer, got {raw!r}") from None
-    return replace(OURS, name=name, **values)
+    try:
+        return replace(OURS, name=name, **values)
+    except ScenarioError as e:
+        raise ScenarioError(f"{name}: {e}") from None
 
 
 # ------------------------------------------------------------------------------------------------- simulation
