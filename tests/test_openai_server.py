@@ -104,7 +104,10 @@ def fake():
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(payload)
+            try:
+                self.wfile.write(payload)
+            except BrokenPipeError:        # the client gave up (a timeout test): nothing to answer
+                pass
 
         def do_GET(self):
             if self.path == "/v1/models":
@@ -406,9 +409,8 @@ def test_timeout_bounds_the_process_with_requests_in_flight(fresh, tmp_path):
                         "--in-process", "--timeout", "2", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     took = time.monotonic() - t0
-    assert p.returncode == 1 and "FAIL  legacy: instance finishes within --timeout" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 1 and "FAIL  instance finishes within --timeout" in p.stdout, p.stdout + p.stderr
     assert took < 45, took
-    assert any(f["sent_s"] for f in []) or True
 
 
 def test_qualify_cli_unreachable_is_a_fail_line(tmp_path, capsys):

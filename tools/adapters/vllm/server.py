@@ -256,6 +256,7 @@ class VLLMServerAdapter(OpenAIServerAdapter):
     """The `openai` adapter against a vLLM server this adapter starts (see the module docstring); its declared
     configurations are the server's feature flags (FEATURES), chosen by options.configuration."""
     OPTIONS: ClassVar[tuple[str, ...]] = ()      # no --base-url / --served-model: the server is its own
+    seen_is_whole: ClassVar[bool] = True         # only this process talks to the server it started
     launch: ClassVar[LaunchSettings] = LaunchSettings()
 
     @classmethod

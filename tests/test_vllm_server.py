@@ -1,0 +1,104 @@
+"""vLLM as served (`--engine vllm-server`): the real vLLM OpenAI server, started and stopped by qualify on 127.0.0.1,
+judged through the openai adapter on a zoo model vLLM's CPU backend runs (marker vllm; needs .venv-vllm from
+scripts/install-vllm.sh). Each run is one qualify subprocess, bounded; the server start-up dominates (minutes on a
+loaded small CPU box: $HYBRIDQUAL_VLLM_READY_TIMEOUT, default 300 s, raised here to 900 s)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
+MAMBA2 = ROOT / "goldens" / "models" / "zoo-mamba2"
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not VENV_PY.exists(), reason=f"{VENV_PY} missing (run scripts/install-vllm.sh)")]
+
+
+def qualify(out: Path, *argv: str, ready: int = 900, timeout: int = 2400,
+            env: dict | None = None) -> tuple[int, str, dict]:
+    """`hybridqual qualify --engine vllm-server ...` in a subprocess; (exit code, its output, {label: [(status,
+    name, detail)]})."""
+    e = dict(os.environ, HYBRIDQUAL_VLLM_READY_TIMEOUT=str(ready), **(env or {}))
+    p = subprocess.run([sys.executable, "-m", "hybridqual.qualify", "--engine", "vllm-server", "--mode", "legacy",
+                        "--out", str(out), *argv], cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    got: dict = {}
+    rep = out / "report.json"
+    if rep.exists():
+        for c in json.loads(rep.read_text())["checks"]:
+            got.setdefault(c["trace"], []).append((c["status"], c["name"], c["detail"]))
+    return p.returncode, p.stdout + p.stderr, got
+
+
+def pids(out: Path) -> list[int]:
+    """The server pids written at the head of each server log under --out."""
+    return [int(ln.split()[-1]) for log in sorted((out / "vllm-server").glob("*.log"))
+            for ln in log.read_text().splitlines() if ln.startswith("# pid ")]
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_vllm_server_passes_zoo_mamba2(tmp_path):
+    """A correct vLLM server: every check PASSes or SKIPs with its reason (tokens exact, top-k logprobs within the
+    bound), concurrent requests included; its log is under --out and the server is gone after qualify exits."""
+    out = tmp_path / "q"
+    rc, text, got = qualify(out, "--model", str(MAMBA2), "--scenario", "seed_compaction", "chunked_prefill")
+    assert rc == 0, text[-3000:]
+    for label, lines in got.items():
+        assert not [ln for ln in lines if ln[0] == "FAIL"], (label, lines)
+        assert any(n.startswith("legacy: tokens match the truth") and s == "PASS" for s, n, _ in lines), lines
+        assert any(n.startswith("legacy: server logprobs") and s == "PASS" for s, n, _ in lines), lines
+    assert pids(out) and all(gone(p) for p in pids(out))
+    assert "--host 127.0.0.1" in (out / "vllm-server" / "1-default.log").read_text()
+
+
+def test_vllm_server_not_ready_in_time_is_a_fail_naming_it(tmp_path):
+    """A 5 s ready bound (vLLM needs far longer): the instance FAILs naming the server and its log, which is
+    stopped."""
+    out = tmp_path / "q"
+    rc, text, got = qualify(out, "--model", str(MAMBA2), "--scenario", "seed_compaction", ready=5, timeout=300)
+    lines = got["zoo-mamba2/seed_compaction"]
+    assert rc == 1 and lines[0][0] == "FAIL", text[-2000:]
+    assert "the vLLM server (pid" in lines[0][2] and "was not ready within 5 s" in lines[0][2], lines
+    time.sleep(2)
+    assert all(gone(p) for p in pids(out))
+
+
+def test_vllm_server_killed_mid_run_fails_naming_it(tmp_path):
+    """The server killed (SIGKILL) while an instance's requests are in flight: that instance FAILs naming the dead
+    server; the next instance runs on a server started afresh and gets its own verdict."""
+    out = tmp_path / "q"
+    e = dict(os.environ, HYBRIDQUAL_VLLM_READY_TIMEOUT="900")
+    p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine", "vllm-server", "--mode", "legacy",
+                          "--model", str(MAMBA2), "--scenario", "long_context", "seed_compaction", "--out", str(out)],
+                         cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 1200
+        log = out / "vllm-server" / "1-default.log"
+        while not (log.exists() and "POST /v1/completions" in log.read_text()):
+            assert p.poll() is None and time.monotonic() < deadline, "the server never answered a completion"
+            time.sleep(0.5)
+        os.kill(pids(out)[0], 9)
+        text, _ = p.communicate(timeout=1800)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    got = {c["trace"]: c for c in json.loads((out / "report.json").read_text())["checks"]
+           if c["name"].startswith("legacy: engine runs") or c["name"].startswith("legacy: tokens match")}
+    first = got["zoo-mamba2/long_context"]
+    assert first["status"] == "FAIL" and "died (exit code -9)" in first["detail"], (first, text[-2000:])
+    second = got["zoo-mamba2/seed_compaction"]
+    assert second["status"] == "PASS", second
+    assert all(gone(pid) for pid in pids(out))
