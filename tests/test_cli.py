@@ -77,11 +77,17 @@ def test_a_new_module_with_a_main_is_found_without_editing_the_cli(tmp_path, mon
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "__main__.py").write_text("import sys\nfrom hybridqual.pkg.core import main\n")
     (tmp_path / "pkg" / "core.py").write_text('"""A packaged tool."""\n\ndef main(argv=None) -> int:\n    return 0\n')
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / "__init__.py").write_text("")
+    (tmp_path / "rel" / "__main__.py").write_text("from .run import main\nmain()\n")
+    (tmp_path / "rel" / "run.py").write_text('"""Imported relatively."""\n\ndef main(argv=None) -> int:\n    return 0\n')
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text('"""A package without __main__: not a tool."""\n')
     monkeypatch.setattr(cli, "PACKAGE_DIR", tmp_path)
     assert list(cli.benches()) == ["fresh"] and cli.benches()["fresh"].summary == "A new bench."
     tools = cli.tools()
     assert tools["newtool"].module == "newtool" and tools["pkg"].module == "pkg.core"
-    assert tools["pkg"].summary == "A packaged tool."
+    assert tools["pkg"].summary == "A packaged tool." and tools["rel"].module == "rel.run" and "lib" not in tools
 
 
 BAD = [  # (argv, the flag its error must name)

@@ -29,6 +29,7 @@ from hybridqual import paths
 NESTED = {"convert": "adapters.llamacpp.convert"}
 NOT_TOOLS = frozenset({"cli", "bench"})     # this dispatcher, and the bench group (its own registry)
 _MAIN = re.compile(r"^def main\(", re.M)
+PACKAGE_DIR = Path(__file__).resolve().parent      # hybridqual's folder (tools/ in a checkout)
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,6 @@ class Command:
     summary: str
 
 
-PACKAGE_DIR = Path(__file__).resolve().parent      # hybridqual's folder (tools/ in a checkout)
-
 
 def _source(module: str) -> str | None:
     """The source text of hybridqual.<module>, read without importing it or its packages (None when absent)."""
@@ -50,6 +49,7 @@ def _source(module: str) -> str | None:
 
 
 def _summary(src: str) -> str:
+    """The first line of a module's docstring (the listing's one-line description)."""
     doc = ast.get_docstring(ast.parse(src)) or ""
     return doc.strip().split("\n")[0]
 
@@ -64,7 +64,7 @@ def _main_module_of_package(name: str) -> str | None:
         return f"{name}.__main__"
     for node in ast.parse(src).body:
         if isinstance(node, ast.ImportFrom) and node.module and any(a.name == "main" for a in node.names):
-            return node.module.removeprefix(f"{__package__}.")
+            return f"{name}.{node.module}" if node.level else node.module.removeprefix(f"{__package__}.")
     return None
 
 
