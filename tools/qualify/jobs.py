@@ -119,6 +119,113 @@ def death_text(w: subprocess.Popen, code: int) -> str:
     return f"{how}; its stderr ended: {tail}"
 
 
+class Pool:
+    """The worker processes of one run: each takes the next instance when free; their messages are buffered per
+    task until the plan's walk reaches it. A worker that dies, or whose instance runs past args.timeout (it is then
+    killed), leaves a "died" message for its task, and a fresh worker takes the tasks left."""
+
+    def __init__(self, args, steps: list, tasks: list[int], tau: float, t0: float, cores: int) -> None:
+        self.args, self.steps, self.tau, self.t0 = args, steps, tau, t0
+        self.threads = max(1, cores // max(1, args.jobs))
+        self.timeout = getattr(args, "timeout", None)
+        self.inbox: queue.Queue = queue.Queue()
+        self.workers: dict[int, subprocess.Popen] = {}   # worker number -> process (a dead one gets a new number)
+        self.serial = iter(range(1 << 30))
+        self.todo, self.busy, self.started = deque(tasks), {}, {}
+        self.buffers = {k: deque() for k in tasks}
+
+    def spawn(self) -> int:
+        i = next(self.serial)
+        self.workers[i] = start_worker(self.args, self.threads)
+        threading.Thread(target=_reader, args=(i, self.workers[i], self.inbox), daemon=True).start()
+        return i
+
+    def assign(self, i: int) -> None:
+        """Worker i's next task, or the end of its input when none is left."""
+        w = self.workers[i]
+        if self.todo:
+            k = self.todo.popleft()
+            self.busy[i], self.started[i] = k, time.monotonic()
+            task = {"task": k, "t0": self.t0, "tau": self.tau, **self.steps[k].spec.to_json()}
+            try:
+                w.stdin.write(json.dumps(task) + "\n")
+                w.stdin.flush()
+            except OSError:                  # it died: its end-of-output marks task k a FAIL
+                pass
+        else:
+            try:
+                w.stdin.close()              # no more work: the worker exits at end of input
+            except OSError:
+                pass
+
+    def overdue(self) -> None:
+        now = time.monotonic()
+        for i, k in list(self.busy.items()):
+            w = self.workers[i]
+            if w.timed_out is None and now - self.started[i] > self.timeout:
+                w.timed_out = self.timeout
+                _kill(w)                     # its reader then sees the end of its output
+
+    def receive(self) -> None:
+        """One message (or a worker's end) from the inbox into its task's buffer."""
+        try:
+            i, line = self.inbox.get(timeout=1.0 if self.timeout else None)
+        except queue.Empty:
+            self.overdue()
+            return
+        if line is None:                     # a worker ended: its unfinished task is a FAIL, a new worker goes on
+            k = self.busy.pop(i, None)
+            w = self.workers.pop(i)
+            if k is not None:
+                code = w.wait()
+                w.stderr_reader.join(timeout=5)
+                self.buffers[k].append({"kind": "died", "text": death_text(w, code)})
+                if self.todo:
+                    self.assign(self.spawn())
+            return
+        try:
+            msg = json.loads(line)
+        except ValueError:                   # a stray line on the protocol: shown, never trusted
+            sys.stderr.write(f"qualify worker {self.workers[i].pid}: not a message: {line[:200]!r}\n")
+            return
+        self.buffers[msg["task"]].append(msg)
+        if msg["kind"] in ("done", "error"):
+            self.busy.pop(i, None)
+            self.assign(i)
+        if self.timeout:
+            self.overdue()
+
+    def next_message(self, k: int) -> dict:
+        while not self.buffers[k]:
+            self.receive()
+        return self.buffers[k].popleft()
+
+
+def apply_instance(pool: Pool, k: int, step: RunInstance, report, progress: Progress, on_check, counters: dict,
+                   count) -> None:
+    """Task k's messages, in order, until it is done or could not finish (a FAIL line; the run goes on)."""
+    while True:
+        msg = pool.next_message(k)
+        if msg["kind"] == "say":
+            progress.say(msg["line"])
+        elif msg["kind"] == "instance":
+            report.instance(msg["info"])
+        elif msg["kind"] == "check":
+            on_check(Check(**msg["check"]))
+        elif msg["kind"] in ("error", "died"):
+            timed_out = msg["kind"] == "died" and "--timeout" in msg["text"]
+            name = "instance finishes within --timeout" if timed_out else "instance runs to its end"
+            c = Check.of(step.label, name, False, ("the qualify worker raised: " if msg["kind"] == "error" else "")
+                         + msg["text"])
+            progress.check(c)
+            on_check(c)
+            count(counters, True, step.inst.family)
+            return
+        elif msg["kind"] == "done":
+            count(counters, msg["ran"], msg["family"])
+            return
+
+
 def run_parallel(args, steps, report, progress: Progress, on_check, counters: dict, count,
                  cores: int) -> int | None:
     """The plan's steps with instances on args.jobs workers, applied in order; None when done, else an exit code.
@@ -133,104 +240,17 @@ def run_parallel(args, steps, report, progress: Progress, on_check, counters: di
             if code is not None:
                 return code
         return None
-    threads = max(1, cores // max(1, args.jobs))
-    inbox: queue.Queue = queue.Queue()
-    workers: dict[int, subprocess.Popen] = {}     # worker number -> process (a dead one is replaced by a new number)
-    serial = iter(range(1 << 30))
-
-    def spawn() -> int:
-        i = next(serial)
-        workers[i] = start_worker(args, threads)
-        threading.Thread(target=_reader, args=(i, workers[i], inbox), daemon=True).start()
-        return i
-    todo, busy, started, buffers = deque(tasks), {}, {}, {k: deque() for k in tasks}
-    tau = report.header["tau"]
-    timeout = getattr(args, "timeout", None)
-
-    def assign(i: int) -> None:
-        w = workers[i]
-        if todo:
-            k = todo.popleft()
-            busy[i], started[i] = k, time.monotonic()
-            try:
-                w.stdin.write(json.dumps({"task": k, "t0": progress.t0, "tau": tau, **steps[k].spec.to_json()}) + "\n")
-                w.stdin.flush()
-            except OSError:                  # it died: its end-of-output marks task k a FAIL
-                pass
-        else:
-            try:
-                w.stdin.close()              # no more work: the worker exits at end of input
-            except OSError:
-                pass
-
-    def overdue() -> None:
-        now = time.monotonic()
-        for i, k in list(busy.items()):
-            w = workers[i]
-            if w.timed_out is None and now - started[i] > timeout:
-                w.timed_out = timeout
-                _kill(w)                     # its reader then sees the end of its output
-
-    def receive() -> None:
-        try:
-            i, line = inbox.get(timeout=1.0 if timeout else None)
-        except queue.Empty:
-            overdue()
-            return
-        if line is None:                     # a worker ended: its unfinished task is a FAIL, a new worker goes on
-            k = busy.pop(i, None)
-            w = workers.pop(i)
-            if k is not None:
-                code = w.wait()
-                w.stderr_reader.join(timeout=5)
-                buffers[k].append({"kind": "died", "text": death_text(w, code)})
-                if todo:
-                    assign(spawn())
-            return
-        try:
-            msg = json.loads(line)
-        except ValueError:                   # a stray line on the protocol: shown, never trusted
-            sys.stderr.write(f"qualify worker {workers[i].pid}: not a message: {line[:200]!r}\n")
-            return
-        buffers[msg["task"]].append(msg)
-        if msg["kind"] in ("done", "error"):
-            busy.pop(i, None)
-            assign(i)
-        if timeout:
-            overdue()
-
+    pool = Pool(args, steps, tasks, report.header["tau"], progress.t0, cores)
     try:
         for _ in range(min(args.jobs, len(tasks))):
-            assign(spawn())
+            pool.assign(pool.spawn())
         for k, step in enumerate(steps):
-            if not isinstance(step, RunInstance):
-                code = apply_step(step, report, progress, on_check)
-                if code is not None:
-                    return code
+            if isinstance(step, RunInstance):
+                apply_instance(pool, k, step, report, progress, on_check, counters, count)
                 continue
-            label = step.label
-            while True:
-                while not buffers[k]:
-                    receive()
-                msg = buffers[k].popleft()
-                if msg["kind"] == "say":
-                    progress.say(msg["line"])
-                elif msg["kind"] == "instance":
-                    report.instance(msg["info"])
-                elif msg["kind"] == "check":
-                    on_check(Check(**msg["check"]))
-                elif msg["kind"] in ("error", "died"):   # the instance could not finish: a FAIL line, the run goes on
-                    timed_out = msg["kind"] == "died" and "--timeout" in msg["text"]
-                    name = "instance finishes within --timeout" if timed_out else "instance runs to its end"
-                    c = Check.of(label, name, False, ("the qualify worker raised: " if msg["kind"] == "error" else "")
-                                 + msg["text"])
-                    progress.check(c)
-                    on_check(c)
-                    count(counters, True, step.inst.family)
-                    break
-                elif msg["kind"] == "done":
-                    count(counters, msg["ran"], msg["family"])
-                    break
+            code = apply_step(step, report, progress, on_check)
+            if code is not None:
+                return code
     finally:
-        stop_workers(list(workers.values()))
+        stop_workers(list(pool.workers.values()))
     return None
