@@ -102,3 +102,20 @@ def test_vllm_server_killed_mid_run_fails_naming_it(tmp_path):
     second = got["zoo-mamba2/seed_compaction"]
     assert second["status"] == "PASS", second
     assert all(gone(pid) for pid in pids(out))
+
+
+def test_mutated_vllm_server_fails(tmp_path):
+    """The mutated vLLM (hybridqual.adapters.vllm.mutant: a reused Mamba slot's SSM state not cleared) served:
+    qualify FAILs it on slot_exhaustion (slots reused), and the report names the mutant."""
+    subprocess.run([str(VENV_PY), "-m", "hybridqual.adapters.vllm.mutant", "build"], cwd=ROOT, check=True,
+                   capture_output=True, timeout=600)
+    out = tmp_path / "q"
+    e = dict(os.environ, HYBRIDQUAL_VLLM_READY_TIMEOUT="900")
+    p = subprocess.run([sys.executable, "-m", "hybridqual.qualify", "--engine", "vllm-server-mutant", "--mode",
+                        "legacy", "--model", str(ROOT / "goldens" / "models" / "zoo-granite_hd32"), "--scenario",
+                        "slot_exhaustion", "--out", str(out)], cwd=ROOT, env=e, capture_output=True, text=True,
+                       timeout=2400)
+    rep = json.loads((out / "report.json").read_text())
+    assert p.returncode == 1 and "MUTANT" in json.dumps(rep.get("versions")), p.stdout[-3000:]
+    fails = [c for c in rep["checks"] if c["status"] == "FAIL"]
+    assert fails and not any("engine runs the trace" in c["name"] for c in fails), fails

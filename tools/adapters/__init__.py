@@ -67,6 +67,7 @@ ENGINES: dict[str, str] = {
     "llamacpp-mutant": "llamacpp.mutant:LlamaCppMutantAdapter",
     "openai": "openai:OpenAIServerAdapter",
     "vllm-server": "vllm.server:VLLMServerAdapter",
+    "vllm-server-mutant": "vllm.server:VLLMServerMutantAdapter",
     "vllm": "vllm.adapter:VLLMAdapter", "vllm-mutant": "vllm.mutant:VLLMMutantAdapter",
 }
 

@@ -20,6 +20,7 @@ last death), so every instance gets a verdict. With qualify --jobs N each worker
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import signal
 import socket
@@ -281,6 +282,11 @@ class VLLMServerAdapter(OpenAIServerAdapter):
     def configurations(cls) -> tuple[Configuration, ...]:
         return tuple(Configuration(name, reach, why) for name, (_, why, reach) in FEATURES.items())
 
+    @classmethod
+    def launch_settings(cls) -> LaunchSettings:
+        """How this engine's server is started (a variant overrides it, e.g. the mutant's PYTHONPATH)."""
+        return cls.launch
+
     def __init__(self, model_path, trace, mode: str, device: str = "cpu",
                  options: EngineOptions = DEFAULT_OPTIONS) -> None:
         if options.base_url or options.served_model:
@@ -288,8 +294,27 @@ class VLLMServerAdapter(OpenAIServerAdapter):
                               "--engine openai for a server you started)")
         name = options.configuration
         flags = FEATURES[name][0] if name in FEATURES else ()
-        self.server = SERVERS.get(Path(model_path), flags, self.launch, name or "default")
+        self.server = SERVERS.get(Path(model_path), flags, self.launch_settings(), name or "default")
         super().__init__(model_path, trace, mode, device, options.replace(base_url=self.server.url))
 
     def server_problem(self) -> str | None:
         return self.server.problem()
+
+
+class VLLMServerMutantAdapter(VLLMServerAdapter):
+    """`--engine vllm-server-mutant`: the server run on the mutated vLLM (hybridqual.adapters.vllm.mutant: its site
+    folder first on the server's PYTHONPATH), which qualify must FAIL."""
+
+    @classmethod
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
+        from hybridqual.adapters.vllm import mutant
+        return f"MUTANT ({mutant.DEFECT['name']}: {mutant.DEFECT['what']}); " + super().version(options)
+
+    @classmethod
+    def launch_settings(cls) -> LaunchSettings:
+        from hybridqual.adapters.vllm import mutant
+        if mutant.status() is None:
+            raise ServerError(f"the vLLM mutant is not built at {mutant.mutant_dir()}: run .venv-vllm/bin/python -m "
+                              "hybridqual.adapters.vllm.mutant build")
+        path = os.pathsep.join(p for p in (str(mutant.site_dir()), os.environ.get("PYTHONPATH", "")) if p)
+        return dataclasses.replace(cls.launch, env=cls.launch.env + (("PYTHONPATH", path),))
