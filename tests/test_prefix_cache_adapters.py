@@ -16,8 +16,9 @@ import oracle  # noqa: E402
 from broken_engines import CacheReportingEngine, InertCacheEngine, SilentCacheEngine  # noqa: E402
 from oracle.trace import load_trace  # noqa: E402
 from hybridqual.adapters import OracleAdapter  # noqa: E402
-from hybridqual.qualify.prefix_checks import (NO_FACTS, CacheEvents, FactsError, adapter_runner, prefix_cache_checks,  # noqa: E402
-                                 qualify_check)
+from hybridqual.qualify.checks import context, run_check  # noqa: E402
+from hybridqual.qualify.prefix_checks import (NO_FACTS, CacheEvents, FactsError, adapter_runner,  # noqa: E402
+                                              prefix_cache_checks)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "goldens" / "models" / "zoo-bamba"
@@ -50,12 +51,16 @@ def test_external_engine_reporting_nothing_is_skipped_with_the_reason(oracle_mod
     assert policy.status == "SKIP" and NO_FACTS in policy.detail
 
 
+def cache_line(cls, trace, run, oracle_model):
+    """qualify's prefix-cache line for `run` of adapter `cls` (mode legacy), from the registry as qualify runs it."""
+    return run_check("prefix_cache", context(cls, MODEL, trace, oracle_model, label="m/t", mode="legacy", run=run))
+
+
 def test_qualify_line_judges_the_reported_facts(oracle_model):
     """qualify's per-mode line: PASS on correct facts, FAIL on an inert cache or on a declared but missing
     report, SKIP without the capability; None on a trace without a prefix cache."""
     def line(cls):
-        run = cls(MODEL, TRACE, "legacy").run_trace()
-        return qualify_check("m/t", "legacy", TRACE, run, oracle_model, cls.capabilities("cpu"))
+        return cache_line(cls, TRACE, cls(MODEL, TRACE, "legacy").run_trace(), oracle_model)
     good, inert, silent = line(CacheReportingEngine), line(InertCacheEngine), line(SilentCacheEngine)
     assert good.status == "PASS" and good.name == "legacy: prefix cache events as the policy predicts"
     assert inert.status == "FAIL" and "0 of 3 expected hits" in inert.detail
@@ -66,7 +71,7 @@ def test_qualify_line_judges_the_reported_facts(oracle_model):
     liar = line(Liar)
     assert liar.status == "FAIL" and "returned no RunResult.prefix_cache" in liar.detail
     plain = load_trace(ROOT / "goldens" / "traces" / "seed_compaction.json")
-    assert qualify_check("m/t", "legacy", plain, None, oracle_model, None) is None
+    assert cache_line(CacheReportingEngine, plain, None, oracle_model) is None
 
 
 def test_qualify_line_replays_the_policy_with_the_engines_tokens_and_fails_outputs_no_schedule_produces(oracle_model):
@@ -75,16 +80,15 @@ def test_qualify_line_replays_the_policy_with_the_engines_tokens_and_fails_outpu
     max_new_tokens breaks the finish rule, which FAILs naming it."""
     import dataclasses
     run = CacheReportingEngine(MODEL, TRACE, "legacy").run_trace()
-    caps = CacheReportingEngine.capabilities("cpu")
     req = max(TRACE.requests, key=lambda r: r.max_new_tokens)
     stops = set(req.stop_token_ids)
     other = next(t for t in range(1, 50) if t not in stops and t != run.tokens[req.id][-1])
     changed = dict(run.tokens, **{req.id: run.tokens[req.id][:-1] + [other]})
     assert len(changed[req.id]) == req.max_new_tokens and not stops      # finished by length: still well-formed
-    ok = qualify_check("m/t", "legacy", TRACE, dataclasses.replace(run, tokens=changed), oracle_model, caps)
+    ok = cache_line(CacheReportingEngine, TRACE, dataclasses.replace(run, tokens=changed), oracle_model)
     assert ok.status == "PASS", ok.detail
     longer = dict(run.tokens, **{req.id: run.tokens[req.id] + [other] * (req.max_new_tokens + 1)})
-    bad = qualify_check("m/t", "legacy", TRACE, dataclasses.replace(run, tokens=longer), oracle_model, caps)
+    bad = cache_line(CacheReportingEngine, TRACE, dataclasses.replace(run, tokens=longer), oracle_model)
     assert bad.status == "FAIL" and "break the finish rule" in bad.detail, bad.detail
 
 
