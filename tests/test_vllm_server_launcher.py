@@ -93,12 +93,19 @@ def test_launched_server_passes_with_its_log_under_out(fake_env):
 
 
 def test_server_exiting_at_start_is_a_fail_naming_it(fake_env, monkeypatch):
+    """A server that exits at start-up (vLLM refusing a model or a flag): the instance FAILs naming it with its
+    log's tail; the next instance FAILs with the same reason at once, without a second start."""
     monkeypatch.setenv("FAKE_VLLM_MODE", "exit")
-    rc, got = qualify_here(fake_env / "q", ["seed_compaction"])
+    again = fake_env / "seed_again.json"
+    again.write_text((TRACES / "seed_compaction.json").read_text())
+    rc, got = qualify_here(fake_env / "q", ["seed_compaction", again])
     (status, name, detail), = got["tiny-sort/seed_compaction"]
     assert rc == 1 and status == "FAIL" and "engine runs the trace" in name
     assert "the vLLM server (pid" in detail and "exited with code 3 before it was ready" in detail
     assert "this model cannot be served (fake)" in detail
+    (status, _, detail2), = got["tiny-sort/seed_again"]
+    assert status == "FAIL" and detail2.startswith("ServerError: not started again: the vLLM server (pid")
+    assert [p.name for p in (fake_env / "q" / "vllm-server").glob("*.log")] == ["1-default.log"]
 
 
 def test_server_not_ready_in_time_is_a_fail_naming_it(fake_env, monkeypatch):

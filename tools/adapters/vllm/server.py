@@ -15,8 +15,9 @@ started it dies). The requests, checks and answer validation are the `openai` ad
 One server at a time (the one whose flags the instance needs; another configuration's is stopped first), reused by
 every instance of the run. A server that does not come up (exits, or is not ready in time) is a FAIL naming it with
 its log's tail; one that dies mid-run fails the instance in flight naming it (exit code, log tail), and is started
-afresh for the instances left (at most `max_starts` starts a run, then each remaining instance FAILs naming the
-last death), so every instance gets a verdict. With qualify --jobs N each worker process runs its own server.
+afresh for the instances left (at most `max_restarts` times a run, then each remaining instance FAILs naming the
+last death), so every instance gets a verdict; a server that did not start is not tried again for the same flags
+(each later instance FAILs with the same reason at once). With qualify --jobs N each worker process runs its own server.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class LaunchSettings:
     ready_timeout: float = float(os.environ.get("HYBRIDQUAL_VLLM_READY_TIMEOUT", "300"))
     stop_timeout: float = 30.0
     log_dir: Path | None = None
-    max_starts: int = 3                        # server starts per run (the first and restarts after deaths)
+    max_restarts: int = 2                      # starts after a death, per run
     env: tuple[tuple[str, str], ...] = ()      # more environment for the server (e.g. a PYTHONPATH that shadows
                                                # the installed vllm package with a mutated copy)
 
@@ -213,29 +214,41 @@ class Servers:
 
     def __init__(self) -> None:
         self.current: VLLMServer | None = None
-        self.starts = 0
+        self.starts = 0                       # servers started this run (numbers the logs)
+        self.restarts = 0                     # of them, starts after a death
         self.last_death: str | None = None
+        self.failed: dict[tuple, str] = {}    # (model, flags) -> why it did not start: not tried again
         self.lock = threading.Lock()
 
     def get(self, model: Path, flags: tuple[str, ...], settings: LaunchSettings, label: str) -> VLLMServer:
         """The running server for (model, flags), started if needed (another one stopped first); a ServerError
-        naming the server when it cannot start, or when the run's starts are spent after deaths."""
+        naming the server when it cannot start (said again, without a new attempt, for later instances), or when
+        the run's restarts after deaths are spent."""
+        key = (str(Path(model).resolve()), flags)
         with self.lock:
+            if key in self.failed:
+                raise ServerError(f"not started again: {self.failed[key]}")
             cur = self.current
-            if cur is not None and cur.model.resolve() == Path(model).resolve() and cur.flags == flags:
+            restart = False
+            if cur is not None and (str(cur.model.resolve()), cur.flags) == key:
                 if cur.alive():
                     return cur
-                self.last_death = cur.problem()
+                self.last_death, restart = cur.problem(), True
             if cur is not None:
                 cur.stop()
                 self.current = None
-            if self.starts >= settings.max_starts:
-                raise ServerError(f"not started again: {settings.max_starts} vLLM server starts this run are spent"
-                                  + (f"; the last one: {self.last_death}" if self.last_death else ""))
+            if restart and self.restarts >= settings.max_restarts:
+                raise ServerError(f"not started again: {settings.max_restarts} restarts after a death are spent "
+                                  f"this run; the last death: {self.last_death}")
             self.starts += 1
+            self.restarts += restart
             out = settings.log_dir or Path(os.environ.get("HYBRIDQUAL_QUALIFY_OUT", "out")) / "vllm-server"
             srv = VLLMServer(model, flags, settings, Path(out) / f"{self.starts}-{label}.log")
-            srv.start()
+            try:
+                srv.start()
+            except ServerError as e:
+                self.failed[key] = str(e)
+                raise
             self.current = srv
             return srv
 
@@ -248,7 +261,7 @@ class Servers:
     def reset(self) -> None:
         """Stop the server and forget the run's counts (a new run in this process)."""
         self.stop_all()
-        self.starts, self.last_death = 0, None
+        self.starts, self.restarts, self.last_death, self.failed = 0, 0, None, {}
 
 
 SERVERS = Servers()
