@@ -24,6 +24,9 @@ of class attributes and a module global that tests and benches used to flip.
     spec_device_drafts  ngram / draft proposals on the device inside the padded / graphed decode loop (no host
                      sync; fastpath/engine/spec_device.py). Off by default: at low acceptance every decode-loop
                      step becomes a verify step at the room's width (docs/engine.md, "Device proposals")
+    state_dtype      the state bank's conv windows and SSM states (DESIGN §20): "float32" (the default), "float16"
+                     or "bfloat16"; the state is rounded where it is written back, arithmetic stays in fp32. An
+                     engine run so declares it and is judged with constants measured for it
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 
 BACKENDS = ("triton", "torch")
+STATE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class OptionsError(TypeError, ValueError):
@@ -53,13 +57,16 @@ class FastOptions:
     batch_invariant: bool = False
     spec_replay: bool = False
     spec_device_drafts: bool = False
+    state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or self.backend not in BACKENDS:
             raise OptionsError(f"options.backend: {self.backend!r} is not one of {BACKENDS}")
+        if not isinstance(self.state_dtype, str) or self.state_dtype not in STATE_DTYPES:
+            raise OptionsError(f"options.state_dtype: {self.state_dtype!r} is not one of {STATE_DTYPES}")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name != "backend" and not isinstance(v, bool):
+            if f.name not in ("backend", "state_dtype") and not isinstance(v, bool):
                 raise OptionsError(f"options.{f.name}: must be True or False, got {type(v).__name__} {v!r}")
 
     def replace(self, **changes) -> "FastOptions":

@@ -48,6 +48,7 @@ class StepRecord:
     moves: list[dict[str, Any]] = field(default_factory=list)     # {"from_row", "to_row", "request", "slot"}
     row_to_slot: list[int] = field(default_factory=list)
     verify: list[dict[str, Any]] | None = None    # {"request", "accepted"}: only in steps with verify rows
+    preempt: list[dict[str, Any]] | None = None   # DESIGN §18: {"request", "row", "slot", "generated", "moves"}
     # prefix cache events (docs/scheduler.md §9); in the JSON only when the log's run had a prefix cache
     cache: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"hits": [], "stored": [], "evicted": []})
 
@@ -58,6 +59,8 @@ class StepRecord:
                "free": list(self.free), "moves": list(self.moves), "row_to_slot": list(self.row_to_slot)}
         if self.verify is not None:
             out["verify"] = list(self.verify)
+        if self.preempt is not None:
+            out["preempt"] = list(self.preempt)
         return out
 
 
@@ -114,7 +117,8 @@ def from_json(obj: dict[str, Any]) -> ScheduleLog:
         batch = [BatchRow(b["row"], b["request"], b["slot"], b["kind"], b["pos"], b["count"], b.get("proposals"))
                  for b in s["batch"]]
         steps.append(StepRecord(s["step"], s["overlap"], list(s["admit"]), batch, list(s["sampled"]),
-                                list(s["free"]), list(s["moves"]), list(s["row_to_slot"]), s.get("verify")))
+                                list(s["free"]), list(s["moves"]), list(s["row_to_slot"]), s.get("verify"),
+                                s.get("preempt")))
         if "prefix_cache" in s:
             steps[-1].cache = {k: list(v) for k, v in s["prefix_cache"].items()}
     return ScheduleLog(obj["mode"], steps, any("prefix_cache" in s for s in obj["steps"]))

@@ -34,10 +34,21 @@ class RequestState:
     model_state: Any = None         # the oracle model's per-request state (None = zeroed / fresh)
     admitted: bool = False
     finish_reason: str | None = None
+    ctx: tuple[int, ...] | None = None   # the tokens its prefill computes: the prompt, + the output when resumed
+    admit_seq: int = 0                   # admission order (DESIGN §18 victim rule)
+
+    @property
+    def prefill_tokens(self) -> tuple[int, ...]:
+        return self.req.prompt if self.ctx is None else self.ctx
 
     @property
     def prefilling(self) -> bool:
-        return self.done < len(self.req.prompt)
+        return self.done < len(self.prefill_tokens)
+
+    @property
+    def held(self) -> int:
+        """KV positions the request holds (DESIGN §18): what it prefilled, or every token fed so far."""
+        return self.done if self.prefilling else len(self.req.prompt) + len(self.output) - 1
 
 
 @dataclass
@@ -127,6 +138,8 @@ class Scheduler:
         self.pending: Pending | None = None
         self.log = ScheduleLog(mode)
         self.k = 0
+        self.kv = trace.engine.kv_tokens                 # DESIGN §18: the KV budget (None: nothing preempts)
+        self._seq = 0
         self.spec = None
         if trace.engine.speculative is not None:          # DESIGN §13: proposals, verify rows
             from .speculative import SpecRunner
@@ -235,10 +248,17 @@ class Scheduler:
         for st in self.waiting(k):
             if not self.free_slots:
                 return
+            ctx = tuple(st.req.prompt) + tuple(st.output)        # a resumed request recomputes its output too
+            if self.kv is not None and self.held_total() + len(ctx) > self.kv:
+                return                                          # DESIGN §18: admission within the KV budget
             slot, row = self.free_slots.pop(), self.active
             self.rows[row], self.row_to_slot[row] = st.req.id, slot
-            st.admitted, st.model_state = True, None            # zeroed slot = fresh per-request state
+            st.admitted, st.model_state, st.done, st.ctx = True, None, 0, ctx   # zeroed slot = fresh state
+            self._seq += 1
+            st.admit_seq = self._seq
             rec.admit.append({"request": st.req.id, "row": row, "slot": slot})
+            if st.output:
+                rec.admit[-1]["resumed"] = len(st.output)
             if self.cache is not None:
                 self.cache.admit(st, rec, k)                    # longest hit: restored state, done = p
 
@@ -255,12 +275,36 @@ class Scheduler:
         used = sum(b.count for b in batch)               # a verify row costs its m+1 tokens
         for r, st in live:
             if st.prefilling:
-                n = piece_length(st.done, len(st.req.prompt), self.budget - used, self.prefill_chunk,
+                n = piece_length(st.done, len(st.prefill_tokens), self.budget - used, self.prefill_chunk,
                                  self.chunk_size)         # a prefix cache cuts nothing (DESIGN §12)
                 if n > 0:
                     batch.append(BatchRow(r, st.req.id, self.row_to_slot[r], "prefill", st.done, n))
                     used += n
         return batch
+
+    def held_total(self) -> int:
+        """KV positions all live requests hold (DESIGN §18)."""
+        return sum(self.requests[rid].held for rid in self.rows if rid is not None)
+
+    def need(self, batch: list[BatchRow]) -> int:
+        """KV positions the live requests hold after this batch: a row's end position, else what it holds."""
+        ends = {b.request: b.pos + b.count for b in batch}
+        return sum(ends.get(rid, self.requests[rid].held) for rid in self.rows if rid is not None)
+
+    def preempt(self, rec: StepRecord) -> None:
+        """DESIGN §18 by recompute: the live request admitted last gives its slot back (its state dropped, its output
+        kept), rows compact, and it waits in its arrival place to prefill prompt + output again."""
+        live = [rid for rid in self.rows if rid is not None]
+        rid = max(live, key=lambda r: self.requests[r].admit_seq)
+        row = self.rows.index(rid)
+        st, slot = self.requests[rid], self.row_to_slot[row]
+        self.free_slots.append(slot)
+        self.rows[row], self.row_to_slot[row] = None, -1
+        st.admitted, st.model_state, st.done = False, None, 0
+        if rec.preempt is None:
+            rec.preempt = []
+        rec.preempt.append({"request": rid, "row": row, "slot": slot, "generated": len(st.output),
+                            "moves": self.compact([])})
 
     def overlap_batch(self, prev: Pending) -> list[BatchRow]:
         """Async overlapped launch: every current row decodes the token step `prev` left in the device buffer."""
@@ -282,7 +326,7 @@ class Scheduler:
             if b.kind == "prefill":
                 logits, st.model_state = (passed[b.row] if b.row in passed else
                                           self.cache.prefill(self.model, st, b) if self.cache is not None else
-                                          self.model.prefill(list(st.req.prompt[b.pos:b.pos + b.count]),
+                                          self.model.prefill(list(st.prefill_tokens[b.pos:b.pos + b.count]),
                                                              st.model_state))
                 st.done = b.pos + b.count
                 if st.prefilling:
@@ -310,7 +354,7 @@ class Scheduler:
         for b in plain:
             st = self.requests[b.request]
             if b.kind == "prefill":
-                segments.append(Segment(list(st.req.prompt[b.pos:b.pos + b.count]), st.model_state, "chunked"))
+                segments.append(Segment(list(st.prefill_tokens[b.pos:b.pos + b.count]), st.model_state, "chunked"))
             else:
                 token = inputs[b.row] if b.row in inputs else st.output[-1]
                 segments.append(Segment([token], st.model_state, "recurrence"))
@@ -324,6 +368,7 @@ class Scheduler:
                 and not self.waiting(k)
                 and (self.spec is None or self.spec.overlappable(p.batch))   # §10: only steps backoff pauses
                 and (self.cache is None or not self.cache.blocks_overlap(p.batch))   # DESIGN §17
+                and self.kv is None                                                   # DESIGN §18: builds decide
                 and not any(self.requests[rid].prefilling for rid in self.rows if rid is not None))
 
     def launch_overlapped(self, rec: StepRecord) -> None:
@@ -358,6 +403,9 @@ class Scheduler:
             self.log.steps.append(rec)
             self.admit(self.k, rec)
             rec.batch = self.build_batch()
+            while self.kv is not None and self.need(rec.batch) > self.kv:      # DESIGN §18: preempt, rebuild
+                self.preempt(rec)
+                rec.batch = self.build_batch()
             if rec.batch:
                 self.pending = Pending(self.k, rec.batch, rec, self.forward_and_sample(rec.batch, {}))
                 if self.cache is not None:

@@ -85,6 +85,7 @@ class EngineConfig:
     mode: str = "legacy"
     speculative: Any = None          # oracle.speculative.SpecConfig, or None (DESIGN §13)
     prefix_cache: PrefixCacheConfig | None = None     # None: no prefix cache (the field is absent from the JSON)
+    kv_tokens: int | None = None     # DESIGN §18: positions the KV cache holds over all live requests (preemption)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -94,6 +95,8 @@ class EngineConfig:
             out["speculative"] = self.speculative.to_json()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.to_json()
+        if self.kv_tokens is not None:
+            out["kv_tokens"] = self.kv_tokens
         return out
 
 
@@ -244,7 +247,8 @@ def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
 
 
 def _parse_engine(obj: Any) -> EngineConfig:
-    _keys(obj, "engine", None, {"max_requests", "max_tokens_per_step", "prefill_chunk"}, {"mode", "speculative", "prefix_cache"})
+    _keys(obj, "engine", None, {"max_requests", "max_tokens_per_step", "prefill_chunk"}, {"mode", "speculative", "prefix_cache",
+                                                                                          "kv_tokens"})
     spec = None
     if "speculative" in obj:
         from .speculative import parse_speculative
@@ -255,7 +259,7 @@ def _parse_engine(obj: Any) -> EngineConfig:
         pc = PrefixCacheConfig(pc["block_size"], pc["capacity"], pc.get("store_decoded", False))   # checked below
     return validate_engine_config(EngineConfig(obj["max_requests"], obj["max_tokens_per_step"],
                                                obj["prefill_chunk"], obj.get("mode", "legacy"), spec,
-                                               prefix_cache=pc))
+                                               prefix_cache=pc, kv_tokens=obj.get("kv_tokens")))
 
 
 # ------------------------------------------------------------------------------------- the one shared validator
@@ -287,7 +291,19 @@ def validate_engine_config(ec: Any, where: str = "engine") -> EngineConfig:
     return EngineConfig(_int_value(ec.max_requests, f"{where}.max_requests", None, 1, MAX_REQUESTS + 1),
                         _int_value(ec.max_tokens_per_step, f"{where}.max_tokens_per_step", None, 1),
                         _int_value(ec.prefill_chunk, f"{where}.prefill_chunk", None, 1), ec.mode,
-                        ec.speculative, prefix_cache=_check_prefix_cache(ec.prefix_cache, f"{where}.prefix_cache"))
+                        ec.speculative, prefix_cache=_check_prefix_cache(ec.prefix_cache, f"{where}.prefix_cache"),
+                        kv_tokens=_check_kv_tokens(ec, where))
+
+
+def _check_kv_tokens(ec: EngineConfig, where: str) -> int | None:
+    """None, or the KV budget of DESIGN §18 (an int >= 1; not combined with speculation or a prefix cache)."""
+    if ec.kv_tokens is None:
+        return None
+    kv = _int_value(ec.kv_tokens, f"{where}.kv_tokens", None, 1)
+    if ec.speculative is not None or ec.prefix_cache is not None:
+        raise TraceError(f"{where}.kv_tokens", "preemption (DESIGN §18) is not combined with speculative or "
+                         "prefix_cache")
+    return kv
 
 
 def _check_prefix_cache(pc: Any, where: str) -> PrefixCacheConfig | None:
@@ -407,6 +423,10 @@ def check_against_model(trace: Trace, vocab_size: int, chunk_size: int, max_posi
         seen.add(r.id)
         requests.append(r)
     out = Trace(engine, tuple(requests), trace.description)
+    for i, r in enumerate(requests):                        # DESIGN §18: a request alone always fits the KV budget
+        if engine.kv_tokens is not None and len(r.prompt) + r.max_new_tokens > engine.kv_tokens:
+            raise TraceError(f"requests[{i}].max_new_tokens", f"prompt + max_new_tokens = "
+                             f"{len(r.prompt) + r.max_new_tokens} exceeds engine.kv_tokens {engine.kv_tokens}", r.id)
     if engine.speculative is not None:                      # DESIGN §13: budget, scripted ids, draft vocab
         from .speculative import check_speculative
         check_speculative(out, vocab_size, chunk_size)

@@ -45,10 +45,21 @@ class RequestState:
     done: int = 0                     # prompt tokens prefilled so far
     admitted: bool = False
     finish_reason: str | None = None
+    ctx: tuple[int, ...] | None = None   # what its prefill computes: the prompt, + the output when resumed (§18)
+    admit_seq: int = 0                   # admission order (the DESIGN §18 victim rule)
+
+    @property
+    def prefill_tokens(self) -> tuple[int, ...]:
+        return self.req.prompt if self.ctx is None else self.ctx
 
     @property
     def prefilling(self) -> bool:
-        return self.done < len(self.req.prompt)
+        return self.done < len(self.prefill_tokens)
+
+    @property
+    def held(self) -> int:
+        """KV positions held (DESIGN §18): what it prefilled, or every token fed so far."""
+        return self.done if self.prefilling else len(self.req.prompt) + len(self.output) - 1
 
 
 def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
@@ -85,8 +96,13 @@ class Engine:
         if pc is not None:
             check_prefix_cache_against_model(engine_config, model.config.chunk_size,
                                              len(model.config.mamba_layer_ids), "engine_config")
+        state = getattr(getattr(model, "options", None), "state_dtype", "float32")   # DESIGN §20
+        if state != "float32" and getattr(model, "backend", "torch") != "torch":
+            from fastpath.options import OptionsError
+            raise OptionsError(f"options.state_dtype: {state!r} needs backend 'torch' (the Triton kernels keep an "
+                               "fp32 state bank)")
         self.bank = StateBank(model.config, self.R, max_len, self.device, kv_dtype=model.dtype,
-                              pool=pc.capacity if pc is not None else 0)
+                              state_dtype=getattr(torch, state), pool=pc.capacity if pc is not None else 0)
         if pc is not None:
             from .prefix_cache import PrefixCache
             self.prefix = PrefixCache(pc, self.bank)
@@ -150,6 +166,7 @@ class Engine:
         if self.spec is not None:
             self.spec.reset()
         self.k = 0
+        self._seq = 0                                   # admissions so far (DESIGN §18 victim rule)
         self._flip = 0
         self.emitted: dict[str, list[int]] = {}
         self.wait_s = 0.0                               # host time blocked on device events (bench)
@@ -187,6 +204,7 @@ class Engine:
         return (prev is not None and prev.decode_only and self.rows.active > 0 and not self.waiting(self.k)
                 and (self.spec is None or self.spec.overlappable(prev))
                 and (self.prefix is None or not self.prefix.blocks_overlap(prev.batch))       # DESIGN §17
+                and self.ec.kv_tokens is None                        # DESIGN §18: preemption is decided at build
                 and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
 
     def can_overlap(self) -> bool:
@@ -223,6 +241,9 @@ class Engine:
             shadows = self.shadow_rows(prev)
             self.admit(rec)
             batch = self.build_batch()
+            while self.ec.kv_tokens is not None and self.kv_need(batch) > self.ec.kv_tokens:
+                self.preempt(rec)                      # DESIGN §18: by recompute, then the batch again
+                batch = self.build_batch()
             if batch and shadows:
                 batch = batch + shadows            # decode-only (shadow_rows' condition): after the decode rows
             if batch:
@@ -251,12 +272,42 @@ class Engine:
         for st in self.waiting(self.k):
             if not self.rows.has_free_slot():
                 return
+            ctx = tuple(st.req.prompt) + tuple(st.output)          # a resumed request recomputes its output
+            if self.ec.kv_tokens is not None and self.kv_held() + len(ctx) > self.ec.kv_tokens:
+                return                                            # DESIGN §18: admission within the KV budget
             row, slot = self.rows.admit(st.req.id)
             self.bank.zero_slot(slot)
-            st.admitted = True
+            st.admitted, st.done, st.ctx = True, 0, ctx
+            self._seq += 1
+            st.admit_seq = self._seq
             rec.admit.append({"request": st.req.id, "row": row, "slot": slot})
+            if st.output:
+                rec.admit[-1]["resumed"] = len(st.output)
             if self.prefix is not None:
                 self.prefix.admit(st, slot, rec, self.k)      # longest hit copied into the zeroed slot
+
+    def kv_held(self) -> int:
+        """KV positions every live request holds (DESIGN §18)."""
+        return sum(self.requests[rid].held for rid in self.rows.live_requests())
+
+    def kv_need(self, batch: list[BatchRow]) -> int:
+        """KV positions held after `batch`: a row's end position, else what its request holds."""
+        ends = {b.request: b.pos + b.count for b in batch}
+        return sum(ends.get(rid, self.requests[rid].held) for rid in self.rows.live_requests())
+
+    def preempt(self, rec: StepRecord) -> None:
+        """DESIGN §18 by recompute: the live request admitted last frees its slot (state dropped, output kept), rows
+        compact, and it waits in its arrival place to prefill prompt + output again."""
+        rid = max(self.rows.live_requests(), key=lambda r: self.requests[r].admit_seq)
+        row = self.rows.row_of(rid)
+        (_, slot), = self.rows.release([row])
+        st = self.requests[rid]
+        st.admitted, st.done = False, 0
+        moves = [{"from_row": m.src, "to_row": m.dst, "request": self.rows.row_request[m.dst],
+                  "slot": self.rows.row_to_slot[m.dst]} for m in self.rows.compact()]
+        if rec.preempt is None:
+            rec.preempt = []
+        rec.preempt.append({"request": rid, "row": row, "slot": slot, "generated": len(st.output), "moves": moves})
 
     def build_batch(self) -> list[BatchRow]:
         """Decode rows first (row order), then prefill pieces (row order) within the token budget."""
@@ -281,7 +332,7 @@ class Engine:
 
     def piece_for(self, st: RequestState, left: int) -> int:
         """Length of the request's next prefill piece given `left` budget tokens (docs/scheduler.md §3.3)."""
-        return piece_length(st.done, len(st.req.prompt), left, self.prefill_cap(st), self.config.chunk_size)
+        return piece_length(st.done, len(st.prefill_tokens), left, self.prefill_cap(st), self.config.chunk_size)
 
     def prefill_cap(self, st: RequestState) -> int:
         """The largest piece a prefilling row may get: prefill_chunk (a prefix cache cuts nothing: DESIGN §12)."""
@@ -312,7 +363,7 @@ class Engine:
                 ids.append(0 if tokens_on_device else st.output[-1])
                 pos.append(b.pos)
             else:
-                ids.extend(st.req.prompt[b.pos:b.pos + b.count])
+                ids.extend(st.prefill_tokens[b.pos:b.pos + b.count])
                 pos.extend(range(b.pos, b.pos + b.count))
                 st.done = b.pos + b.count
             samples.append(b.kind in DECODE_KINDS or not st.prefilling)
@@ -418,9 +469,10 @@ class Engine:
                                     model_positions(self.config))    # normalised
         e = trace.engine
         from .speculative import engine_key                 # scripted proposals are the trace's, not the engine's
-        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache, engine_key(e.speculative)) != \
+        if (e.max_requests, e.max_tokens_per_step, e.prefill_chunk, e.prefix_cache, engine_key(e.speculative),
+                e.kv_tokens) != \
                 (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk, self.ec.prefix_cache,
-                 engine_key(self.ec.speculative)):
+                 engine_key(self.ec.speculative), self.ec.kv_tokens):
             raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
         self.reset(mode or e.mode)
         if self.spec is not None:
@@ -440,7 +492,7 @@ class BatchInvariantEngine(Engine):
 
     def piece_for(self, st, left: int) -> int:
         """The whole-budget piece (a function of the request alone), or none this step if it does not fit `left`."""
-        n = piece_length(st.done, len(st.req.prompt), self.ec.max_tokens_per_step, self.prefill_cap(st),
+        n = piece_length(st.done, len(st.prefill_tokens), self.ec.max_tokens_per_step, self.prefill_cap(st),
                          self.config.chunk_size)
         return n if n <= left else 0
 
