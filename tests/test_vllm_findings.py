@@ -70,3 +70,59 @@ def test_v4_async_scheduling_and_reduced_precision_ssm_state_are_refused_on_cpu(
     key = veng.key_for(MODELS / "zoo-mamba2", _trace(), veng.VllmSettings(async_scheduling=True))
     with pytest.raises(RuntimeError, match="async_scheduling=True was turned off"):
         veng.build(key)
+
+
+def test_v6_cpu_state_update_ignores_the_row_stride_of_speculative_state_indices():
+    """V6 (the kernel): with speculative decoding the decode state indices are [batch, 1 + drafts] (a block per
+    position); vLLM's CPU selective_state_update reads and writes row 0's blocks for row 1: row 0's output is exact,
+    row 1's is not, and row 1's own block is left unwritten while row 0's second block is overwritten."""
+    from vllm import _custom_ops as ops
+    g = torch.Generator().manual_seed(0)
+    H, P, N, G = 4, 8, 8, 2
+    state = torch.randn(8, H, P, N, generator=g)
+    x = torch.randn(2, H, P, generator=g)
+    dt = (0.5 * torch.rand(2, H, generator=g))[:, :, None].expand(-1, -1, P)
+    A = (-0.5 - torch.rand(H, generator=g))[:, None, None].expand(-1, P, N)
+    B, C = torch.randn(2, G, N, generator=g), torch.randn(2, G, N, generator=g)
+    D = torch.rand(H, generator=g)[:, None].expand(-1, P)
+    bias = torch.zeros(H)[:, None].expand(-1, P)
+    idx = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]], dtype=torch.int32)
+    out, st = torch.zeros(2, H, P), state.clone()
+    ops.selective_state_update_cpu(st, x, dt, A, B, C, D, None, bias, True, idx, idx, 0, out,
+                                   torch.tensor([1, 1], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32))
+    heads = torch.arange(H) // (H // G)
+
+    def ref(i: int, block: int) -> torch.Tensor:
+        d = torch.nn.functional.softplus(dt[i])[..., None]
+        h = torch.exp(d * A) * state[block] + d * x[i][..., None] * B[i][heads][:, None, :]
+        return (h * C[i][heads][:, None, :]).sum(-1) + D * x[i]
+    assert (out[0] - ref(0, 1)).abs().max() < 1e-5                  # row 0: its own block 1
+    assert (out[1] - ref(1, 5)).abs().max() > 1e-1                   # row 1: not from its block 5 ...
+    assert torch.equal(st[5], state[5]) and not torch.equal(st[2], state[2])   # ... which is never written
+
+
+def test_v6_ngram_speculation_gives_wrong_tokens_on_a_hybrid():
+    """V6 (the run): zoo-granite_hd32 seed_compaction with ngram speculation on: r1's second token (a decode row
+    second in its batch, before any draft was proposed) is not the oracle's greedy token."""
+    from hybridqual.adapters.base import EngineOptions
+    from hybridqual.adapters.vllm.adapter import VLLMAdapter
+    from oracle.trace import load_trace
+    trace = load_trace(ROOT / "goldens" / "traces" / "seed_compaction.json")
+    run = VLLMAdapter(MODELS / "zoo-granite_hd32", trace, "legacy",
+                      options=VLLMAdapter.configure("ngram", EngineOptions())).run_trace()
+    model = oracle.load(MODELS / "zoo-granite_hd32")
+    from hybridqual.qualify.compare import teacher_forced_logits
+    r1 = trace.request("r1")
+    rows = teacher_forced_logits(model, r1.prompt, run.tokens["r1"])
+    assert int(rows[0].argmax()) == run.tokens["r1"][0]              # its first token (prefill) is right
+    assert int(rows[1].argmax()) != run.tokens["r1"][1]              # its first decode is not
+
+
+def test_v5_a_second_engine_after_numba_is_imported_crashes_in_kernel_registration():
+    """V5: once llvmlite is imported (numba, by the ngram proposer), vLLM's CPU kernel registration scans every
+    module and calls vars() on llvmlite's library wrapper, whose __getattr__ answers '__dict__' with a function
+    wrapper: every later engine build in the process raises AttributeError."""
+    import llvmlite.binding.ffi  # noqa: F401  (what the ngram proposer's numba import brings in)
+    from vllm.triton_utils.dispatcher import _rebind_kernels
+    with pytest.raises(AttributeError, match="'_lib_fn_wrapper' object has no attribute 'get'"):
+        _rebind_kernels([(object(), object())])
