@@ -104,3 +104,17 @@ def test_scheduler_steps_with_one_pass_give_the_per_row_tokens_and_log():
         a, b = run_trace(batched, trace, mode), run_trace(per_row, trace, mode)
         assert a.tokens == b.tokens and a.digest == b.digest
     assert calls and max(calls) >= 2          # the steps really shared passes
+
+
+def test_qualify_prefetch_scores_every_request_in_one_pass_bitwise_as_alone():
+    from hybridqual.qualify.compare import teacher_forced_logits
+    from hybridqual.qualify.context import OracleRows
+    cfg, tensors = load_checkpoint(GOLDENS / "models" / "zoo-bamba")
+    model = OracleModel(cfg, tensors)
+    trace = load_trace(GOLDENS / "traces" / "seed_compaction.json")
+    tokens = run_trace(model, trace, "legacy").tokens
+    rows = OracleRows(model)
+    rows.prefetch(trace, tokens)
+    assert len(rows.cache) == sum(1 for r in trace.requests if tokens[r.id])
+    for r in trace.requests:
+        assert torch.equal(rows.get(r, tokens[r.id]), teacher_forced_logits(model, r.prompt, tokens[r.id]))

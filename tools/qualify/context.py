@@ -29,9 +29,21 @@ class OracleRows:
             model.clear()
 
     def prefetch(self, trace, tokens: dict[str, list[int]]) -> None:
-        """A streamed oracle scores every request of a run in one pass (instead of one pass per request)."""
+        """Every request of a run scored in one pass over the weights instead of one pass per request: a streamed
+        oracle's own prefetch, else the in-memory oracle's forward_many (on the CPU bitwise each request's own
+        teacher_forced_logits, oracle/batched.py)."""
         if hasattr(self.model, "prefetch"):
             self.model.prefetch([(r.prompt, tokens.get(r.id, [])) for r in trace.requests])
+            return
+        many = getattr(self.model, "forward_many", None)
+        todo = [(r, list(tokens[r.id])) for r in trace.requests
+                if tokens.get(r.id) and (r.id, tuple(tokens[r.id])) not in self.cache]
+        if many is None or len(todo) < 2:
+            return
+        from oracle.batched import Segment
+        passed = many([Segment(list(r.prompt) + [int(t) for t in toks[:-1]], None) for r, toks in todo])
+        for (r, toks), (logits, _) in zip(todo, passed):
+            self.cache[(r.id, tuple(toks))] = logits[len(r.prompt) - 1:]
 
     def get(self, req, tokens: list[int]) -> torch.Tensor:
         key = (req.id, tuple(tokens))
