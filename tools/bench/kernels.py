@@ -1,5 +1,6 @@
 """Benchmark the fast-path kernels on one GPU: time, achieved TB/s and TFLOP/s, floors from the copy
-bandwidth and bf16 GEMM rate measured in the same run, and the SSD peers when importable: mamba_ssm's Triton ops (scripts/peer.sh) and vLLM's (scripts/peer-vllm.sh).
+bandwidth and bf16 GEMM rate measured in the same run, and the SSD peers when importable: mamba_ssm's Triton
+ops (scripts/peer.sh) and vLLM's (scripts/peer-vllm.sh).
 
     PYTHONPATH=.:.peer python3 tools/bench/kernels.py [--out bench.json] [--summary bench.summary] [--quick]
         [--only ssd,ssm_step,rest,proj]
