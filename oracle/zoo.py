@@ -89,6 +89,15 @@ SHIPPED["nemotron_h_hd32"] = ("nemotron_h", {**_HD32, "attn_scale": 32 ** -0.5, 
                                              "moe_n_group": 1, "moe_topk_group": 1,
                                              "moe_routed_scaling_factor": 1.0})
 VARIANTS.update({n: SHIPPED[n] for n in ("granite_hd32", "nemotron_h_hd32")})
+# The corners no other shipped model sets, in one Nemotron-H (cheap: two Mamba layers, one attention, one MLP):
+# one SSM group (every head reads group 0), a conv window of 3 (d_conv 3: a window of 2 inputs), and dt below the
+# config's time_step_min (0.001) on half the heads (SHIPPED_EDITS: their dt_bias lowered), so an engine that clamps
+# dt to (time_step_min, inf) instead of time_step_limit (0, inf) (HF PR #48989) computes other states.
+SHIPPED["corners"] = ("nemotron_h", {"mamba_n_groups": 1, "mamba_d_conv": 3, "pattern": "M*M-",
+                                     "moe_router": "", "moe_n_experts": 0, "moe_top_k": 0, "moe_intermediate_size": 0,
+                                     "moe_shared_intermediate_size": 0, "moe_n_group": 1, "moe_topk_group": 1,
+                                     "moe_routed_scaling_factor": 1.0})
+VARIANTS["corners"] = SHIPPED["corners"]
 
 
 def twin_vocab_rows(config: HybridConfig, weights: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -104,8 +113,22 @@ def twin_vocab_rows(config: HybridConfig, weights: dict[str, Tensor]) -> dict[st
     return w
 
 
+DT_BIAS_SHIFT = -6.0      # small_dt_heads: softplus(dt + dt_bias) of the shifted heads mostly below 0.001
+
+
+def small_dt_heads(config: HybridConfig, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """dt_bias of every even head shifted by DT_BIAS_SHIFT in every Mamba layer: their processed dt straddles
+    time_step_min (0.001), as trained heads' dt do, so a floor there changes their states."""
+    w = dict(weights)
+    for name in [n for n in w if n.endswith("dt_bias")]:
+        b = w[name].clone()
+        b[0::2] += DT_BIAS_SHIFT
+        w[name] = b
+    return w
+
+
 # Weight edits of shipped models that no config field expresses: name -> edit(config, tensors) -> tensors.
-SHIPPED_EDITS = {"bamba_wide": twin_vocab_rows}
+SHIPPED_EDITS = {"bamba_wide": twin_vocab_rows, "corners": small_dt_heads}
 
 
 def _layers(arch: str, pattern: str) -> tuple[LayerSpec, ...]:

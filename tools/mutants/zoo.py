@@ -10,8 +10,8 @@ follow, and the CI subset QUICK.
 """
 from __future__ import annotations
 
-from hybridqual.mutants import (zoo_2026, zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports, zoo_spec,
-                                zoo_tp)
+from hybridqual.mutants import (zoo_2026, zoo_corners, zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports,
+                                zoo_spec, zoo_tp)
 from hybridqual.mutants.runner import Mutant
 
 MUTANTS: list[Mutant] = [
@@ -27,6 +27,7 @@ MUTANTS: list[Mutant] = [
     *zoo_reports.PUBLIC_REPORTS,
     *zoo_tp.TP_SHARDING,
     *zoo_2026.PREFIX_SPEC,
+    *zoo_corners.CORNERS,
 ]
 
 # The CI subset (tests/test_mutants.py): fast kills covering compaction, pad rows, sampling, async and offsets.

@@ -111,6 +111,7 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zoo-nemotron_h", ("chunked_prefill",)),
     ("zoo-granite_dense", ("stop_tokens",)),      # dense Granite: hidden 48 (no power of two), rms eps 0.05
     ("zoo-bamba_wide", ("async_drain",)),         # K = 4096 MLP, twin vocabulary rows: greedy steps are exact ties
+    ("zoo-corners", ("seed_compaction",)),        # one SSM group, d_conv 3, dt below time_step_min (oracle/zoo.py)
 )
 
 
@@ -122,6 +123,7 @@ DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget",
                                   "spec_device", "spec_backoff")),
     ("zoo-bamba", "prefix_cache", ("prefix_spec", "prefix_spec_async")),     # DESIGN §17: both features at once
+    ("zoo-bamba", "trace file", ("preempt_recompute",)),     # DESIGN §18: preemption by recompute (engine.kv_tokens)
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 

@@ -1,0 +1,27 @@
+"""Model corners the other shipped models never set (goldens/models/zoo-corners: one SSM group, d_conv 3, dt below
+time_step_min on half the heads): engines that get one wrong. Each is killed by qualify's main job alone, on the
+default plan's zoo-corners instance (tools/scenarios/plan.py DEFAULT_PLAN)."""
+from __future__ import annotations
+
+from hybridqual.mutants.runner import Mutant
+from hybridqual.mutants.zoo_paths import MODEL
+
+T_CORNERS = "tests/test_zoo_corners.py::test_the_corner_model_through_the_engine_equals_the_oracle"
+_FLOOR = "(max(c.dt_limit[0], 1e-3), c.dt_limit[1])"
+
+CORNERS: list[Mutant] = [
+    Mutant("dt_floored_at_time_step_min", "model corners",
+           "HF PR #48989 (Nemotron-H): dt clamped to (time_step_min, inf) = (0.001, inf) instead of the config's "
+           "time_step_limit (0, inf), in the prefill scan and the decode step; no other shipped model has a dt "
+           "below 0.001, so only zoo-corners sees it",
+           MODEL, "dt_limit=c.dt_limit, out=y[:n],", f"dt_limit={_FLOOR}, out=y[:n],",
+           (T_CORNERS,), more=((MODEL, "c.chunk_size, dt_limit=c.dt_limit, out=y[n:],",
+                                f"c.chunk_size, dt_limit={_FLOOR}, out=y[n:],"),)),
+    Mutant("gated_norm_assumes_two_groups", "model corners",
+           "the gated RMSNorm's group count fixed at 2 (every other shipped model's n_groups): a one-group model "
+           "is normalised in two halves of d_inner where its config asks for one (where the norm is not folded "
+           "into the decode step)",
+           MODEL, "ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps, backend=self.backend)",
+           "ops.rms_norm_gated(y, z, weight, 2, c.norm_eps, backend=self.backend)",
+           (T_CORNERS,)),
+]
