@@ -128,6 +128,25 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
+# Optional: the fp64 truth of anchor-3b's corpus (goldens regen on the GPU) timed at this tree and, in the same call,
+# at a baseline tree carried as .baseline/ (`git archive REV oracle tools fastpath`; its goldens go under .baseline/):
+# each run cut at TRUTH_TIMEOUT seconds, its per-golden lines kept, so the two compare golden by golden.
+step_truth_at_size() {
+  local dir=${ANCHOR_DIR:-/tmp/anchor-3b} t0=$SECONDS s="$OUT/truth_at_size.summary"
+  [ -e "$dir/config.json" ] || timeout 300 $PY -m hybridqual.anchor write "$dir" || return 1
+  echo "anchor write: $((SECONDS - t0)) s" | tee "$s"
+  t0=$SECONDS
+  $PY -m hybridqual.bench.peak truth -- timeout "${TRUTH_TIMEOUT:-200}" $PY -m hybridqual.goldens regen --model "$dir" \
+    --oracle-device cuda --force > "$OUT/truth_new.txt" 2>&1
+  echo "this tree: $((SECONDS - t0)) s, $(grep -c '^  write\|^  ok' "$OUT/truth_new.txt") goldens" | tee -a "$s"
+  grep -E "^peak" "$OUT/truth_new.txt" >> "$s"
+  if [ -d .baseline ]; then
+    t0=$SECONDS
+    PYTHONPATH="$ROOT/.baseline/.hq-import:$ROOT/.baseline" timeout "${TRUTH_TIMEOUT:-200}" $PY -m hybridqual.goldens \
+      regen --model "$dir" --oracle-device cuda --force > "$OUT/truth_baseline.txt" 2>&1
+    echo "baseline: $((SECONDS - t0)) s, $(grep -c '^  write\|^  ok' "$OUT/truth_baseline.txt") goldens" | tee -a "$s"
+  fi
+}
 # The speed figures of docs/performance.md's targets in one run, each beside its peer or roofline of the same run:
 # SSD prefill beside mamba_ssm, prefill attention beside SDPA, bs1 decode beside the copy roofline, speculation at
 # k = 2 (upper bound, drafts forced right, 0% acceptance with backoff 64), prefix hits, the 131k prefill, batch
