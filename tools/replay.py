@@ -264,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     omodel = oracle.load(model_dir, dtype=torch.float64)
     truth = oracle.run_trace(omodel, trace, mode=args.mode)
     try:
-        adapter_cls = adapters.resolve(args.engine)
-        tau = args.tau if args.tau is not None else tau_for(adapter_cls.capabilities(args.device).compute_dtype)
-        adapter = adapter_cls(model_dir, trace, args.mode, args.device)
+        engine = adapters.engine(args.engine)          # the adapter with the default options
+        tau = args.tau if args.tau is not None else tau_for(engine.capabilities(args.device).compute_dtype)
+        adapter = engine(model_dir, trace, args.mode, args.device)
         run = adapter.run_trace()
     except Exception as e:
         print(f"engine {args.engine} failed on {args.trace}: {type(e).__name__}: {e}")
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     for req in trace.requests:
         v = compare_tie_aware(omodel, req.id, req.prompt, run.tokens.get(req.id, []), req.stop_token_ids,
                               req.max_new_tokens, tau, sampling=req.sampling,
-                              top_k=top_k_for(adapter_cls.capabilities(args.device).compute_dtype))
+                              top_k=top_k_for(engine.capabilities(args.device).compute_dtype))
         if v.ok and not v.near_ties:
             print(f"  {req.id}: {len(run.tokens.get(req.id, []))} tokens exact")
             continue
