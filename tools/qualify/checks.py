@@ -306,9 +306,8 @@ def context(engine: Engine | type[TraceAdapter] | None, model_dir: Path, trace, 
 
 
 def run_mode(ctx: CheckContext, add: Callable[[Check | None], None]) -> RunResult | None:
-    """One mode: the engine runs the trace (a SKIP when the mode or a sampling kind is outside its capabilities,
-    a FAIL when it raises or returns a malformed result), then every per-mode check of the registry on its run.
-    Returns the validated run, or None."""
+    """One mode's run: the engine runs the trace (a SKIP line when the mode or a sampling kind is outside its
+    capabilities, a FAIL line when it raises or returns a malformed result). Returns the validated run, or None."""
     caps, trace, mode = ctx.caps, ctx.trace, ctx.mode
     name = f"{mode}: engine runs the trace"
     kinds = sorted({r.sampling.kind for r in trace.requests} - set(caps.sampling_kinds))
