@@ -26,7 +26,7 @@ MUTANTS: list[Mutant] = [
     *zoo_spec.SPECULATIVE,
     *zoo_reports.PUBLIC_REPORTS,
     *zoo_tp.TP_SHARDING,
-    *zoo_2026.PREFIX_SPEC,
+    *zoo_2026.PREFIX_SPEC, *zoo_2026.PREEMPTION, *zoo_2026.STATE_PRECISION,
     *zoo_corners.CORNERS,
 ]
 

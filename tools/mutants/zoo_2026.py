@@ -2,6 +2,10 @@
 
 Prefix caching × speculative decoding (DESIGN §17; traces goldens/traces/prefix_spec{,_async}.json, in qualify's
 default plan): each mutant lets a checkpoint hold state that is not the verified state of its key.
+Preemption by recompute (DESIGN §18; goldens/traces/preempt_recompute.json, in the default plan): the resumed
+request's state, or its slot, outlives the preemption.
+Reduced-precision state (DESIGN §20): the engine declares an fp32 state bank (the default) but rounds the SSM state
+more coarsely where it is written back; judged with fp32's constants, as the declaration requires.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from hybridqual.mutants.zoo_paths import ENGINE, PC
 T_PS = "tests/test_prefix_spec.py"
 T_PS_FAST = T_PS + "::test_fast_path_decode_stores_equal_the_oracle"
 T_PS_STATE = T_PS + "::test_fast_path_decode_checkpoint_is_the_verified_state"
+T_PRE = "tests/test_preemption.py::test_fast_path_preempts_as_the_oracle_does"
 
 _BOUNDS = "            for p in boundaries(b.pos, emitted.get(b.request, 0), self.block_size):\n"
 _SNAP = "                snap = snapshot(b, p - b.pos - 1) if b.kind == \"verify\" else None\n"
@@ -60,4 +65,54 @@ PREFIX_SPEC: list[Mutant] = [
            "last draft's state, before rollback) instead of the accepted position's snapshot",
            PC, _SNAP, "                snap = None\n",
            (T_PS_STATE, T_PS_FAST)),
+]
+
+_RESOLVE = "        toks = p.host_tokens[: len(p.batch)].tolist()\n"
+
+STATE_PRECISION: list[Mutant] = [
+    Mutant("state_f16_auto_for_nemotron_h", "reduced-precision state",
+           "vLLM PR #39032 (an automatic float16 SSM cache for Nemotron-H was wrong): on a nemotron_h model the "
+           "engine keeps the SSM state as float16 (rounded at every step's write-back) while it declares the fp32 "
+           "state bank",
+           ENGINE, _RESOLVE,
+           _RESOLVE + "        if self.config.model_type == 'nemotron_h':\n"
+                      "            self.bank.ssm_state.copy_(self.bank.ssm_state.to(torch.float16))\n",
+           ("tests/test_state_precision.py::test_fp32_state_bank_stays_within_the_fp32_logits_constant",)),
+    Mutant("state_int8_below_declared", "reduced-precision state",
+           "vLLM RFC #55196 (INT8 recurrent state: GSM8K 81% -> 41%): the SSM state is stored as INT8 with one absmax "
+           "scale per (layer, slot, head), quantized at every step's write-back, more coarsely than the fp32 state "
+           "the engine declares",
+           ENGINE, _RESOLVE,
+           _RESOLVE + "        s = self.bank.ssm_state.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30) / 127\n"
+                      "        self.bank.ssm_state.copy_((self.bank.ssm_state / s).round().clamp(-127, 127) * s)\n",
+           ("tests/test_engine_trace.py::test_corpus_trace_log_and_tokens_equal_oracle_in_both_modes[seed_compaction]",)),
+]
+
+_ADMITTED = "            st.admitted, st.done, st.ctx = True, 0, ctx\n"
+_RELEASE = "        (_, slot), = self.rows.release([row])\n"
+
+PREEMPTION: list[Mutant] = [
+    Mutant("preempt_resume_from_stale_state", "preemption",
+           "vllm-metal #488 (a recompute-preempted request resumes from its stale mid-sequence state): the re-admitted "
+           "request is treated as resuming, not recomputing: its prefill of prompt + output is skipped and it decodes "
+           "on from whatever state the slot it was given holds",
+           ENGINE, _ADMITTED,
+           "            st.admitted, st.done, st.ctx = True, len(ctx) if st.output else 0, ctx\n",
+           (T_PRE,)),
+    Mutant("preempt_slot_not_freed", "preemption",
+           "tenstorrent/vllm PR #466 (the state slot of a preempted request is released only on finish: a preempted "
+           "request holds a slot whose contents are dead, shrinking capacity): the victim's slot is never pushed back "
+           "on the free stack, so a later admission finds no slot",
+           ENGINE, _RELEASE, _RELEASE + "        self.rows.free_slots.remove(slot)\n",
+           (T_PRE,)),
+    Mutant("preempt_resumed_keeps_old_slot", "preemption",
+           "tpu-inference PR #2779 (mamba slot lifecycle: a preempted/resumed request's slot must be reset and freed, "
+           "not preserved; otherwise one request reads or overwrites another's recurrent state): the resumed request "
+           "goes back to the slot it held before preemption, which another request was given meanwhile",
+           ENGINE, _ADMITTED,
+           _ADMITTED + "            if st.output and getattr(st, 'old_slot', None) is not None:\n"
+                       "                slot = self.rows.row_to_slot[row] = st.old_slot\n"
+                       "                self.rows.row_to_slot_dev[row] = slot\n",
+           (T_PRE,),
+           more=((ENGINE, _RELEASE, _RELEASE + "        self.requests[rid].old_slot = slot\n"),)),
 ]
