@@ -90,3 +90,61 @@ def test_hf_adapters_keep_prompt_token_zero_and_skip_what_they_cannot_do(engine)
                  "oracle's", "legacy: logits match the oracle's"):
         assert checks[name].skipped and checks[name].detail.startswith("skipped: "), (name, checks[name].detail)
     assert "compare a run with itself" in checks["async == legacy, bitwise"].detail
+
+
+class WholeTraceEcho(adapters.TraceAdapter):
+    """The whole-trace protocol alone: run_trace, no add_request/step/done (each request repeats its first
+    prompt token max_new_tokens times)."""
+
+    def run_trace(self):
+        return adapters.RunResult({r.id: [r.prompt[0]] * r.max_new_tokens for r in self.trace.requests})
+
+
+def test_the_whole_trace_and_the_step_protocols_are_separate():
+    from oracle.trace import parse_trace
+    tr = parse_trace(ZEROS)
+    assert not hasattr(WholeTraceEcho, "add_request") and not hasattr(WholeTraceEcho, "step")
+    assert WholeTraceEcho("m", tr, "legacy").run_trace().tokens == {"a": [0] * 5, "b": [0] * 4}
+
+    class Unfinished(adapters.StepAdapter):
+        pass
+    with pytest.raises(NotImplementedError, match="Unfinished must implement add_request"):
+        Unfinished("m", tr, "legacy").run_trace()
+    assert adapters.Adapter is adapters.StepAdapter          # the former name keeps old adapters working
+
+
+def test_an_adapter_written_without_options_gets_none_and_options_it_does_not_read_are_refused_by_name():
+    """NaiveEngine (the ~30-line form: __init__(model_path, trace, mode, device), no options) is built with the
+    four arguments; options it does not list in OPTIONS are refused before any work, naming the field and the
+    flag."""
+    engine = adapters.Engine(NaiveEngine)
+    assert engine.problem() is None and engine.capabilities("cpu") == NaiveEngine.CAPABILITIES
+    bound = adapters.Engine(NaiveEngine, adapters.EngineOptions(graphs=True))
+    assert "takes no graphs option" in bound.problem()
+    with pytest.raises(ValueError, match="takes no dtype option"):
+        adapters.engine("test_adapter_protocol:NaiveEngine", adapters.EngineOptions(dtype=torch.bfloat16))
+    from hybridqual.qualify import runner
+    with pytest.raises(ValueError, match="apply to the fastpath engine only"):
+        runner.configured_engine(runner.parse_args(["--engine", "test_adapter_protocol:NaiveEngine", "--graphs"]))
+    with pytest.raises(ValueError, match="apply to a server engine"):
+        runner.configured_engine(runner.parse_args(["--engine", "oracle", "--base-url", "http://127.0.0.1:1"]))
+
+
+def test_options_reach_the_adapter_as_values_and_configurations_are_options():
+    fast = adapters.Engine(adapters.FastpathAdapter, adapters.EngineOptions(dtype=torch.bfloat16, graphs=True))
+    assert fast.capabilities("cpu").compute_dtype == torch.bfloat16 and "graphs" in fast.version()
+    inv = fast.configured("batch_invariant")
+    assert inv.options.batch_invariant and inv.options.graphs and inv.options.configuration == "batch_invariant"
+    assert inv.capabilities("cpu").batch_invariant and not fast.capabilities("cpu").batch_invariant
+    assert fast.options.configuration is None                  # a value: configuring made a new one
+
+
+def test_every_engine_name_resolves_to_an_adapter_and_qualify_help_lists_it(capsys):
+    from hybridqual.qualify import arguments
+    for name in adapters.ENGINES:
+        assert issubclass(adapters.resolve(name), adapters.TraceAdapter), name
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    for name in adapters.ENGINES:
+        assert name in helptext.replace("- ", "-"), name
