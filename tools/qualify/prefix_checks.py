@@ -176,12 +176,13 @@ def reported_events(run: Any) -> CacheEvents | None:
     return None if facts is None else CacheEvents.from_report(facts)
 
 
-def adapter_runner(adapter_cls: Any, model_dir: Any, mode: str,
+def adapter_runner(adapter: Any, model_dir: Any, mode: str,
                    device: str = "cpu") -> Callable[[Any], tuple[dict[str, list[int]], CacheEvents | None]]:
-    """`run` for prefix_cache_checks from any adapter class (tools/adapters/__init__.py): tokens and its reported facts
-    (None when the adapter reports none, so the policy check is a SKIP with that reason)."""
+    """`run` for prefix_cache_checks from any adapter class or hybridqual.adapters.Engine (a class with its options):
+    tokens and its reported facts (None when the adapter reports none, so the policy check is a SKIP with that
+    reason)."""
     def run(trace):
-        r = adapter_cls(model_dir, trace, mode, device).run_trace()
+        r = adapter(model_dir, trace, mode, device).run_trace()
         return r.tokens, reported_events(r)
     return run
 
