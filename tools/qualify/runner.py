@@ -239,6 +239,7 @@ def run(args, engine: Engine, rank0: bool) -> int:
     caps = engine.capabilities(args.device)
     args.granularities = engine_granularities(args, engine)
     args.step_rule = engine_rule(args, engine)
+    args.greedy_only = "seeded" not in caps.sampling_kinds        # seeded scenarios run in their greedy form
     tau = args.tau if args.tau is not None else tau_for(caps.compute_dtype)
     tau_source = "--tau" if args.tau is not None else \
         f"compare.TAU for the engine's compute dtype {dtype_name(caps.compute_dtype)}"

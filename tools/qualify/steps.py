@@ -126,15 +126,16 @@ def trace_file_instance(path: Path, config, model_dir: Path, skip_invalid: bool)
 
 
 def instances_for(model_dir: Path, config, names: list[str] | None, label: str,
-                  granularities: tuple[int, ...] = (), rule=None) -> list:
+                  granularities: tuple[int, ...] = (), rule=None, greedy_only: bool = False) -> list:
     """Scenario instances for one model, one scenario at a time so a builder error is a reported FAIL, not a crash;
     `granularities`: the engine's piece rule (hybridqual.qualify.runner.engine_granularities); `rule`: its step
-    rule (hybridqual.qualify.runner.engine_rule)."""
+    rule (hybridqual.qualify.runner.engine_rule); `greedy_only`: an engine without seeded sampling gets each
+    scenario's greedy form (hybridqual.scenarios.plan.greedy_form) instead of a skipped instance."""
     error = getattr(scenarios, "ScenarioError", ValueError)
     out = []
     for name in names if names is not None else list(scenarios.SCENARIOS):
         try:
-            out += scenarios.instantiate(model_dir, config, [name], granularities, rule)
+            out += scenarios.instantiate(model_dir, config, [name], granularities, rule, greedy_only)
         except error as e:
             out.append(Check.of(label, f"scenario {name} instantiates", False, str(e)))
     return out
@@ -163,7 +164,8 @@ def plan_steps(args, plan) -> Iterator[Step]:
         else:
             try:
                 insts = instances_for(model_dir, oracle_model.config, names, model_dir.name,
-                                      getattr(args, "granularities", ()), getattr(args, "step_rule", None))
+                                      getattr(args, "granularities", ()), getattr(args, "step_rule", None),
+                                      getattr(args, "greedy_only", False))
             except (TraceError, OSError, ValueError) as e:
                 yield Exit(2, f"--scenario: {e}")
                 return

@@ -69,7 +69,8 @@ def worker_main(argv: list[str]) -> int:
             om = truths[spec.model]
             inst = (instance_from_file(Path(spec.trace_file), om.config) if spec.trace_file is not None else
                     instances_for(model_dir, om.config, [spec.scenario], model_dir.name,
-                                  qualify.engine_granularities(args, engine), qualify.engine_rule(args, engine))[0])
+                                  qualify.engine_granularities(args, engine), qualify.engine_rule(args, engine),
+                                  "seeded" not in engine.capabilities(args.device).sampling_kinds)[0])
             ran, family = qualify.run_instance(args, engine_for(spec.configuration), task["tau"],
                                                RunInstance(model_dir, inst, om, spec),
                                                Relay(args.quiet, emit, task["t0"]),

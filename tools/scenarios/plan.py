@@ -74,17 +74,36 @@ def instantiate_one(name: str, units: Units, where: str = "the model") -> Instan
     return Instance(name, family, tr, None, tr.to_json(), shape)
 
 
+GREEDY_FORM = (" Greedy form (for an engine without seeded sampling): every seeded request of the scenario is "
+               "sampled greedily, with the same arrival, prompt, length limit and stop ids.")
+
+
+def greedy_form(inst: Instance, vocab: int) -> Instance:
+    """The instance with every seeded request made greedy (same id, arrival, prompt, max_new_tokens, stop ids), so
+    a greedy-only engine runs the scenario's shape instead of skipping it; an all-greedy instance as it is."""
+    from oracle.trace import parse_trace
+    if inst.trace is None or all(r.sampling.kind == "greedy" for r in inst.trace.requests):
+        return inst
+    obj = dict(inst.concrete)
+    obj["requests"] = [{**r, "sampling": {"kind": "greedy"}} for r in obj["requests"]]
+    obj["description"] = obj.get("description", "") + GREEDY_FORM
+    tr = parse_trace(obj, vocab_size=vocab)
+    return replace(inst, trace=tr, concrete=tr.to_json())
+
+
 def instantiate(model_dir: Path, config, names: list[str] | None = None,
-                granularities: tuple[int, ...] = (), rule=None) -> list[Instance]:
+                granularities: tuple[int, ...] = (), rule=None, greedy_only: bool = False) -> list[Instance]:
     """Every scenario (or those named, in that order) for the model at `model_dir` whose oracle config is `config`;
     `granularities`: the engine's own piece rule (block sizes, budget roundings) the engine-aware scenarios cover
     beside the defaults (tools/scenarios/boundaries.py); `rule`: the engine's StepRule (None: ours), under which
-    piece_tails' prompts end with pieces of 1..d_conv tokens (tools/scenarios/tails.py)."""
+    piece_tails' prompts end with pieces of 1..d_conv tokens (tools/scenarios/tails.py); `greedy_only`: seeded
+    requests become greedy (`greedy_form`), for an engine without seeded sampling."""
     bad = [g for g in granularities if not isinstance(g, int) or isinstance(g, bool) or not 1 <= g <= 1 << 16]
     if bad:
         raise ScenarioError(f"piece granularity {bad[0]!r}: must be an integer in [1, 65536]")
     units = replace(Units.from_config(config), granularities=tuple(sorted(set(granularities))), rule=rule)
-    return [instantiate_one(n, units, str(model_dir)) for n in _names(names)]
+    insts = [instantiate_one(n, units, str(model_dir)) for n in _names(names)]
+    return [greedy_form(i, units.vocab) for i in insts] if greedy_only else insts
 
 
 def shipped_trace_path(name: str) -> Path | None:
