@@ -10,7 +10,8 @@ A segment is a prefill piece or a decode token of one request, continuing from t
         h = h + ffn(rms_norm(h))
     logits = lm_head(rms_norm(rows(h)))
 
-Each layer's weights are read once for all segments: the pass costs what one request's pass costs while its
+A model that batches so has `stack_rows` (OracleModel); the scheduler and qualify's teacher-forced scoring
+use `batches(model)` to tell. Each layer's weights are read once for all segments: the pass costs what one request's pass costs while its
 rows are few. Every row-wise step (norms, projections, FFN, lm_head) runs either on the stack (`stacked=True`:
 the GPU, one GEMM per weight) or segment by segment (`stacked=False`: the CPU, where a GEMM's summation order
 depends on its row count, so that each segment's numbers are bitwise those of `OracleModel.forward` on its own).
@@ -37,6 +38,11 @@ class Segment:
     scan: str = "chunked"            # "chunked" (a prefill piece) or "recurrence" (a decode token)
 
 
+def batches(model: object) -> bool:
+    """Whether `model` runs forward_segments (an OracleModel; not a stand-in or a streamed oracle)."""
+    return isinstance(model, OracleModel) and getattr(model, "stack_rows", None) is not None
+
+
 @dataclass
 class _Rows:
     """The segments' rows stacked, and how to run a row-wise function over them."""
@@ -54,10 +60,12 @@ class _Rows:
 
 
 def forward_segments(model: OracleModel, segments: list[Segment],
-                     stacked: bool = False) -> list[tuple[Tensor, OracleState]]:
-    """Every segment's (logits [len, vocab], new state), computed layer by layer for all segments at once."""
+                     stacked: bool | None = None) -> list[tuple[Tensor, OracleState]]:
+    """Every segment's (logits [len, vocab], new state), computed layer by layer for all segments at once;
+    `stacked` None: the model's own choice (OracleModel.stack_rows)."""
     if not segments:
         return []
+    stacked = model.stack_rows if stacked is None else stacked
     c, w, dtype = model.config, model.weights, model.dtype
     olds = [s.state if s.state is not None else model.new_state() for s in segments]
     news = [OracleState(position=o.position) for o in olds]

@@ -50,8 +50,8 @@ class OracleModel:
         self.device = torch.device(device if device is not None else "cpu")     # weights, states, logits live here
         self.weights = {k: v.to(self.device).to(dtype) for k, v in tensors.items()}
         self.stream_dtype = residual_dtype(config, dtype)
-        # forward_many's row-wise GEMMs: stacked over the segments on a GPU (one weight read for all of them),
-        # segment by segment on the CPU (each segment bitwise its own forward: oracle/batched.py)
+        # oracle.batched's row-wise GEMMs for this model: stacked over the segments on a GPU (one weight read for all
+        # of them), segment by segment on the CPU (each segment bitwise its own forward)
         self.stack_rows = self.device.type == "cuda"
 
     # ------------------------------------------------------------------------------------------ state
@@ -74,11 +74,6 @@ class OracleModel:
             raise ValueError("state: decode needs a state (use prefill or new_state())")
         logits, new_state, layers = self.forward([token], state, scan="recurrence")
         return (logits[0], new_state, layers) if return_layers else (logits[0], new_state)
-
-    def forward_many(self, segments: list) -> list[tuple[Tensor, OracleState]]:
-        """Several requests' oracle.batched.Segment in one pass over the weights -> (logits, new state) each."""
-        from .batched import forward_segments
-        return forward_segments(self, segments, stacked=self.stack_rows)
 
     # ---------------------------------------------------------------------------------------- forward
     def forward(self, tokens: list[int], state: OracleState | None, scan: str) -> tuple[Tensor, OracleState, list]:

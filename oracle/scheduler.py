@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .batched import Segment
+from .batched import Segment, batches, forward_segments
 from .sampling import sample
 from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
 from .trace import Request, Trace, TraceError, check_against_model, model_positions, validate_request
@@ -345,10 +345,10 @@ class Scheduler:
 
     def forward_plain_rows(self, batch: list[BatchRow], inputs: dict[int, int]) -> dict[int, tuple[Any, Any]]:
         """row -> (logits, new state) of the step's plain rows (prefill pieces outside the prefix cache, decodes),
-        all in one model.forward_many pass; empty when the model has none or fewer than two rows are plain."""
-        many = getattr(self.model, "forward_many", None)
+        all in one pass over the weights (oracle/batched.py); empty when the model does not batch or fewer than two
+        rows are plain."""
         plain = [b for b in batch if b.kind == "decode" or (b.kind == "prefill" and self.cache is None)]
-        if many is None or len(plain) < 2:
+        if not batches(self.model) or len(plain) < 2:
             return {}
         segments = []
         for b in plain:
@@ -358,7 +358,7 @@ class Scheduler:
             else:
                 token = inputs[b.row] if b.row in inputs else st.output[-1]
                 segments.append(Segment([token], st.model_state, "recurrence"))
-        return {b.row: out for b, out in zip(plain, many(segments))}
+        return {b.row: out for b, out in zip(plain, forward_segments(self.model, segments))}
 
     # ---------------------------------------------------------------------------------------------- step
     def can_overlap(self, k: int) -> bool:

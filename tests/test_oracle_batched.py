@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oracle import zoo
+from oracle import batched as oracle_batched, zoo
 from oracle.batched import Segment, forward_segments
 from oracle.checkpoint import load_checkpoint
 from oracle.model import OracleModel
@@ -88,18 +88,15 @@ def test_a_bad_segment_is_named():
         forward_segments(model, [Segment([96], None)])
 
 
-class _PerRow(OracleModel):
-    """The same model without forward_many: the scheduler runs every row on its own."""
-    forward_many = None
-
-
-def test_scheduler_steps_with_one_pass_give_the_per_row_tokens_and_log():
+def test_scheduler_steps_with_one_pass_give_the_per_row_tokens_and_log(monkeypatch):
     cfg, tensors = load_checkpoint(GOLDENS / "models" / "zoo-bamba")
     trace = load_trace(GOLDENS / "traces" / "seed_compaction.json")
-    batched, per_row = OracleModel(cfg, tensors), _PerRow(cfg, tensors)
+    batched, per_row = OracleModel(cfg, tensors), OracleModel(cfg, tensors)
+    per_row.stack_rows = None                 # a model that does not batch: every row on its own
     calls = []
-    many = batched.forward_many
-    batched.forward_many = lambda segs: calls.append(len(segs)) or many(segs)
+    real = oracle_batched.forward_segments
+    monkeypatch.setattr("oracle.scheduler.forward_segments",
+                        lambda m, segs, *a: calls.append(len(segs)) or real(m, segs, *a))
     for mode in ("legacy", "async"):
         a, b = run_trace(batched, trace, mode), run_trace(per_row, trace, mode)
         assert a.tokens == b.tokens and a.digest == b.digest

@@ -30,18 +30,18 @@ class OracleRows:
 
     def prefetch(self, trace, tokens: dict[str, list[int]]) -> None:
         """Every request of a run scored in one pass over the weights instead of one pass per request: a streamed
-        oracle's own prefetch, else the in-memory oracle's forward_many (on the CPU bitwise each request's own
+        oracle's own prefetch, else the in-memory oracle's oracle.batched pass (on the CPU bitwise each request's own
         teacher_forced_logits, oracle/batched.py)."""
         if hasattr(self.model, "prefetch"):
             self.model.prefetch([(r.prompt, tokens.get(r.id, [])) for r in trace.requests])
             return
-        many = getattr(self.model, "forward_many", None)
+        from oracle.batched import Segment, batches, forward_segments
         todo = [(r, list(tokens[r.id])) for r in trace.requests
                 if tokens.get(r.id) and (r.id, tuple(tokens[r.id])) not in self.cache]
-        if many is None or len(todo) < 2:
+        if not batches(self.model) or len(todo) < 2:
             return
-        from oracle.batched import Segment
-        passed = many([Segment(list(r.prompt) + [int(t) for t in toks[:-1]], None) for r, toks in todo])
+        passed = forward_segments(self.model, [Segment(list(r.prompt) + [int(t) for t in toks[:-1]], None)
+                                               for r, toks in todo])
         for (r, toks), (logits, _) in zip(todo, passed):
             self.cache[(r.id, tuple(toks))] = logits[len(r.prompt) - 1:]
 
