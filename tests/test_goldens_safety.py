@@ -107,7 +107,8 @@ def zoo_tree(tmp_path, monkeypatch):
 
 def test_zoo_refuses_to_overwrite_changed_models_without_force(zoo_tree, capsys):
     n = len(goldens.zoo_models())
-    assert n == 6 and {"zoo-granite_dense", "zoo-bamba_wide"} <= set(goldens.zoo_models())  # per architecture + 2
+    assert n == 9 and {"zoo-granite_dense", "zoo-bamba_wide", "zoo-corners", "zoo-granite_hd32",
+                       "zoo-nemotron_h_hd32"} <= set(goldens.zoo_models())  # per architecture + 5
     assert sorted(goldens.zoo_models()) == sorted(p.name for p in goldens.MODELS.iterdir() if p.name.startswith("zoo-"))
     before = snapshot(zoo_tree)
     assert goldens.main(["zoo", "--seed", "1"]) == 1
