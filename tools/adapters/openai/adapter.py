@@ -17,7 +17,8 @@ that were in flight at once.
 What this can check: every request's tokens against the fp64 truth (tie-aware, τ of the declared compute dtype),
 the server's top-k logprobs against the oracle's rows (logprobs.py; the "server logprobs" line), its cached
 prompt tokens within the prompt and (a server only this process talks to) within what it was ever sent, and its
-speculative counts for consistency; not the trace's prefix-cache policy (a server's cache policy is its own). What it cannot: there is no schedule log (batching, chunking and slot assignment are the
+speculative counts for consistency; not the trace's prefix-cache policy (a server's cache policy is its own).
+What it cannot: there is no schedule log (batching, chunking and slot assignment are the
 server's, and the trace's max_requests / max_tokens_per_step / prefill_chunk are not applied: the server runs with
 its own limits, e.g. llama-server --parallel N), wall-clock arrivals are not steps (which requests share a batch
 is not reproducible from run to run), one mode only (legacy), greedy only.
