@@ -23,13 +23,13 @@ def test_qualify_passes_and_writes_json_and_junit(tmp_path):
     p = qualify("--trace", SEED, "--out", str(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["failed"] == 0 and report["passed"] == 9 and report["skipped"] == 0, report["checks"]
+    assert report["failed"] == 0 and report["passed"] == 11 and report["skipped"] == 0, report["checks"]
     assert sum("argmax" in c["name"] for c in report["checks"]) == 2       # the greedy-argmax line, per mode
     assert report["status"] == "finished" and report["tau"] == 1e-3 and "float32" in report["tau_source"]
     assert {"hybridqual", "torch", "triton", "transformers", "engine"} <= set(report["versions"])
     assert report["instances"][0]["truth"].startswith("golden seed_compaction.json")
     assert "<testsuite" in (tmp_path / "junit.xml").read_text()
-    assert "9/9 checks passed" in p.stdout
+    assert "11/11 checks passed" in p.stdout
     for mode in ("legacy", "async"):          # a progress line as each trace × mode starts and ends
         assert f"▶ tiny-sort/seed_compaction · {mode}" in p.stdout
         assert f"■ tiny-sort/seed_compaction · {mode} done in" in p.stdout

@@ -56,6 +56,8 @@ class Capabilities:
     piece_granularities: tuple[int, ...] = ()     # the engine's own piece rule: the block sizes / budget roundings its
                                                   # scheduler cuts prefill at; the engine-aware scenarios put prompts
                                                   # = 1 mod each (tools/scenarios/boundaries.py) beside the defaults
+    deterministic: bool = False                   # the same trace run twice gives the same bits (tokens, logits);
+                                                  # else the repeat check allows near ties and the declared precision
     step_rule: StepRule | None = None             # how the engine forms a step (budget rounding, pieces, cache
                                                   # blocks): piece_tails is instantiated under it; None: unknown
                                                   # (qualify --engine-budget sets one; else ours is assumed)

@@ -80,7 +80,7 @@ class FastpathAdapter(TraceAdapter):
         dtype = options.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
         return Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
                             compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True,
-                            batch_invariant=options.batch_invariant,
+                            batch_invariant=options.batch_invariant, deterministic=True,
                             step_rule=replace(OURS, name="hybridqual fast path (docs/scheduler.md §3.3)"))
 
     @classmethod

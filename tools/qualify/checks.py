@@ -238,6 +238,16 @@ def _shape(ctx: CheckContext) -> Check | None:
     return check_shape(ctx)
 
 
+def _repeat(ctx: CheckContext) -> Check | None:
+    from hybridqual.qualify.repeat_checks import check_repeat          # every engine
+    return check_repeat(ctx)
+
+
+def _alone(ctx: CheckContext) -> Check | None:
+    from hybridqual.qualify.repeat_checks import check_alone           # every engine
+    return check_alone(ctx)
+
+
 def _batch_invariant(ctx: CheckContext) -> Check | None:
     from hybridqual.qualify.invariance_checks import qualify_check    # batch-invariant engines
     return qualify_check(ctx)
@@ -276,6 +286,8 @@ PER_MODE: tuple[QualifyCheck, ...] = (
 ACROSS_MODES: tuple[QualifyCheck, ...] = (
     QualifyCheck("modes_equal", "async == legacy, bitwise", check_modes_equal),
     QualifyCheck("task", "task accuracy identical in every mode and to the oracle's", check_task),
+    QualifyCheck("repeat", "the same trace run twice gives the same tokens", _repeat),
+    QualifyCheck("alone", "a request alone gives its tokens in the batch", _alone),
 )
 REGISTRY: dict[str, QualifyCheck] = {c.key: c for c in PER_MODE + ACROSS_MODES}
 
