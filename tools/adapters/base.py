@@ -48,6 +48,9 @@ class Capabilities:
     schedule_log: bool = False                    # run_trace returns a schedule log (oracle.schedule_log format)
     logits: bool = False                          # run_trace returns the logits row of every sampled position
     compute_dtype: torch.dtype | MeasuredPrecision | None = None  # picks τ and the logits tolerance; None: float32
+    state_dtype: str = "float32"                  # DESIGN §20: the recurrent state's declared dtype; a reduced one is
+                                                  # judged by constants measured for it (compute_dtype a
+                                                  # MeasuredPrecision: hybridqual.adapters.state_precision)
     prefix_cache_reporting: bool = False          # DESIGN §12: run_trace returns RunResult.prefix_cache (and a log,
                                                   # if any, records hits/stores/evictions)
     speculation_reporting: bool = False           # for later (DESIGN §13): the log records proposals/acceptance
