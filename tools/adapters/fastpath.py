@@ -59,6 +59,10 @@ FAST_CONFIGURATIONS: dict[str, FastConfiguration] = {
         FastSettings(prefill_buckets="default"), ("zoo-bamba/prefix_lru",),
         "one-piece prefill-only steps (prefix-cache hits, cold pieces, pieces storing a checkpoint inside) padded "
         "to token buckets whose kept batches (CUDA graphs with --graphs) are built at engine start"),
+    "state_float16": FastConfiguration(
+        FastSettings((("backend", "torch"), ("state_dtype", "float16"))), ("zoo-nemotron_h/chunked_prefill",),
+        "the state bank in float16 (DESIGN §20; torch kernels), judged with the constants measured for it "
+        "(hybridqual.adapters.state_precision), never fp32's"),
     "gemv": FastConfiguration(
         FastSettings((("gemv_on_cpu", True), ("gemv_rows", True))), ("zoo-granite_dense/stop_tokens",),
         "the one-row GEMV and its folds (norm, conv step, residual epilogue) and the few-row GEMV (2..8-row "
@@ -78,10 +82,15 @@ class FastpathAdapter(TraceAdapter):
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
         dtype = options.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
-        return Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
+        caps = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
                             compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True,
                             batch_invariant=options.batch_invariant, deterministic=True,
                             step_rule=replace(OURS, name="hybridqual fast path (docs/scheduler.md §3.3)"))
+        state = dict(cls.settings(options).changes).get("state_dtype", "float32")     # DESIGN §20
+        if state == "float32" or dtype != torch.float32:      # its constants are measured at fp32 compute
+            return caps
+        from hybridqual.adapters.state_precision import with_state_dtype
+        return with_state_dtype(caps, state)
 
     @classmethod
     def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
