@@ -22,9 +22,11 @@ PUBLIC_REPORTS: list[Mutant] = [
            more=((PC, "            st.done = p\n",
                   "            st.done = p\n            st.hit_slot, st.hit_pos = self.bank.pool_slot(entry.index), p\n"),)),
     Mutant("one_token_tail_fresh_path", "prefix cache",
-           "SGLang #29633: a one-token piece that starts on a chunk/block boundary (a prefix hit with prompt = 1 mod "
-           "the block, or the last piece of a prompt = 1 mod the piece size) takes the fresh-sequence path: it is "
-           "packed without its initial state",
+           "a one-token piece that starts on a chunk/block boundary (a prefix hit with prompt = 1 mod the block, "
+           "or the last piece of a prompt = 1 mod the piece size) takes the fresh-sequence path: it is packed "
+           "without its initial state. The trigger (a one-token piece) is SGLang PR #29633's; its reported "
+           "mechanism is another (an MoE kernel given one token, M = 1, returning NaN), which no shipped dense or "
+           "MoE path of ours has the shape for",
            "fastpath/engine/packing.py", "[int(s > 0) for s in starts]",
            "[int(s > 0 and not (c == 1 and s % chunk_size == 0)) for s, c, _ in pieces]",
            (T_PC_LRU, T_TAILS)),
@@ -38,8 +40,12 @@ PUBLIC_REPORTS: list[Mutant] = [
            more=((ENGINE, "            self.bank.zero_slot(slot)\n",
                   "            if len(st.req.prompt) > 1:\n                self.bank.zero_slot(slot)\n"),)),
     Mutant("cobatched_twins_share_a_slot", "batch building",
-           "vLLM PR #16942 / llama.cpp #29002: identical prompts co-batched are computed once (deduplicated): the twin's "
-           "piece runs on the first one's slot, so its own slot never gets the prompt's state and the twins diverge",
+           "identical prompts co-batched are computed once (deduplicated): the twin's piece runs on the first one's "
+           "slot, so its own slot never gets the prompt's state and the twins diverge. One mechanism for the symptom "
+           "the reports describe without naming this one: a comment on vLLM PR #16942 (the same input repeated "
+           "across a batch gives varying greedy outputs with chunked prefill on) and llama.cpp #29002 (co-batching "
+           "sequences of a hybrid model corrupts the recurrent / short-conv state, for any prompts: its reported "
+           "mechanism is the mutant cobatched_conv_reads_neighbour)",
            ENGINE, _PIECES,
            "        first: dict = {}\n"
            "        pieces = [(b.pos, b.count, first.setdefault((b.pos, tuple(self.requests[b.request].req.prompt)), "
@@ -54,8 +60,12 @@ PUBLIC_REPORTS: list[Mutant] = [
            "                self.free_slots.append(self.row_to_slot[m.src])\n",
            (T_COBATCH, T_ROWS)),
     Mutant("pc_batch_restores_first_hit", "prefix cache",
-           "SGLang #31833: every request after the first prefix hit admitted in a step restores the first one's "
-           "checkpoint (its own hit length kept)",
+           "every request after the first prefix hit admitted in a step restores the first one's checkpoint (its "
+           "own hit length kept): a restore-side analogue of SGLang #31833, whose reported mechanism is on the store "
+           "side: the checkpoint of each request of a multi-request prefill batch is read from the SSD's per-chunk "
+           "states at an index that assumes a chunk grid per request, while the kernel chunks the flattened batch, "
+           "so every request not starting chunk-aligned in the batch stores the state of an earlier flat boundary "
+           "(not reproduced as a mutant: our checkpoints are written by the scan at each request's own boundary)",
            PC, "        p, entry = self.lookup(st.req.prompt, step)\n",
            "        p, entry = self.lookup(st.req.prompt, step)\n"
            "        first = getattr(self, '_step_hit', None)\n"
@@ -108,6 +118,15 @@ PUBLIC_REPORTS: list[Mutant] = [
                        "else None)",
                   "backend=backend,\n                    snap=snap[j] if snap is not None and j < x.shape[0] - 2 "
                   "else None)"))),
+    Mutant("cobatched_conv_reads_neighbour", "batch building",
+           "llama.cpp #29002 (hybrid LFM2: co-batching sequences corrupts the recurrent / short-conv state; greedy "
+           "output diverges): in a packed prefill, a sequence that starts fresh (no initial state) reads its "
+           "first d_conv - 1 conv inputs from the tokens packed before it (the previous sequence's tail) instead of "
+           "zeros, so only co-batched prompts after the first are wrong and each alone is right",
+           K + "conv1d.py", "mask=(mt & (j >= 0))[:, None] & md[None, :], other=0.0).to(tl.float32)",
+           "mask=(mt & ((j >= 0) | (~from_bank & (offs_t + (k - (K - 1)) >= 0))))[:, None] & md[None, :],\n"
+           "                     other=0.0).to(tl.float32)",
+           ("tests/test_kernel_conv1d.py::test_conv1d_varlen_matches_oracle_windows_in_bank", T_COBATCH)),
     Mutant("pc_lru_not_touched_on_hit", "prefix cache",
            "a hit does not update the entry's last use, so LRU evicts by store order: an older entry hit after a newer "
            "store is evicted before the newer one; a defect that passed qualify before prefix_lru",
