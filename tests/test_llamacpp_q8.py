@@ -18,7 +18,7 @@ class Q8JudgedAsFloat32(LlamaCppQ8Adapter):
     """The q8_0 GGUF declared as float32 compute: what judging it with f32's τ and c would say."""
 
     @classmethod
-    def capabilities(cls, device: str):
+    def capabilities(cls, device: str, options=None):
         import dataclasses
         return dataclasses.replace(super().capabilities(device), compute_dtype=torch.float32)
 

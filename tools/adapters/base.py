@@ -101,6 +101,48 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class ThreadBudget:
+    """The CPU threads one engine may use, so that the engines a run puts side by side fit the cores it has
+    (--jobs x threads <= cores): computed once by qualify (`for_cores`) or given by the user (--engine-threads)."""
+    threads: int                 # threads one engine (its process, or its worker process) may run
+    cores: int                   # the cores the run has (os.sched_getaffinity)
+    jobs: int = 1                # engines side by side (qualify's --jobs x --tp)
+    given: bool = False          # set by --engine-threads, not computed
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "cores", "jobs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"ThreadBudget.{name}: {v!r}; must be an integer >= 1")
+
+    @classmethod
+    def for_cores(cls, cores: int, jobs: int, given: int | None = None) -> "ThreadBudget":
+        """`given` threads, else cores // jobs (at least 1)."""
+        if given is not None:
+            return cls(given, cores, jobs, True)
+        return cls(max(1, cores // max(1, jobs)), cores, jobs)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.threads * self.jobs > self.cores
+
+    def describe(self) -> str:
+        """One line for the report: the threads and where they come from."""
+        why = (f"--engine-threads {self.threads}" if self.given else
+               f"{self.cores} cores // {self.jobs} engine{'s' if self.jobs > 1 else ''} side by side")
+        over = (f"; oversubscribed: {self.jobs} x {self.threads} > {self.cores} cores" if self.oversubscribed
+                else "")
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''} per engine ({why}{over})"
+
+    def to_json(self) -> dict:
+        return {"threads": self.threads, "cores": self.cores, "jobs": self.jobs, "given": self.given}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ThreadBudget":
+        return cls(int(d["threads"]), int(d["cores"]), int(d["jobs"]), bool(d["given"]))
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """How a run configures an engine, as values (qualify's --dtype, --graphs, --batch-invariant, --tp,
     --configuration, --base-url, --served-model): passed to the adapter's constructor and class hooks, never set on
@@ -115,6 +157,9 @@ class EngineOptions:
     served_model: str | None = None      # the name a server serves the model under (None: the only one it lists)
     settings: object | None = None       # the adapter's own frozen settings dataclass (e.g. the OpenAI adapter's
                                          # ServerSettings); None: its defaults
+    threads: ThreadBudget | None = None  # the CPU threads the engine may use (qualify sets it for every run; an
+                                         # adapter listing "threads" in OPTIONS gets it, others never see it and are
+                                         # never refused for it); None: the engine's own default
 
     def replace(self, **changes) -> "EngineOptions":
         """These options with `changes` (field names checked by dataclasses.replace)."""
@@ -178,7 +223,7 @@ class TraceAdapter:
     @classmethod
     def options_problem(cls, options: EngineOptions) -> str | None:
         """Why this adapter cannot run with `options` (a field set that it does not read), or None."""
-        extra = [f for f in options.set_fields() if f not in cls.OPTIONS and f != "configuration"]
+        extra = [f for f in options.set_fields() if f not in cls.OPTIONS and f not in ("configuration", "threads")]
         if extra:
             return (f"{cls.__qualname__} takes no {', '.join(extra)} option (it reads "
                     f"{', '.join(cls.OPTIONS) or 'none'})")
@@ -240,7 +285,8 @@ class Engine:
     options: EngineOptions = DEFAULT_OPTIONS
 
     def _given(self) -> dict:
-        return {} if self.options == DEFAULT_OPTIONS else {"options": self.options}
+        opts = self.options if "threads" in self.adapter.OPTIONS else self.options.replace(threads=None)
+        return {} if opts == DEFAULT_OPTIONS else {"options": opts}
 
     def __call__(self, model_path: Path, trace, mode: str, device: str = "cpu") -> TraceAdapter:
         return self.adapter(model_path, trace, mode, device, **self._given())

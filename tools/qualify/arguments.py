@@ -1,8 +1,9 @@
 """qualify's command line: every argument, and the checks of their values made before any work (exit 2, one line).
 
-Owns the argparse definition and the value rules (--tau, --tp, --jobs, --timeout, --piece-granularity, --scenario,
---out writable); the runner (hybridqual.qualify.runner) parses with it. Imports only hybridqual.paths,
-hybridqual.scenarios.plan, hybridqual.qualify.truth and the engine names (hybridqual.adapters.ENGINES).
+Owns the argparse definition and the value rules (--tau, --tp, --jobs, --engine-threads, --timeout,
+--piece-granularity, --scenario, --out writable); the runner (hybridqual.qualify.runner) parses with it. Imports
+only hybridqual.paths, hybridqual.scenarios.plan, hybridqual.qualify.truth and the engine names
+(hybridqual.adapters.ENGINES).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hybridqual.scenarios import plan as scenarios
 from hybridqual.qualify.truth import ORACLES
 
 DEFAULT_TIMEOUT = 1800.0        # seconds per instance (every mode and continuation of one trace)
+MAX_ENGINE_THREADS = 4096
 
 
 def parse_args(argv: list[str] | None, usage: str | None = None) -> argparse.Namespace:
@@ -49,6 +51,10 @@ def parse_args(argv: list[str] | None, usage: str | None = None) -> argparse.Nam
     ap.add_argument("--jobs", type=int, default=None,
                     help="worker processes running instances side by side, reported in plan order (default: "
                          "min(2, CPU cores) for the default plan on cpu, else 1); each uses cores/jobs torch threads")
+    ap.add_argument("--engine-threads", type=int, default=None, metavar="N",
+                    help="CPU threads each engine may use (llama.cpp's n_threads, vLLM CPU's and torch's threads; "
+                         "default: CPU cores // (--jobs x --tp), so the engines side by side fit the cores); the "
+                         "report header says which")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (launch with torchrun --nproc_per_node N)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                     help=f"seconds one instance may run before it is a FAIL (default {DEFAULT_TIMEOUT:g}); enforced "
@@ -95,6 +101,9 @@ def argument_problem(args, check_out: bool = True) -> str | None:
         return f"--tp {args.tp}: must be at least 1"
     if args.jobs is not None and args.jobs < 1:
         return f"--jobs {args.jobs}: must be at least 1"
+    threads = getattr(args, "engine_threads", None)
+    if threads is not None and not 1 <= threads <= MAX_ENGINE_THREADS:
+        return f"--engine-threads {threads}: must be an integer in [1, {MAX_ENGINE_THREADS}]"
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         return f"--timeout {args.timeout}: must be a finite number of seconds > 0"
     bad = [g for g in args.piece_granularity if not 1 <= g <= 1 << 16]

@@ -1,7 +1,8 @@
 """qualify --jobs N: the plan's instances run in N worker processes, the report written in plan order.
 
 The parent walks the plan's steps (hybridqual.qualify.steps.plan_steps) in order, as the serial run does; each instance is
-handed to the next free worker (`python -m hybridqual.qualify.worker THREADS ARGV...`, THREADS torch threads each),
+handed to the next free worker (`python -m hybridqual.qualify.worker BUDGET ARGV...`: BUDGET the run's
+adapters.base.ThreadBudget as JSON, its threads the worker's torch and OpenMP threads and its engine's budget),
 which rebuilds it (same model folder, same scenario or trace file: instantiation is deterministic), runs it
 (hybridqual.qualify.runner.run_instance) and sends back, a JSON line each, its progress lines, its instance record, its checks
 and "done". The parent applies an instance's messages only when every earlier step has been applied (those of the
@@ -27,6 +28,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from hybridqual.adapters.base import ThreadBudget
 from hybridqual.qualify.report import Check, Progress
 from hybridqual.qualify.steps import RunInstance, apply_step
 
@@ -48,12 +50,13 @@ def worker_env(threads: int) -> dict[str, str]:
     return env
 
 
-def start_worker(args, threads: int) -> subprocess.Popen:
-    """One worker (`python -m hybridqual.qualify.worker THREADS ARGV...`) in a session of its own (a timeout ends
+def start_worker(args, budget: ThreadBudget) -> subprocess.Popen:
+    """One worker (`python -m hybridqual.qualify.worker BUDGET ARGV...`) in a session of its own (a timeout ends
     its whole process group; a ^C of the terminal reaches only the parent, which stops it)."""
-    w = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify.worker", str(threads), *args.argv],
+    w = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify.worker", json.dumps(budget.to_json()),
+                          *args.argv],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                         env=worker_env(threads), start_new_session=True)
+                         env=worker_env(budget.threads), start_new_session=True)
     w.stderr_tail = deque(maxlen=8)     # stderr passed through, its tail kept for the FAIL line a dead worker gives
     w.stderr_reader = threading.Thread(target=_relay_stderr, args=(w,), daemon=True)
     w.stderr_reader.start()
@@ -61,10 +64,15 @@ def start_worker(args, threads: int) -> subprocess.Popen:
     return w
 
 
+def worker_budget(args, cores: int) -> ThreadBudget:
+    """The run's thread budget (args.thread_budget, set by qualify's main), else cores // --jobs threads."""
+    return getattr(args, "thread_budget", None) or ThreadBudget.for_cores(cores, args.jobs)
+
+
 def start_workers(args, n: int, cores: int) -> list[subprocess.Popen]:
-    """n workers, each with cores // --jobs torch threads (at least 1)."""
-    threads = max(1, cores // max(1, args.jobs))
-    return [start_worker(args, threads) for _ in range(n)]
+    """n workers, each with the run's thread budget (cores // --jobs torch threads unless --engine-threads)."""
+    budget = worker_budget(args, cores)
+    return [start_worker(args, budget) for _ in range(n)]
 
 
 def _relay_stderr(w: subprocess.Popen) -> None:
@@ -126,7 +134,7 @@ class Pool:
 
     def __init__(self, args, steps: list, tasks: list[int], tau: float, t0: float, cores: int) -> None:
         self.args, self.steps, self.tau, self.t0 = args, steps, tau, t0
-        self.threads = max(1, cores // max(1, args.jobs))
+        self.budget = worker_budget(args, cores)
         self.timeout = getattr(args, "timeout", None)
         self.inbox: queue.Queue = queue.Queue()
         self.workers: dict[int, subprocess.Popen] = {}   # worker number -> process (a dead one gets a new number)
@@ -136,7 +144,7 @@ class Pool:
 
     def spawn(self) -> int:
         i = next(self.serial)
-        self.workers[i] = start_worker(self.args, self.threads)
+        self.workers[i] = start_worker(self.args, self.budget)
         threading.Thread(target=_reader, args=(i, self.workers[i], self.inbox), daemon=True).start()
         return i
 

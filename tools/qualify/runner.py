@@ -6,6 +6,7 @@
         [--engine NAME|module:Class] [--mode legacy async] [--device cpu|cuda]    # NAME: --engine's help lists them
         [--tau T] [--dtype bfloat16|float32] [--graphs] [--batch-invariant] [--out out/qualify] [--quiet] [--strict]
         [--oracle auto|memory|streamed] [--oracle-device cpu|cuda] [--fail-fast] [--jobs N] [--timeout S]
+        [--engine-threads N]
         [--isolate | --in-process] [--skip-invalid-traces]
     torchrun --nproc_per_node 2 -m hybridqual.qualify --tp 2 ...   # tensor parallel fast path
 
@@ -18,7 +19,9 @@ teacher-forced, one layer's weights in memory at a time. report.json and junit.x
 at start and rewritten after every check. Exit 0 when nothing failed and at least one check passed (--strict:
 and nothing was skipped); --fail-fast stops at the first FAIL (exit 1, the report says where it stopped).
 --jobs N runs instances in N worker processes (tools/qualify/jobs.py; default min(2, cores) for the default plan
-on cpu, else 1); the report, its lines and --fail-fast's stop keep the plan's order.
+on cpu, else 1); the report, its lines and --fail-fast's stop keep the plan's order. Every engine gets CPU cores //
+(--jobs x --tp) threads (--engine-threads N sets them): the adapter reads EngineOptions.threads (llama.cpp's worker,
+vLLM's CPU backend), torch is set to them in each process that runs instances; the report header says how many.
 
 An adapter cannot fool or stop the judge: its RunResult is validated before any check reads it
 (tools/qualify/validate.py); an adapter that raises or calls sys.exit is a FAIL line; one that runs past --timeout
@@ -43,7 +46,7 @@ from pathlib import Path
 import torch
 
 from hybridqual import adapters
-from hybridqual.adapters.base import Engine, EngineOptions
+from hybridqual.adapters.base import Engine, EngineOptions, ThreadBudget
 from hybridqual.goldens import regen as goldens
 from hybridqual.scenarios import plan as scenarios
 from hybridqual.qualify import arguments, configurations as configs
@@ -117,6 +120,24 @@ def resolve_jobs(args) -> str | None:
     return None
 
 
+def thread_budget(args) -> ThreadBudget:
+    """The threads each engine of this run may use: --engine-threads, else the cores // (--jobs x --tp), so the
+    engines side by side fit the cores (args.jobs already resolved)."""
+    return ThreadBudget.for_cores(cpu_cores(), args.jobs * args.tp, getattr(args, "engine_threads", None))
+
+
+def serial_torch_threads(budget: ThreadBudget, current: int) -> int:
+    """torch's threads for instances run in this process: the budget when given, else at most the budget (never
+    more than this process was already limited to, e.g. by OMP_NUM_THREADS)."""
+    return budget.threads if budget.given else min(current, budget.threads)
+
+
+def threads_header(budget: ThreadBudget, engine: Engine, torch_threads: int) -> dict:
+    """The report header's account of the engine threads: the budget, who reads it, torch's threads."""
+    return {**budget.to_json(), "oversubscribed": budget.oversubscribed, "line": budget.describe(),
+            "adapter_reads": "threads" in engine.adapter.OPTIONS, "torch_threads": torch_threads}
+
+
 class FailFast(Exception):
     """Raised by the report hook at the first FAIL under --fail-fast."""
 
@@ -127,10 +148,10 @@ SERVER_FLAGS = {"base_url": "--base-url", "served_model": "--served-model"}
 
 def engine_options(args) -> EngineOptions:
     """The engine options the command line gives (--dtype, --graphs, --batch-invariant, --tp, --base-url,
-    --served-model)."""
+    --served-model) and the run's thread budget (args.thread_budget, set by main or a --jobs worker)."""
     return EngineOptions(dtype=getattr(torch, args.dtype) if args.dtype else None, graphs=args.graphs,
                          batch_invariant=args.batch_invariant, tp=args.tp, base_url=args.base_url or None,
-                         served_model=args.served_model or None)
+                         served_model=args.served_model or None, threads=getattr(args, "thread_budget", None))
 
 
 def configured_engine(args) -> Engine:
@@ -146,7 +167,11 @@ def configured_engine(args) -> Engine:
         if bad:
             raise ValueError(f"{bad[0]}: --engine {args.engine} does not take it (it takes "
                              f"{', '.join(FAST_FLAGS.get(f) or SERVER_FLAGS.get(f) or f for f in cls.OPTIONS)})")
-    return Engine(cls, options)
+    engine = Engine(cls, options)
+    problem = engine.problem()          # the adapter's own refusal (e.g. a bad $HQ_LLAMACPP_THREADS)
+    if problem:
+        raise ValueError(problem)
+    return engine
 
 
 def build_plan(args, engine: Engine | None = None) -> list[tuple[Path, list[str] | None, list[Path] | None,
@@ -193,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         print("--scenario needs --model (the default plan names its own scenarios)", file=sys.stderr)
         return 2
     problem = resolve_jobs(args)
+    if not problem:
+        args.thread_budget = thread_budget(args)
     problem = problem or prepare_device(args.device)
     problem = problem or oracle_device_problem(args.oracle_device)
     try:
@@ -248,17 +275,24 @@ def run(args, engine: Engine, rank0: bool) -> int:
     except scenarios.ScenarioError as e:          # a declared configuration whose reach is not in the corpus
         print(f"the engine's configurations: {e}", file=sys.stderr)
         return 2
+    budget = args.thread_budget = getattr(args, "thread_budget", None) or thread_budget(args)
+    torch_before = torch.get_num_threads()
+    in_workers = args.jobs > 1 or bool(args.isolate)
+    torch_threads = budget.threads if in_workers else serial_torch_threads(budget, torch_before)
     header = {"engine": args.engine, "device": args.device, "modes": args.mode,
               "models": list(dict.fromkeys(str(m) for m, *_ in plan)), "tau": tau, "tau_source": tau_source,
               "configurations": list(dict.fromkeys(c or configs.DEFAULT for *_, c in plan)),
               "capabilities": {k: str(v) for k, v in asdict(caps).items()}, "versions": versions(engine),
               "jobs": args.jobs, "piece_granularities": list(args.granularities),
-              "step_rule": args.step_rule.describe() if args.step_rule is not None else None}
+              "step_rule": args.step_rule.describe() if args.step_rule is not None else None,
+              "engine_threads": threads_header(budget, engine, torch_threads)}
     report = Report(args.out if rank0 else None, header)
     progress = Progress(args.quiet)
     print(f"hybridqual qualify: engine={args.engine} ({header['versions']['engine']}) device={args.device} "
           f"modes={','.join(args.mode)} τ={tau:g} [{tau_source}]" + (f" tp={args.tp}" if args.tp > 1 else "")
-          + (" batch-invariant" if args.batch_invariant else ""), flush=True)
+          + (" batch-invariant" if args.batch_invariant else "")
+          + f"; engine threads: {budget.describe()}, torch {torch_threads} per {'worker' if in_workers else 'process'}"
+          + ("" if header["engine_threads"]["adapter_reads"] else " (the adapter does not read them)"), flush=True)
     loud = Progress(False)
 
     def on_check(c: Check) -> None:
@@ -269,6 +303,7 @@ def run(args, engine: Engine, rank0: bool) -> int:
             raise FailFast(f"{c.trace}: {c.name}")
     counters = {"ran": 0, "skipped": 0, "families": set()}
     restore = _stop_signals(_raise_aborted)
+    torch.set_num_threads(torch_before if in_workers else torch_threads)   # workers set their own (jobs.py)
     try:
         code = run_plan(args, plan, engine, tau, report, progress, on_check, counters)
     except FailFast as stop:
@@ -288,6 +323,7 @@ def run(args, engine: Engine, rank0: bool) -> int:
     finally:
         for sig, h in restore.items():
             signal.signal(sig, h)
+        torch.set_num_threads(torch_before)
     if code is not None:           # bad input found on the way (a step's exit): the report says so
         report.abort(f"bad input (exit {code})")
         return code

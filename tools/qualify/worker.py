@@ -1,5 +1,6 @@
-"""A qualify --jobs worker (`python -m hybridqual.qualify.worker THREADS ARGV...`): instances in as JSON lines on
-stdin, their progress lines, instance records, checks and "done" out as JSON lines (hybridqual.qualify.jobs reads
+"""A qualify --jobs worker (`python -m hybridqual.qualify.worker BUDGET ARGV...`; BUDGET the run's ThreadBudget as
+JSON, its threads this process's torch threads and its engine's EngineOptions.threads): instances in as JSON lines
+on stdin, their progress lines, instance records, checks and "done" out as JSON lines (hybridqual.qualify.jobs reads
 them and applies them in plan order)."""
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ def worker_main(argv: list[str]) -> int:
     stderr so they cannot break the messages."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    threads, qargv = int(argv[0]), argv[1:]
+    from hybridqual.adapters.base import ThreadBudget
+    budget, qargv = ThreadBudget.from_json(json.loads(argv[0])), argv[1:]
     import torch
-    torch.set_num_threads(threads)
+    torch.set_num_threads(budget.threads)
     from hybridqual.qualify import runner as qualify
     from hybridqual.qualify.truth import load_truth
     args = qualify.parse_args(qargv)
-    args.jobs = 1
+    args.jobs, args.thread_budget = 1, budget
     problem = qualify.prepare_device(args.device)
     if problem:
         print(problem, file=sys.stderr)

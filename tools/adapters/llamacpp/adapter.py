@@ -15,6 +15,8 @@ suffix is prefilled; the hits, stores and evictions come back as RunResult.prefi
 (DESIGN §13: scripted, ngram, or a draft model converted as the target is) is verified in llama.cpp's batches
 (worker.py, speculation.py); the per-request counts come back as schedule_facts, checked by `facts_check`. $HQ_LLAMACPP_LIB (or a
 subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load libllama from another build directory.
+Threads (n_threads and n_threads_batch): $HQ_LLAMACPP_THREADS when set (the user's override), else the run's
+EngineOptions.threads (qualify: cores // --jobs, or --engine-threads), else this process's cores (`llama_threads`).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 
 from hybridqual.adapters import Capabilities, RunResult, TraceAdapter
-from hybridqual.adapters.base import MeasuredPrecision
+from hybridqual.adapters.base import DEFAULT_OPTIONS, EngineOptions, MeasuredPrecision
 from hybridqual.adapters.llamacpp import convert as conv
 from oracle.config import from_hf_config
 from oracle.trace import check_prefix_cache_against_model
@@ -61,6 +63,41 @@ _NOTES = (
                               "log to report them in (per-request proposed/accepted counts are in schedule_facts, "
                               "checked against the oracle's by the engine schedule facts line)"),
 )
+
+
+THREADS_ENV = "HQ_LLAMACPP_THREADS"
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaThreads:
+    """The threads the llama.cpp worker is given (n_threads = n_threads_batch) and where the number comes from."""
+    threads: int
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''} ({self.source})"
+
+
+def threads_problem(env: dict | None = None) -> str | None:
+    """Why $HQ_LLAMACPP_THREADS is not a thread count (None: unset or an integer >= 1)."""
+    raw = (os.environ if env is None else env).get(THREADS_ENV)
+    if raw is None or raw.strip().isdigit() and int(raw) >= 1:
+        return None
+    return f"{THREADS_ENV}={raw!r}: must be an integer >= 1 (the llama.cpp worker's threads)"
+
+
+def llama_threads(options: EngineOptions = DEFAULT_OPTIONS, env: dict | None = None) -> LlamaThreads:
+    """$HQ_LLAMACPP_THREADS (the user's override), else options.threads (the run's budget), else this process's
+    cores; a ValueError naming the variable when it is not an integer >= 1."""
+    env = os.environ if env is None else env
+    why = threads_problem(env)
+    if why:
+        raise ValueError(why)
+    if env.get(THREADS_ENV) is not None:
+        return LlamaThreads(int(env[THREADS_ENV]), f"${THREADS_ENV}")
+    if options.threads is not None:
+        return LlamaThreads(options.threads.threads, f"qualify's budget: {options.threads.describe()}")
+    return LlamaThreads(len(os.sched_getaffinity(0)), "this process's cores")
 
 
 class WorkerError(RuntimeError):
@@ -176,7 +213,7 @@ class LlamaCppAdapter(TraceAdapter):
     # llama.cpp's default ("auto") turns flash attention on for the CPU, whose kernel works in f16: max|Δlogit|
     # ~2e-4-1e-3 against the fp64 oracle on the zoo, ~1e-6 with it off (f32 throughout)
     flash_attn = "off"
-    n_threads = int(os.environ.get("HQ_LLAMACPP_THREADS", "2"))
+    OPTIONS = ("threads",)       # the run's thread budget (n_threads / n_threads_batch; llama_threads)
     timeout = float(os.environ.get("HQ_LLAMACPP_TIMEOUT", "600"))
 
     @classmethod
@@ -192,9 +229,13 @@ class LlamaCppAdapter(TraceAdapter):
         return {"LLAMA_CPP_LIB_PATH": lib}            # None: an inherited LLAMA_CPP_LIB_PATH is dropped
 
     @classmethod
-    def capabilities(cls, device: str) -> Capabilities:
+    def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES,
                             prefix_cache_reporting=True, step_rule=STEP_RULE)
+
+    @classmethod
+    def options_problem(cls, options: EngineOptions) -> str | None:
+        return super().options_problem(options) or threads_problem()
 
     @classmethod
     def facts_check(cls, ctx):
@@ -202,7 +243,7 @@ class LlamaCppAdapter(TraceAdapter):
         return speculation_check(ctx.label, ctx.mode, ctx.trace, ctx.run, ctx.oracle_model)
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
         try:
             info = conv.install_info()
         except conv.ConversionError as e:
@@ -210,10 +251,12 @@ class LlamaCppAdapter(TraceAdapter):
         lib = cls.lib_path()
         return (f"llama.cpp {str(info.get('llama_cpp_commit'))[:9]} via llama-cpp-python {info.get('llama_cpp_python')} "
                 f"low-level API, {cls.outtype} GGUF, {cls.kv_type} K/V cache, flash attention {cls.flash_attn}, "
-                f"{cls.n_threads} threads, no extra buffer types" + (f", libllama from {lib}" if lib else ""))
+                f"{threads_problem() or llama_threads(options).describe()}, no extra buffer types"
+                + (f", libllama from {lib}" if lib else ""))
 
-    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
-        super().__init__(model_path, trace, mode, device)
+    def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
+        super().__init__(model_path, trace, mode, device, options)
+        self.threads = llama_threads(options)
         if device != "cpu":
             raise ValueError(f"device: {device!r}; the llama.cpp build of scripts/install-llamacpp.sh is CPU only")
         for r in trace.requests:
@@ -230,6 +273,11 @@ class LlamaCppAdapter(TraceAdapter):
         self.draft_gguf = draft_gguf(trace.engine.speculative, cfg.vocab_size, self.outtype)
         self.meta: dict = {}
 
+    def load_message(self, n_ctx: int, n_seq: int) -> dict:
+        """The worker's "load" op: the GGUF, context, sequences, threads (n_threads = n_threads_batch), K/V type."""
+        return {"op": "load", "gguf": str(self.gguf), "n_ctx": n_ctx, "n_seq": n_seq,
+                "n_threads": self.threads.threads, "kv_type": self.kv_type, "flash_attn": self.flash_attn}
+
     def run_trace(self) -> RunResult:
         trace = self.trace
         eng = trace.engine
@@ -238,9 +286,7 @@ class LlamaCppAdapter(TraceAdapter):
         n_seq = max(1, min(eng.max_requests, len(trace.requests), 64))
         worker = Worker(self.timeout, env=self._worker_env())
         try:
-            loaded = worker.ask({"op": "load", "gguf": str(self.gguf), "n_ctx": n_ctx, "n_seq": n_seq,
-                                 "n_threads": self.n_threads, "kv_type": self.kv_type,
-                                 "flash_attn": self.flash_attn})
+            loaded = worker.ask(self.load_message(n_ctx, n_seq))
             self.meta = loaded["meta"]
             n_vocab = int(loaded["n_vocab"])
             reqs = [{"id": r.id, "arrival_step": r.arrival_step, "prompt": list(r.prompt),
@@ -339,7 +385,7 @@ class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
     flash_attn = "auto"
 
     @classmethod
-    def capabilities(cls, device: str) -> Capabilities:
+    def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float16, notes=_NOTES,
                             prefix_cache_reporting=True, step_rule=STEP_RULE)
 

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from hybridqual.adapters.llamacpp import convert as conv
+from hybridqual.adapters.base import DEFAULT_OPTIONS, EngineOptions
 from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter
 
 DEFECT = {
@@ -153,14 +154,14 @@ class LlamaCppMutantAdapter(LlamaCppAdapter):
         return str(lib_dir())
 
     @classmethod
-    def version(cls) -> str:
-        return f"{super().version()}; MUTATED ({DEFECT['name']}: {DEFECT['file']})"
+    def version(cls, options: EngineOptions = DEFAULT_OPTIONS) -> str:
+        return f"{super().version(options)}; MUTATED ({DEFECT['name']}: {DEFECT['file']})"
 
-    def __init__(self, model_path, trace, mode, device="cpu", dtype=None):
+    def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
         why = available()
         if why:
             raise RuntimeError(f"llama.cpp mutant: {why}")
-        super().__init__(model_path, trace, mode, device, dtype)
+        super().__init__(model_path, trace, mode, device, options)
 
 
 def main(argv: list[str] | None = None) -> int:

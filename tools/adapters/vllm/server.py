@@ -265,13 +265,24 @@ class Servers:
 
 
 SERVERS = Servers()
+
+
+def thread_env(options: EngineOptions, environ: dict | None = None) -> tuple[tuple[str, str], ...]:
+    """The server's threads: the run's budget (options.threads) as OMP_NUM_THREADS, unbound
+    (VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's default "auto" binds one thread to every core, whatever runs beside
+    it); none without a budget or where the environment already sets them (the user's own)."""
+    environ = os.environ if environ is None else environ
+    if options.threads is None or "OMP_NUM_THREADS" in environ and "VLLM_CPU_OMP_THREADS_BIND" in environ:
+        return ()
+    return (("OMP_NUM_THREADS", str(options.threads.threads)), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
 atexit.register(SERVERS.stop_all)
 
 
 class VLLMServerAdapter(OpenAIServerAdapter):
     """The `openai` adapter against a vLLM server this adapter starts (see the module docstring); its declared
     configurations are the server's feature flags (FEATURES), chosen by options.configuration."""
-    OPTIONS: ClassVar[tuple[str, ...]] = ()      # no --base-url / --served-model: the server is its own
+    OPTIONS: ClassVar[tuple[str, ...]] = ("threads",)   # no --base-url / --served-model: the server is its own;
+                                                        # threads: the server's (thread_env)
     seen_is_whole: ClassVar[bool] = True         # only this process talks to the server it started
     launch: ClassVar[LaunchSettings] = LaunchSettings()
 
@@ -309,7 +320,9 @@ class VLLMServerAdapter(OpenAIServerAdapter):
                               "--engine openai for a server you started)")
         name = options.configuration
         flags = FEATURES[name][0] if name in FEATURES else ()
-        self.server = SERVERS.get(Path(model_path), flags, self.launch_settings(), name or "default")
+        launch = self.launch_settings()
+        launch = dataclasses.replace(launch, env=launch.env + thread_env(options))
+        self.server = SERVERS.get(Path(model_path), flags, launch, name or "default")
         super().__init__(model_path, trace, mode, device, options.replace(base_url=self.server.url))
 
     def server_problem(self) -> str | None:
