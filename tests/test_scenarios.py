@@ -57,12 +57,18 @@ def test_every_scenario_instantiates_on_every_shipped_model(model_dir):
         assert inst.trace is not None, f"{inst.scenario} skipped on {model_dir.name}: {inst.skip_reason}"
 
 
+D_CONV_UNITS = {"prefix_lru"}     # shipped scenarios whose prompts depend on d_conv (suffixes of d_conv tokens)
+SHIPPED_D_CONV = 4                # the d_conv the shipped traces are written for
+
+
 @pytest.mark.parametrize("model_dir", SHIPPED, ids=lambda p: p.name)
 def test_shipped_models_instantiate_to_the_shipped_traces_and_their_goldens(model_dir):
     cfg = _config(model_dir)
     for inst in scenarios.instantiate(model_dir, cfg):
         path = scenarios.shipped_trace_path(inst.scenario)
         golden = goldens.OUTPUTS / model_dir.name / f"{inst.scenario}.json"
+        if inst.scenario in D_CONV_UNITS and cfg.mamba_d_conv != SHIPPED_D_CONV:
+            continue        # written in d_conv units: zoo-corners (d_conv 3) gets its own trace, truth at qualify time
         if path is not None and goldens.trace_fits(load_trace(path), cfg.vocab_size):
             assert dump_trace(inst.trace) == dump_trace(load_trace(path)), inst.scenario
             assert golden.exists(), f"no golden for {model_dir.name} x {inst.scenario}"
