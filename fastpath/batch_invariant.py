@@ -46,7 +46,7 @@ def run_recording_logits(engine, trace, mode: str | None = None):
     rows: dict[tuple[str, int], Tensor] = {}
     for batch, logits in calls:
         for j, b in enumerate(batch):
-            plen = len(engine.requests[b.request].req.prompt)
+            plen = len(engine.requests[b.request].prefill_tokens)     # + output when resumed (§18)
             if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
                 rows[(b.request, b.pos + b.count)] = logits[j]
     return result, rows

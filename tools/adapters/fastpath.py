@@ -165,7 +165,7 @@ class FastpathAdapter(TraceAdapter):
         def record(batch, logits) -> None:        # the row each sampled token came from, kept on the device
             drain()                               # before every forward: the tokens of the steps before it
             for j, b in enumerate(batch):
-                plen = len(engine.requests[b.request].req.prompt)
+                plen = len(engine.requests[b.request].prefill_tokens)     # + output when resumed (§18)
                 if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
                     rows[(b.request, b.pos + b.count)] = logits[j].detach().clone()
         engine.on_logits = record
