@@ -1,17 +1,21 @@
-"""Write anchor-3b (DESIGN §8) as a real HF folder: config.json + sharded bf16 safetensors, seeded random weights.
+"""Write anchor-3b (DESIGN §8), or a shape people serve, as a real HF folder: config.json + sharded bf16
+safetensors, seeded random weights.
 
     python -m hybridqual.anchor write /work/tmp_anchor/anchor-3b           # 2,865,483,840 params, ~5.7 GB
     python -m hybridqual.anchor write /tmp/anchor-s16 --scale 16 --layers 8   # a small variant with the same layout
+    python -m hybridqual.anchor write /work/tmp_anchor/bamba-9b --shape bamba-9b          # 9,778,138,240 params
+    python -m hybridqual.anchor write /work/tmp_anchor/nano-30b --shape nemotron-3-nano-30b-a3b   # 31,577,940,288
     python -m hybridqual.anchor score /work/tmp_anchor/anchor-3b --prompt 64 --tokens 16 [--in-memory]
 
 `score` runs the fp64 oracle teacher-forced over one request (seeded prompt + seeded tokens: the cost does
 not depend on the token values) with the streamed oracle (default) or oracle.load, and prints the wall time
 and the process's peak RSS (run each in a fresh process: docs/performance.md).
 
-The config is fastpath.engine.configs' "anchor-3b" (Bamba layout, chunk 256), the one tools/bench/engine.py
-runs. `--scale k` divides every width by k (hidden, Mamba and attention heads, FFN, vocab; head dims, state
-and chunk kept; KV heads at least 1); `--layers n` keeps the first n layers (attention at 7, 15, 23, 31 as
-far as they exist).
+`--shape` names the config in fastpath.engine.configs: "anchor-3b" (the default; Bamba layout, chunk 256, the one
+tools/bench/engine.py runs), "bamba-9b" (Bamba-9B's shape) or "nemotron-3-nano-30b-a3b" (Nemotron-3-Nano-30B-A3B's
+layer pattern, MoE and widths). `--scale k` divides every width by k (hidden, Mamba and attention heads, FFN,
+expert and shared-expert widths, vocab; head dims, state, chunk, expert count and top-k kept; KV heads and SSM
+groups divided too, at least 1); `--layers n` keeps the first n layers of the shape's pattern.
 The model is written part by part (the top tensors, then `--layers-per-shard` layers per shard), each tensor
 from its own generator seeded by (seed, name), so memory holds one shard and the bytes do not depend on the
 sharding. The folder is written under a temporary name and renamed at the end; an existing one needs --force.
@@ -31,27 +35,41 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from fastpath.engine.configs import ANCHOR_ATTN_LAYERS, named_config, n_params
+from fastpath.engine.configs import named_config, n_params
 from oracle.checkpoint import expected_shapes, part_names, to_hf, write_hf_config
-from oracle.config import HybridConfig, LayerSpec
+from oracle.config import HybridConfig
 
 
-def anchor_config(scale: int = 1, layers: int = 32) -> HybridConfig:
-    """anchor-3b with widths divided by `scale` and the first `layers` layers (scale 1, 32 layers: anchor-3b)."""
-    base = named_config("anchor-3b")
-    widths = {"hidden_size": base.hidden_size, "mamba_n_heads": base.mamba_n_heads, "n_attn_heads": base.n_attn_heads,
-              "mlp_intermediate_size": base.mlp_intermediate_size, "vocab_size": base.vocab_size}
+SHAPES = ("anchor-3b", "bamba-9b", "nemotron-3-nano-30b-a3b")     # what `write --shape` takes
+_WIDTHS = ("hidden_size", "mamba_n_heads", "n_attn_heads", "mlp_intermediate_size", "vocab_size",
+           "moe_intermediate_size", "moe_shared_intermediate_size")
+
+
+def shape_config(shape: str = "anchor-3b", scale: int = 1, layers: int | None = None) -> HybridConfig:
+    """Shape `shape` (SHAPES) with widths divided by `scale` and its first `layers` layers (None: all of them)."""
+    if shape not in SHAPES:
+        raise ValueError(f"--shape: {shape!r} is not one of {', '.join(SHAPES)}")
+    base = named_config(shape)
+    widths = {k: getattr(base, k) for k in _WIDTHS if getattr(base, k)}
     if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1 or any(v % scale for v in widths.values()):
         raise ValueError(f"--scale: {scale!r} must be a positive integer dividing {widths}")
+    layers = base.num_layers if layers is None else layers
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= base.num_layers:
         raise ValueError(f"--layers: {layers!r} must be an integer in [1, {base.num_layers}]")
     if scale == 1 and layers == base.num_layers:
         return base
-    kv = max(1, base.n_kv_heads // scale)
-    if (base.n_attn_heads // scale) % kv:
+    kv, groups = max(1, base.n_kv_heads // scale), max(1, base.mamba_n_groups // scale)
+    if base.n_attn_heads and (base.n_attn_heads // scale) % kv:
         raise ValueError(f"--scale: {scale} leaves {base.n_attn_heads // scale} attention heads for {kv} KV heads")
-    spec = tuple(LayerSpec("attention" if i in ANCHOR_ATTN_LAYERS else "mamba", "mlp") for i in range(layers))
-    return dataclasses.replace(base, layers=spec, n_kv_heads=kv, **{k: v // scale for k, v in widths.items()})
+    if (base.mamba_n_heads // scale) % groups:
+        raise ValueError(f"--scale: {scale} leaves {base.mamba_n_heads // scale} Mamba heads for {groups} groups")
+    return dataclasses.replace(base, layers=base.layers[:layers], n_kv_heads=kv, mamba_n_groups=groups,
+                               **{k: v // scale for k, v in widths.items()})
+
+
+def anchor_config(scale: int = 1, layers: int = 32) -> HybridConfig:
+    """anchor-3b with widths divided by `scale` and the first `layers` layers (scale 1, 32 layers: anchor-3b)."""
+    return shape_config("anchor-3b", scale, layers)
 
 
 def _tensor(name: str, shape: tuple[int, ...], seed: int) -> Tensor:
@@ -146,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="write an anchor folder")
     w.add_argument("out", help="folder to write")
-    w.add_argument("--scale", type=int, default=1, help="divide every width by this (default 1: anchor-3b)")
-    w.add_argument("--layers", type=int, default=32, help="number of layers (default 32)")
+    w.add_argument("--shape", default="anchor-3b", help=f"the shape: {' | '.join(SHAPES)} (default anchor-3b)")
+    w.add_argument("--scale", type=int, default=1, help="divide every width by this (default 1: the real size)")
+    w.add_argument("--layers", type=int, default=None, help="number of layers (default: all of the shape's)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--layers-per-shard", type=int, default=4)
     w.add_argument("--force", action="store_true", help="replace an existing folder")
@@ -172,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['finite']}, min margin {r['min_margin']:.4f}")
         return 0
     try:
-        cfg = anchor_config(args.scale, args.layers)
+        cfg = shape_config(args.shape, args.scale, args.layers)
         if args.layers_per_shard < 1:
             raise ValueError("--layers-per-shard: must be >= 1")
         info = write_anchor(args.out, cfg, args.seed, args.layers_per_shard, force=args.force)
