@@ -152,7 +152,6 @@ class VLLMAdapter(TraceAdapter):
         tokens: dict[str, list[int]] = {r.id: [] for r in pending}
         rows: dict[str, list[torch.Tensor]] = {r.id: [] for r in pending}
         finish: dict[str, str] = {}
-        vocab = None
         k, limit = 0, 20 * sum(len(r.prompt) + r.max_new_tokens for r in pending) + 100
         with rec:
             while pending or eng.has_unfinished_requests():
@@ -167,7 +166,6 @@ class VLLMAdapter(TraceAdapter):
                     tokens[rid].extend(new)
                     rec.emitted(rid, len(new), out.num_cached_tokens)
                     for lp in c.logprobs or []:
-                        vocab = vocab or max(lp) + 1
                         rows[rid].append(_row(lp, self.model_path))
                     if out.finished:
                         finish[rid] = {"stop": "stop", "length": "length"}.get(c.finish_reason, str(c.finish_reason))
