@@ -282,21 +282,8 @@ def argument_problem(args: argparse.Namespace) -> str | None:
             known, what = sorted(p.stem for p in TRACES.glob("*.json")), "shipped trace"
         if args.trace not in known:
             return f"--trace {args.trace}: no such {what} (known: {', '.join(known)})"
+    from hybridqual.qualify.arguments import oracle_device_problem
     return oracle_device_problem(args.oracle_device)
-
-
-def oracle_device_problem(device: str) -> str | None:
-    """Why --oracle-device cannot be used here (not cpu or cuda, or CUDA absent), or None (as qualify says it)."""
-    import torch
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        return f"--oracle-device {device!r}: not a torch device ({e})"
-    if dev.type not in ("cpu", "cuda"):
-        return f"--oracle-device {device}: only cpu and cuda are supported"
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return f"--oracle-device {device}: CUDA is not available on this machine"
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
