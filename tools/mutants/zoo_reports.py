@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hybridqual.mutants.runner import Mutant
 from hybridqual.mutants.zoo_paths import (ENGINE, K, OPS, ROWS, PC, SPEC, T_ROWS, T_SPEC_STATE, T_TAILS, T_COBATCH,
-                                         T_PC_LRU, T_SPEC_ACCEPT)
+                                         T_PC_LRU, T_SPEC_ACCEPT, T_PC_INSIDE, T_PC_TRACES)
 from hybridqual.mutants.zoo_spec import _RESTORE           # the rollback's restore line, as zoo_spec patches it
 
 
@@ -65,7 +65,7 @@ PUBLIC_REPORTS: list[Mutant] = [
            "side: the checkpoint of each request of a multi-request prefill batch is read from the SSD's per-chunk "
            "states at an index that assumes a chunk grid per request, while the kernel chunks the flattened batch, "
            "so every request not starting chunk-aligned in the batch stores the state of an earlier flat boundary "
-           "(not reproduced as a mutant: our checkpoints are written by the scan at each request's own boundary)",
+           "(the mutant pc_store_at_flat_chunk_offset)",
            PC, "        p, entry = self.lookup(st.req.prompt, step)\n",
            "        p, entry = self.lookup(st.req.prompt, step)\n"
            "        first = getattr(self, '_step_hit', None)\n"
@@ -127,6 +127,18 @@ PUBLIC_REPORTS: list[Mutant] = [
            "mask=(mt & ((j >= 0) | (~from_bank & (offs_t + (k - (K - 1)) >= 0))))[:, None] & md[None, :],\n"
            "                     other=0.0).to(tl.float32)",
            ("tests/test_kernel_conv1d.py::test_conv1d_varlen_matches_oracle_windows_in_bank", T_COBATCH)),
+    Mutant("pc_store_at_flat_chunk_offset", "prefix cache",
+           "SGLang #31833 (Nemotron-H, extra_buffer radix cache: the SSD's per-chunk states chunk the flattened "
+           "batch, but each request's checkpoint is read as if it had its own chunk grid, so the first request of a "
+           "multi-request prefill stores the right state and the others the state of an earlier boundary): a "
+           "checkpoint inside a piece that is not the step's first is written from one block before its position "
+           "(where that is still inside the piece), filed under the key of the position",
+           PC, "        return [(seq, p, self.bank.pool_slot(entry.index)) for seq, _, entry, p, _, inside in "
+               "self._writes if inside]",
+           "        first, row = pieces[0][0] if pieces else 0, dict(pieces)\n"
+           "        return [(seq, p - self.block_size if seq != first and p - self.block_size > row[seq].pos else p,\n"
+           "                 self.bank.pool_slot(entry.index)) for seq, _, entry, p, _, inside in self._writes if inside]",
+           ("tests/test_prefix_cache_batch_store.py", T_PC_INSIDE, T_PC_TRACES)),
     Mutant("pc_lru_not_touched_on_hit", "prefix cache",
            "a hit does not update the entry's last use, so LRU evicts by store order: an older entry hit after a newer "
            "store is evicted before the newer one; a defect that passed qualify before prefix_lru",
