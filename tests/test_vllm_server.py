@@ -82,14 +82,15 @@ def test_vllm_server_killed_mid_run_fails_naming_it(tmp_path):
     out = tmp_path / "q"
     e = dict(os.environ, HYBRIDQUAL_VLLM_READY_TIMEOUT="900")
     p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine", "vllm-server", "--mode", "legacy",
-                          "--model", str(MAMBA2), "--scenario", "long_context", "seed_compaction", "--out", str(out)],
+                          "--model", str(MAMBA2), "--scenario", "task_burst", "seed_compaction", "--out", str(out)],
                          cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 1200
         log = out / "vllm-server" / "1-default.log"
-        while not (log.exists() and "POST /v1/completions" in log.read_text()):
+        while not (log.exists() and "POST /v1/completions" in log.read_text()):     # the timing probe answered
             assert p.poll() is None and time.monotonic() < deadline, "the server never answered a completion"
             time.sleep(0.5)
+        time.sleep(5)                  # task_burst's requests in flight (110 tokens at the probe's ~1 s a token)
         os.kill(pids(out)[0], 9)
         text, _ = p.communicate(timeout=1800)
     finally:
@@ -97,7 +98,7 @@ def test_vllm_server_killed_mid_run_fails_naming_it(tmp_path):
             p.kill()
     got = {c["trace"]: c for c in json.loads((out / "report.json").read_text())["checks"]
            if c["name"].startswith("legacy: engine runs") or c["name"].startswith("legacy: tokens match")}
-    first = got["zoo-mamba2/long_context"]
+    first = got["zoo-mamba2/task_burst"]
     assert first["status"] == "FAIL" and "died (exit code -9)" in first["detail"], (first, text[-2000:])
     second = got["zoo-mamba2/seed_compaction"]
     assert second["status"] == "PASS", second
@@ -119,3 +120,43 @@ def test_mutated_vllm_server_fails(tmp_path):
     assert p.returncode == 1 and "MUTANT" in json.dumps(rep.get("versions")), p.stdout[-3000:]
     fails = [c for c in rep["checks"] if c["status"] == "FAIL"]
     assert fails and not any("engine runs the trace" in c["name"] for c in fails), fails
+
+
+def _long_request(srv, vocab: int, n: int = 1100) -> list[int]:
+    """One greedy request of an n-token prompt (ids spread over the vocabulary) to a running server; its tokens."""
+    from hybridqual.adapters.openai.client import parse_completion, request_json
+    prompt = [(7 * i + 3) % vocab for i in range(n)]
+    body = {"model": str(srv.model.resolve()), "prompt": prompt, "max_tokens": 2, "temperature": 0, "top_k": 1,
+            "ignore_eos": True, "return_token_ids": True}
+    return parse_completion(request_json(f"{srv.url}/v1/completions", body, timeout=600)).tokens
+
+
+def test_finding_s4_default_server_engine_dies_on_a_long_prompt_of_a_hybrid_model(tmp_path):
+    """Finding S4 (docs/findings.md, "vLLM as served"): vLLM turns prefix caching on by default for a hybrid
+    Mamba2/attention model (Mamba cache mode 'align'); a 1100-token prompt then gets a prefill checkpoint, and the CPU
+    SSD kernel, which returns only final states, is indexed by chunk (mamba_mixer2.py:880): IndexError, the engine
+    dead (HTTP 500). The same request with --no-enable-prefix-caching gives the oracle's tokens."""
+    import oracle
+    from hybridqual.adapters.openai.client import ServerError
+    from hybridqual.adapters.vllm.server import LaunchSettings, VLLMServer
+    model = ROOT / "goldens" / "models" / "zoo-granite_hd32"
+    om = oracle.load(model)
+    vocab = om.config.vocab_size
+    settings = LaunchSettings(python=VENV_PY, ready_timeout=900)
+    srv = VLLMServer(model, (), settings, tmp_path / "default.log")
+    srv.start()
+    try:
+        with pytest.raises(ServerError, match="HTTP 500"):
+            _long_request(srv, vocab)
+        log = (tmp_path / "default.log").read_text()
+        assert "Mamba cache mode is set to 'align'" in log
+        assert "mamba_mixer2.py\", line 880" in log and "is out of bounds for dimension 0" in log
+    finally:
+        srv.stop()
+    srv = VLLMServer(model, ("--no-enable-prefix-caching",), settings, tmp_path / "off.log")
+    srv.start()
+    try:
+        got = _long_request(srv, vocab)
+    finally:
+        srv.stop()
+    assert got == om.generate_greedy([(7 * i + 3) % vocab for i in range(1100)], 2)
