@@ -13,10 +13,20 @@ reason); with `--hq-trace`, those files (plus any `--hq-scenario`); with neither
 (pairs whose token ids fit the model's vocab). `hq_qualify(AdapterClass)` runs qualify's checks (tokens vs the
 truth, schedule log, logits, async == legacy, task accuracy) for the current pair and returns them; a model whose
 fp64 weights do not fit in memory is judged by the streamed oracle (hybridqual.qualify.truth).
+
+The qualification matrix (models x engines x configurations), one pytest item per instance and engine:
+
+    pytest --pyargs hybridqual.qualification_matrix --hq-model PATH --hq-engine fastpath --hq-engine llamacpp@all -n 16
+
+`--hq-engine NAME[@CONFIGURATION|@all]` (repeatable; default fastpath) parametrises `hq_engine`; `hq_verdict` runs
+qualify's checks for (hq_case, hq_engine). Under pytest-xdist each worker process keeps the truths it loaded (one
+fp64 model per model folder, the session's `_hq_oracles`) and gives its engines cores // workers threads
+(EngineOptions.threads; torch's threads too).
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,6 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--hq-trace", action="append", type=Path, default=[],
                 help="hybridqual.trace/1 JSON file (repeatable; default: the shipped traces, or with --hq-model "
                      "the scenario corpus)")
+    g.addoption("--hq-engine", action="append", default=[], metavar="NAME[@CONFIGURATION|@all]",
+                help="engine of the qualification matrix (hq_engine; repeatable; default fastpath): a qualify "
+                     "--engine name or module:Class, @CONFIGURATION one of its declared configurations, @all its "
+                     "default and every declared one")
     g.addoption("--hq-scenario", action="append", default=[],
                 help="scenario of hybridqual.scenarios to instantiate for each --hq-model (repeatable; default with "
                      "--hq-model and no --hq-trace: every scenario)")
@@ -132,7 +146,29 @@ def scenario_cases(config: pytest.Config, names: list[str]) -> list:
     return params
 
 
+def engine_specs(config: pytest.Config) -> list[tuple[str, str | None]]:
+    """(engine, configuration or None = its defaults) per --hq-engine (default fastpath), @all expanded to the
+    default and every declared configuration; a usage error naming the option for an unknown engine or
+    configuration."""
+    from hybridqual import adapters
+    out = []
+    for spec in config.getoption("--hq-engine") or ["fastpath"]:
+        name, _, conf = spec.partition("@")
+        try:
+            declared = [c.name for c in adapters.resolve(name).configurations()]
+        except (ValueError, ImportError, AttributeError) as e:
+            raise pytest.UsageError(f"--hq-engine {spec}: {e}") from e
+        if conf and conf != "all" and conf not in declared:
+            raise pytest.UsageError(f"--hq-engine {spec}: {name} declares no configuration {conf!r} (it declares "
+                                    f"{', '.join(declared) or 'none'})")
+        out += [(name, None)] + [(name, c) for c in declared] if conf == "all" else [(name, conf or None)]
+    return list(dict.fromkeys(out))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "hq_engine" in metafunc.fixturenames:
+        metafunc.parametrize("hq_engine", engine_specs(metafunc.config),
+                             ids=[n + (f"@{c}" if c else "") for n, c in engine_specs(metafunc.config)])
     if "hq_case" in metafunc.fixturenames:
         config = metafunc.config
         user = bool(config.getoption("--hq-model") or config.getoption("--hq-trace"))
@@ -148,6 +184,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def _hq_oracles() -> dict:
     return {}
+
+
+def worker_budget():
+    """The threads one engine of this pytest process may use: the cores // pytest-xdist's workers (1 without xdist)."""
+    from hybridqual.adapters.base import ThreadBudget
+    return ThreadBudget.for_cores(len(os.sched_getaffinity(0)), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+@pytest.fixture(scope="session")
+def _hq_budget():
+    """This worker's thread budget, torch's threads set to it for the session (and given back after)."""
+    import torch
+    budget, before = worker_budget(), torch.get_num_threads()
+    torch.set_num_threads(budget.threads)
+    yield budget
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def hq_verdict(hq_case, hq_engine, hq_qualify, _hq_budget):
+    """hq_verdict(modes=("legacy", "async"), device="cpu") -> qualify's checks of the matrix item (hq_case's model
+    and trace, hq_engine's engine in its configuration), the engine given this worker's thread budget."""
+    from hybridqual import adapters
+    from hybridqual.adapters.base import EngineOptions
+    name, configuration = hq_engine
+
+    def run(modes=("legacy", "async"), device: str = "cpu") -> list:
+        engine = adapters.engine(name, EngineOptions(threads=_hq_budget))
+        return hq_qualify(engine.configured(configuration) if configuration else engine, modes, device)
+    return run
 
 
 @pytest.fixture
@@ -168,6 +234,7 @@ def hq_qualify(hq_case, _hq_oracles, request):
     def run(adapter, modes=("legacy", "async"), device: str = "cpu", tau: float | None = None) -> list:
         if model_dir not in _hq_oracles:
             _hq_oracles[model_dir] = load_truth(model_dir, "auto")[0]
+            request.config.stash[LOADS] = request.config.stash.get(LOADS, 0) + 1
         checks = check_trace(adapter, model_dir, trace_path, list(modes), _hq_oracles[model_dir], device, tau)
         request.config.stash.setdefault(CHECKS, []).extend(checks)
         request.node.user_properties.append(("hq_checks", ", ".join(
@@ -179,6 +246,7 @@ def hq_qualify(hq_case, _hq_oracles, request):
 
 
 CHECKS = pytest.StashKey[list]()
+LOADS = pytest.StashKey[int]()          # truths (fp64 models) this pytest process loaded
 
 
 def _counts(checks: list) -> dict[str, int]:
@@ -193,7 +261,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     n = _counts(checks)
     terminalreporter.section("hybridqual checks")
     terminalreporter.write_line(f"{n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped "
-                                f"(of {len(checks)} qualify checks in the hq_qualify tests)")
+                                f"(of {len(checks)} qualify checks in the hq_qualify tests); "
+                                f"{config.stash.get(LOADS, 0)} truths loaded")
     reasons: dict[str, int] = {}
     for c in checks:
         if c.skipped:
