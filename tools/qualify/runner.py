@@ -21,7 +21,8 @@ and nothing was skipped); --fail-fast stops at the first FAIL (exit 1, the repor
 --jobs N runs instances in N worker processes (tools/qualify/jobs.py; default min(2, cores) for the default plan
 on cpu, else 1); the report, its lines and --fail-fast's stop keep the plan's order. Every engine gets CPU cores //
 (--jobs x --tp) threads (--engine-threads N sets them): the adapter reads EngineOptions.threads (llama.cpp's worker,
-vLLM's CPU backend), torch is set to them in each process that runs instances; the report header says how many.
+vLLM's CPU backend), torch is set to them in each --jobs worker (at most them in this process); the report header
+says how many.
 
 An adapter cannot fool or stop the judge: its RunResult is validated before any check reads it
 (tools/qualify/validate.py); an adapter that raises or calls sys.exit is a FAIL line; one that runs past --timeout
