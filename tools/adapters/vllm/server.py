@@ -41,8 +41,8 @@ from hybridqual.adapters.openai.adapter import OpenAIServerAdapter
 from hybridqual.adapters.openai.client import ServerError, request_json
 
 # --kv-cache-memory-bytes: a fixed 512 MiB cache; without it the CPU worker reserves --gpu-memory-utilization (0.92)
-# of the machine's memory and refuses to start when other processes hold more than 8 % of it; --enable-prompt-tokens-details:
-# usage.prompt_tokens_details.cached_tokens in every answer (vLLM omits it otherwise)
+# of the machine's memory and refuses to start when other processes hold more than 8 % of it;
+# --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens in every answer (vLLM omits it otherwise)
 BASE_FLAGS = ("--dtype", "float32", "--enforce-eager", "--skip-tokenizer-init", "--return-tokens-as-token-ids",
               "--max-logprobs", "20", "--kv-cache-memory-bytes", str(512 << 20), "--enable-prompt-tokens-details")
 
@@ -140,7 +140,8 @@ class VLLMServer:
             f.write("$ " + " ".join(self.cmd) + "\n")
             f.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.settings.env)), preexec_fn=_die_with_parent)
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.settings.env)),
+                                         preexec_fn=_die_with_parent)
             f.write(f"# pid {self.proc.pid}\n")
             f.flush()
         try:
