@@ -3,7 +3,8 @@
 keys, usage.prompt_tokens_details, /v1/models id/root/max_model_len), answered by the fp64 oracle of --model (greedy).
 
 $FAKE_VLLM_MODE misbehaves: "exit" (exit 3 at start-up, after a log line), "hang" (never listens), "die_once:K"
-(the process exits with code 9 at its K-th completion, once per marker file $FAKE_VLLM_MARKER), "slow:S" (every
+(the process exits with code 9 at its K-th completion, once per marker file $FAKE_VLLM_MARKER), "deaf_once:K" (its
+K-th completion answers HTTP 500 and the process stops listening but stays alive, once per marker), "slow:S" (every
 completion waits S seconds first).
 """
 from __future__ import annotations
@@ -47,6 +48,13 @@ def main() -> None:
                 open(marker, "w").close()
                 print("RuntimeError: engine core died (fake)", flush=True)
                 os._exit(9)
+        if mode.startswith("deaf_once:") and n_done >= int(mode.split(":")[1]):
+            marker = os.environ["FAKE_VLLM_MARKER"]
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                print("EngineDeadError: engine core died (fake); the API server stays up, deaf", flush=True)
+                threading.Thread(target=srv.shutdown, daemon=True).start()
+                return {"error": {"message": "EngineCore encountered an issue (fake)", "code": 500}, "_status": 500}
         if mode.startswith("slow:"):
             time.sleep(float(mode.split(":")[1]))
         prompt, n, k = body["prompt"], body["max_tokens"], body.get("logprobs") or 0
@@ -72,8 +80,9 @@ def main() -> None:
             pass
 
         def reply(self, payload: dict) -> None:
+            status = payload.pop("_status", 200)
             data = json.dumps(payload).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -89,6 +98,8 @@ def main() -> None:
     srv = ThreadingHTTPServer((args.host, args.port), Handler)
     print("Application startup complete.", flush=True)
     srv.serve_forever()
+    srv.server_close()              # deaf: the port closed, the process alive
+    time.sleep(3600)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,23 @@ def test_server_dying_mid_run_fails_naming_it_and_the_rest_get_verdicts(fake_env
     assert rc == 1
 
 
+def test_server_that_stops_answering_is_named_and_replaced(fake_env, monkeypatch):
+    """The server answers HTTP 500 and stops listening while its process lives on (vLLM's API server after its
+    engine died, before it exits): that instance FAILs naming the server and its log's tail; the next finds it not
+    answering, stops it and runs on a fresh one (PASS)."""
+    monkeypatch.setenv("FAKE_VLLM_MODE", "deaf_once:3")
+    again = fake_env / "seed_again.json"
+    again.write_text((TRACES / "seed_compaction.json").read_text())
+    rc, got = qualify_here(fake_env / "q", ["seed_compaction", again])
+    first = got["tiny-sort/seed_compaction"]
+    assert [s for s, _, _ in first] == ["FAIL"], first
+    assert "the vLLM server (pid" in first[0][2] and "engine core died (fake)" in first[0][2], first
+    second = got["tiny-sort/seed_again"]
+    assert any(n.startswith("legacy: tokens match the truth") and s == "PASS" for s, n, _ in second), second
+    assert (fake_env / "q" / "vllm-server" / "2-default.log").exists()
+    assert all(not alive(p) for p in server_pids(fake_env / "q")[:1])
+
+
 def test_base_url_refused_for_vllm_server(fake_env, capsys):
     """vllm-server starts its own server: --base-url is refused by name, and no server is started."""
     from hybridqual.qualify import runner

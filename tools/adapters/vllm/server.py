@@ -170,6 +170,22 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def answers(self) -> bool:
+        """Whether it answers /v1/models now (an API server whose engine died stops answering, then exits)."""
+        try:
+            request_json(f"{self.url}/v1/models", timeout=10)
+            return True
+        except ServerError:
+            return False
+
+    def settle(self, seconds: float) -> None:
+        """Wait up to `seconds` for it to exit (a server whose engine just died is shutting down)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(seconds)
+            except subprocess.TimeoutExpired:
+                pass
+
     def problem(self) -> str | None:
         """Why the server is not serving (it exited: code, log tail), or None while it runs."""
         if self.proc is None or self.alive():
@@ -232,9 +248,11 @@ class Servers:
             cur = self.current
             restart = False
             if cur is not None and (str(cur.model.resolve()), cur.flags) == key:
-                if cur.alive():
+                if cur.alive() and cur.answers():
                     return cur
-                self.last_death, restart = cur.problem(), True
+                cur.settle(settings.stop_timeout)
+                self.last_death = cur.problem() or f"{cur.name()} stopped answering; its log ends: {cur.tail()}"
+                restart = True
             if cur is not None:
                 cur.stop()
                 self.current = None
@@ -324,7 +342,19 @@ class VLLMServerAdapter(OpenAIServerAdapter):
         launch = self.launch_settings()
         launch = dataclasses.replace(launch, env=launch.env + thread_env(options))
         self.server = SERVERS.get(Path(model_path), flags, launch, name or "default")
-        super().__init__(model_path, trace, mode, device, options.replace(base_url=self.server.url))
+        try:
+            super().__init__(model_path, trace, mode, device, options.replace(base_url=self.server.url))
+        except ServerError as e:
+            raise self._named(e) from None
+
+    def _named(self, err: BaseException) -> BaseException:
+        """A failed request named with the server's state: dead (exit code, log tail; after letting a dying server
+        exit), or still running (its log's tail, which says why it answered so)."""
+        if not isinstance(err, ServerError):
+            return err
+        self.server.settle(5.0)
+        problem = self.server.problem() or f"{self.server.name()} is running; its log ends: {self.server.tail()}"
+        return ServerError(f"{problem}; {err}")
 
     def server_problem(self) -> str | None:
         return self.server.problem()
