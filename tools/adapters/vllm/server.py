@@ -56,8 +56,10 @@ FEATURES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
                         "prompts split at vLLM's own token budget of 16 per step",
                         ("zoo-mamba2/chunked_prefill", "zoo-mamba2/piece_budget")),
     "ngram": (("--speculative-config",
-               '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'),
-              "ngram speculative decoding (3 proposed tokens, lookup 2..4)",
+               '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}',
+               "--no-enable-prefix-caching"),
+              "ngram speculative decoding (3 proposed tokens, lookup 2..4), prefix caching off (with it, on by "
+              "default for hybrids, the engine dies at the first request on CPU: docs/findings.md S5)",
               ("zoo-mamba2/task_burst_short", "zoo-mamba2/seed_compaction")),
 }
 
