@@ -82,3 +82,16 @@ def test_a_request_that_differs_alone_fails_the_alone_check():
     assert lines["the same trace run twice gives the same tokens"].status == "PASS"
     Flaky.WHEN = "never"
     assert _lines(Flaky, tau=1e-9)[name].status == "PASS"
+
+
+def test_a_request_alone_keeps_only_its_own_scripted_drafts():
+    """A scripted proposer names every request; the one-request trace keeps the drafts of its request only, so it
+    is a valid trace (the alone check of a speculative trace runs instead of raising)."""
+    from oracle.speculative import check_speculative
+    from hybridqual.qualify.repeat_checks import solo_trace
+    trace = load_trace(scenarios.TRACES / "prefix_spec.json")
+    one = solo_trace(trace, "brief")
+    assert [r.id for r in one.requests] == ["brief"] and one.requests[0].arrival_step == 0
+    assert {rid for rid, _ in one.engine.speculative.proposer.proposals} <= {"brief"}
+    cfg = oracle.from_hf_config(scenarios.MODELS / "zoo-bamba" / "config.json")
+    check_speculative(one, cfg.vocab_size, cfg.chunk_size)

@@ -11,6 +11,8 @@ run of the trace and ALONE_MAX one-request runs.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from hybridqual.qualify.context import CheckContext
@@ -94,6 +96,31 @@ def _co_arriving(trace) -> list:
     return shared or reqs
 
 
+def solo_trace(trace, request_id: str):
+    """The trace with only `request_id`, arriving at step 0; a scripted proposer keeps that request's drafts only
+    (its other entries would name requests the trace no longer has)."""
+    one = alone(trace, request_id)
+    spec = getattr(one.engine, "speculative", None)
+    if spec is not None and spec.proposer.kind == "scripted":
+        mine = tuple((r, per) for r, per in spec.proposer.proposals if r == request_id)
+        spec = dataclasses.replace(spec, proposer=dataclasses.replace(spec.proposer, proposals=mine))
+        one = dataclasses.replace(one, engine=dataclasses.replace(one.engine, speculative=spec))
+    return one
+
+
+def _not_alone(ctx: CheckContext, trace) -> str | None:
+    """Why a one-request trace cut from another does not fit the model (None: it does)."""
+    from oracle.speculative import check_speculative
+    from oracle.trace import TraceError, check_against_model
+    try:
+        check_against_model(trace, ctx.vocab, ctx.oracle_model.config.chunk_size)
+        if getattr(trace.engine, "speculative", None) is not None:
+            check_speculative(trace, ctx.vocab, ctx.oracle_model.config.chunk_size)
+    except TraceError as e:
+        return str(e)
+    return None
+
+
 def check_alone(ctx: CheckContext) -> Check | None:
     """A request alone vs in the batch (see the module docstring)."""
     mode, first = _first_run(ctx)
@@ -103,7 +130,11 @@ def check_alone(ctx: CheckContext) -> Check | None:
         return ctx.skip("one request: nothing shares its steps")
     bad, picked = [], _co_arriving(ctx.trace)[:ALONE_MAX]
     for req in picked:
-        solo = _run(ctx, alone(ctx.trace, req.id), mode)
+        one = solo_trace(ctx.trace, req.id)
+        why = _not_alone(ctx, one)
+        if why is not None:
+            return ctx.skip(f"{req.id} alone is no valid trace: {why}")
+        solo = _run(ctx, one, mode)
         why = _divergence(ctx, req, first.tokens.get(req.id, []), solo.tokens.get(req.id, []))
         if why is not None:
             bad.append(why)
