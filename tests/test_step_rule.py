@@ -153,3 +153,13 @@ def test_prefix_lru_hits_land_on_the_engines_cache_blocks():
     assert len(inst.trace.request("h1").prompt) == 32 + 1             # a hit then a 1-token suffix
     ours = scenarios.instantiate_one("prefix_lru", Units(8, 96))
     assert ours.trace.engine.prefix_cache.block_size == 8
+
+
+def test_facts_without_rows_are_no_pieces():
+    """Facts of another shape (per-request counts, a list) say nothing about pieces: None, never a wrong verdict."""
+    tr = _tr(64, [5, 70])
+
+    class Counts:
+        schedule_log = None
+        schedule_facts = [{"speculation": {"r0": [1, 0]}}, ["not", "a", "dict"], {"batches": [{"rows": [{"x": 1}]}]}]
+    assert observed_pieces(tr, Counts()) is None

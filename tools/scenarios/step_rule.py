@@ -224,22 +224,28 @@ def pieces_from_facts(facts: list, prompts: dict[str, int]) -> dict[str, list[Pi
     tools/adapters/megatron/schedule_facts.py records): a row starting before the prompt's end is a piece."""
     out: dict[str, list[Piece]] = {i: [] for i in prompts}
     for k, fact in enumerate(facts):
-        for b in fact.get("batches", []):
-            for r in b.get("rows", []):
+        batches = fact.get("batches", []) if isinstance(fact, dict) else []
+        for b in batches if isinstance(batches, list) else []:
+            rows = b.get("rows", []) if isinstance(b, dict) else []
+            for r in rows if isinstance(rows, list) else []:
+                if not (isinstance(r, dict) and {"request", "pos", "tokens"} <= set(r)):
+                    continue
                 if r["request"] in prompts and r["pos"] < prompts[r["request"]]:
                     out[r["request"]].append(Piece(k, r["pos"], r["tokens"]))
     return out
 
 
 def observed_pieces(trace, run) -> dict[str, list[Piece]] | None:
-    """The pieces an engine ran, from its RunResult's schedule log or schedule facts (None: it reports neither)."""
+    """The pieces an engine ran, from its RunResult's schedule log or schedule facts (None: it reports neither, or
+    facts without per-row pieces)."""
     prompts = {r.id: len(r.prompt) for r in trace.requests}
     log = getattr(run, "schedule_log", None)
     if log is not None:
         return pieces_from_log(log.to_json() if hasattr(log, "to_json") else log, list(prompts))
     facts = getattr(run, "schedule_facts", None)
     if facts is not None:
-        return pieces_from_facts(facts, prompts)
+        pieces = pieces_from_facts(facts, prompts)
+        return pieces if any(pieces.values()) else None      # facts of another kind (e.g. counts only)
     return None
 
 
