@@ -62,7 +62,7 @@ def _prefill_then_decode(engine: Engine, prompt: tuple[int, ...], chunk: int):
 def test_chunked_prefill_equals_unchunked_bitwise(device, dtype, arch):
     """A prompt of 4 chunks in one piece vs four chunk-aligned pieces: same tokens, bitwise the same state.
 
-    The hybrid runs on GPU only: passed on H200 bf16; on the CPU interpreter attention_prefill_varlen gives
+    The hybrid runs on GPU only: passed on the GPU in bf16; on the CPU interpreter attention_prefill_varlen gives
     different bits (1.8e-7) when the prompt is split, so the CPU case is Mamba-only (docs/engine.md)."""
     small = {"pattern": "M", "hidden_size": 16, "mamba_n_heads": 2, "mamba_n_groups": 1} if device == "cpu" else {}
     cfg = zoo.tiny_config(arch, **small)
@@ -106,7 +106,7 @@ def _sync_counts(eng: Engine, steps: int) -> dict[str, int]:
 def test_async_decode_steps_have_no_hidden_syncs(device, dtype):
     """Decode steps add no stream/device syncs and exactly one event wait each.
 
-    The profiler itself may synchronise once per window (seen on H200: one cudaDeviceSynchronize per profiled
+    The profiler itself may synchronise once per window (seen on the GPU: one cudaDeviceSynchronize per profiled
     window), so the claim is made on the difference between a 30-step and a 10-step window."""
     fast = _model(device, dtype)
     trace = Trace(EngineConfig(2, 9, 8, "async"), (Request("a", 0, (1, 2, 3), 60), Request("b", 0, (4, 5), 60)))

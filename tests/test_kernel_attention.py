@@ -108,7 +108,7 @@ def test_attention_rejects_bad_inputs_naming_the_field():
 
 
 def test_attention_plan_keys_its_tiles_on_the_dtype_and_refuses_another():
-    """The launch rule's tiles depend on the element size (128 × 128 for bf16 would overflow an H100's shared memory
+    """The launch rule's tiles depend on the element size (128 × 128 for bf16 would overflow an sm_90 block's shared memory
     in fp32): a plan built for bf16 passed to an fp32 call raises KernelInputError naming dtype, not a launch error."""
     import fastpath.kernels.attention as attn
     assert attn.attention_launch_rule(80, 2)["BLOCK_N"] == 128 and attn.attention_launch_rule(80, 4)["BLOCK_N"] == 64

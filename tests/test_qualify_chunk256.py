@@ -50,7 +50,7 @@ def test_every_scenario_instantiates_on_a_chunk_256_folder_or_says_why_not(folde
 
 @pytest.mark.slow
 def test_qualify_runs_the_whole_corpus_on_a_chunk_256_folder_with_the_oracle_engine(folder, tmp_path):
-    """The harness end to end (truth, every check, report) on every scenario; ~15 min on 2 loaded cores."""
+    """The harness end to end (truth, every check, report) on every scenario (slow: docs/qualification.md, "Current figures")."""
     rc, rep = run(folder, tmp_path / "oracle", "--engine", "oracle")
     assert rc == 0 and rep["status"] == "finished"
     assert_whole_corpus(rep, list(SCENARIOS))
@@ -58,7 +58,7 @@ def test_qualify_runs_the_whole_corpus_on_a_chunk_256_folder_with_the_oracle_eng
 
 @pytest.mark.slow
 def test_the_fast_path_qualifies_a_chunk_256_scenario(folder, tmp_path):
-    """~10 s idle, ~60 s on 2 loaded cores."""
+    """The fast path in the interpreter qualifies one chunk-256 scenario end to end (slow on loaded cores)."""
     rc, rep = run(folder, tmp_path / "fast", "--scenario", "async_drain")
     assert rc == 0 and rep["passed"] >= 7, rep["checks"]
 

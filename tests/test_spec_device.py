@@ -240,7 +240,7 @@ def test_gpu_device_draft_logits_are_the_replayed_graphs_own_in_every_run():
     """bf16, CUDA graphs, device drafts on spec_ngram.json (seeded rows run a bucket eagerly before a greedy step
     replays the same bucket's graph): the logits rows on_logits sees are bitwise the same in a run that captures the
     graphs, in later runs on the same engine (legacy, async) and on a fresh engine — an eager step's logits must not
-    stand in for a later replay's (an H200 run of 2026-12-02 13:37 UTC at 10ccd0e: rows off by 3.3 in every run after the
+    stand in for a later replay's (docs/journal/engine.md, "device proposals (measured)": rows off by 3.3 in every run after the
     capturing one)."""
     from fastpath.batch_invariant import run_recording_logits
     from oracle.trace import load_trace

@@ -35,7 +35,7 @@ CATCH_UP_TOKENS = 2048    # ... and at most this many tokens over the rows (its 
 
 def catch_up_width(k: int, backoff: int, R: int) -> int:
     """The longest catch-up through the graphs for R rows: k+1 (the decode loop's), after a backoff pause up to
-    CATCH_UP_MAX and CATCH_UP_TOKENS / R (a longer catch-up is one packed prefill, a flat host cost of ~6 ms)."""
+    CATCH_UP_MAX and CATCH_UP_TOKENS / R (a longer catch-up is one eager packed prefill: docs/engine.md)."""
     return min(k + 1 + backoff, max(k + 1, min(CATCH_UP_MAX, CATCH_UP_TOKENS // R)))
 
 

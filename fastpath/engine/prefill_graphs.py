@@ -1,7 +1,7 @@
 """Short prefill-only steps whose exact shape repeats, replayed as CUDA graphs (a prefix-cache hit's suffix).
 
-A prefix-cache hit's one step — a short piece over a long restored context — costs a few ms on the device but
-~25 ms of host time in eager mode (~470 kernels at tens of µs of Python and launch each: docs/performance.md).
+A prefix-cache hit's one step — a short piece over a long restored context — is host-bound in eager mode (hundreds
+of kernels, each paying Python and launch time: docs/performance.md, "Choices the code makes").
 Such a step repeats exactly whenever the same suffix length resumes at the same checkpoint into the same slot,
 so it is captured once and replayed:
 

@@ -1,6 +1,6 @@
 """One saving for the Triton interpreter (TRITON_INTERPRET=1, the CPU path): the interpreter patches the
-`triton.language` modules (`inspect.getmembers` over tl, tl.tensor, tl.math, then a wrapper per builtin: about
-0.5-1 ms a call) at every grid launch and again at every @triton.jit helper call inside a kernel — our helpers
+`triton.language` modules (`inspect.getmembers` over tl, tl.tensor, tl.math, then a wrapper per builtin) at
+every grid launch and again at every @triton.jit helper call inside a kernel — our helpers
 (`pdl_enter`, `softplus`, ...) and Triton's own (`tl.sum`, `tl.max`, `tl.cumsum`, whose module is tl.core) — once
 per program of the grid, then restores the modules after the grid. Wrapped here: the first patch of a language
 module is kept for the life of the process, and every later patch of a module already kept is an empty scope.
@@ -13,7 +13,7 @@ A second saving (`drop_dead_overflow_checks`): the interpreter's options ask for
 every int32 add, sub and mul of a kernel (its address arithmetic) is redone in int64 and compared with the int32
 range, and the result goes to `device_assert`, which drops it unless the options' `debug` is on (it never is in the
 interpreter, and a compiled kernel without debug drops it the same way). Turned off only while `debug` is off: the
-work it removes is work whose result was discarded (docs/qualification.md: what it saves the main job).
+work it removes is work whose result was discarded (docs/journal/qualification.md: what it saved the main job).
 A kernel's values never pass through the check, so the bits are the same.
 
 A third (`memoize_np_dtype`): the interpreter maps a Triton dtype to its NumPy dtype through a table it rebuilds on

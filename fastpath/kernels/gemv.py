@@ -187,14 +187,14 @@ def _w_tile(wrow, kk, k_hi, mn, EVEN_K: tl.constexpr):
 def gemv_launch_rule(N: int, K: int) -> dict:
     """Keyed on (N, K) only, so every call of a projection has the same bits: 4 rows per program, 1024-wide K
     tiles and 8 warps for K >= 4096; 2 rows, up to 512-wide tiles and 2 warps below. No K split (it never won;
-    benches may set SPLIT). Chosen by timing on an H200: docs/kernels.md, "Launch rules"."""
+    benches may set SPLIT). Chosen by timing: docs/kernels.md, "Launch rules"."""
     if K >= 4096:
         return dict(BLOCK_N=4, BLOCK_K=1024, SPLIT=1, num_warps=8, num_stages=3)
     return dict(BLOCK_N=2, BLOCK_K=min(512, next_pow2(K, 16)), SPLIT=1, num_warps=2, num_stages=1)
 
 
 def interpreter_tile(N: int) -> dict:
-    """CPU (the Triton interpreter): up to 256 rows per program. An interpreted program costs ~10 ms of Python
+    """CPU (the Triton interpreter): up to 256 rows per program. An interpreted program costs the same Python
     whatever its tile, and a row's sum does not depend on how many rows its program owns (each row accumulates its
     own BLOCK_K lanes, then sums them), so the bits are those of the GPU tile with 10-100x fewer programs."""
     return dict(BLOCK_N=min(256, next_pow2(N, 2)))

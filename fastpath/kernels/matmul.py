@@ -68,8 +68,8 @@ def split_sum_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: 
 
 
 def matmul_launch_rule(N: int, K: int) -> dict:
-    """Tiles and K split from the weight's shape only, picked by tools/bench/gemm.py on an H200 at M = 64
-    (2026-11-30, anchor-3b projections, each within 0.94-1.07x of cuBLAS in CUDA graphs): wide outputs
+    """Tiles and K split from the weight's shape only, picked by tools/bench/gemm.py at M = 64 (each anchor-3b
+    projection near cuBLAS's time in CUDA graphs: docs/performance.md, "Choices the code makes"): wide outputs
     take wide tiles; N <= 4096 takes 32-wide tiles, and long K a fixed 4-way split so that the 2560-output
     projections fill the SMs."""
     if N >= 16384:                                        # lm_head

@@ -115,7 +115,7 @@ def processed_dt(dt, A, bias, dt_lo, dt_hi, HAS_BIAS: tl.constexpr):
 
 def ssm_step_launch_rule(H: int, P: int, N: int) -> dict:
     """~4K fp32 state elements per program (16 KB), 8 warps, one head per program; keyed on the model shape only,
-    so a row's bits never depend on the batch. Chosen by timing on an H200: docs/kernels.md, "Launch rules". In the
+    so a row's bits never depend on the batch. Chosen by timing: docs/kernels.md, "Launch rules". In the
     Triton interpreter (CPU) a program costs its op count whatever its tile, so one program takes every head."""
     bn = next_pow2(N)
     if INTERPRET:

@@ -8,7 +8,7 @@ replays × 5 (median). The `skip` rows say what a kernel family costs *in the de
 profiler's per-kernel durations do not (under PDL kernels overlap their neighbours). The first row is the code
 as it is; the table ends with each row's difference to it and the roofline (weight bytes / copy bandwidth of
 this run). Its base row tracks `tools/bench/engine.py --bs1-only` (async + graphs) within ~1%
-(docs/performance.md, History, 2026-11-30 13:44–14:31 UTC).
+(docs/journal/performance.md, History: the run at 5ba444b).
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ HQ, HKV, HD = 32, 8, 80
 # name -> updates of attention_launch_rule(80); "rule": the rule as it is
 VARIANTS: dict[str, dict] = {
     "rule": {},
-    "m64_n64_w4": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "COMBINE_H": None},   # the rule before 2026-12-06
+    "m64_n64_w4": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "COMBINE_H": None},   # the rule before 381bea7
     "combine_all": {"COMBINE_H": None},
     "masked": {"UNMASKED_FULL": False},
     "one_chunk": {"BLOCK_DQ": 128, "BLOCK_D2": 0},
@@ -44,7 +44,7 @@ VARIANTS: dict[str, dict] = {
     "m128_n128_w8": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8},
     "combine_h4": {"COMBINE_H": 4},
     "combine_h1": {"COMBINE_H": 1},
-    "natural_exp": {"EXP2": False},                                                   # the rule before 2026-12-06 12:00
+    "natural_exp": {"EXP2": False},                                                   # the rule before 8c6749f
 }
 SHAPES = (("L8192", 0, 8192, 8192), ("131k first piece", 0, 16384, 16384),
           ("131k last piece", 131072 - 16384, 16384, 131072),

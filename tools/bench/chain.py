@@ -8,7 +8,7 @@ Prints, each timed as a CUDA graph (median of 5):
    before) against their bytes at the copy and at the measured read rate: the excess per boundary;
 3. an empty PDL kernel chain at several CTA counts (µs per launch) and an in-kernel grid barrier (atomic counter,
    sense reversal) at several grid sizes (µs per barrier) — the two ways to order dependent stages.
-Figures and their reading: docs/performance.md (History, 2026-11-30 16:44–17:15 UTC).
+Figures and their reading: docs/journal/performance.md, History (the run at 4dd0878).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 tools/bench/engine.py [--out bench_engine.json] [--summary bench_engine.summary] [--quick]
 
 1. bs1 decode, the seed protocol: 4 requests one after another (bs1), OSL 512, the first discarded as warm-up
-   (eager rows: 2 requests, one timed — they are host-bound at ~17 ms/step and only bound the run's time);
+   (eager rows: 2 requests, one timed — they are host-bound, so they only bound the run's time);
    tok/s for legacy and async, CUDA graphs on/off, beside the roofline (parameter bytes / copy bandwidth
    measured in this run) and the host time per step (step wall time minus time blocked on the device).
 2. Hidden syncs: torch.profiler over async+graphs decode steps, CUDA runtime synchronisations per step.
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += spec_lines
         cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
     for mode, graphs, fused, gv in cases:
-        try:   # eager (~17 ms/step): 1 timed request
+        try:   # eager (host-bound): 1 timed request
             r = bs1_run(model.with_options(fused=fused, gemv=gv), mode, graphs, osl, 4 if graphs else 2, 32)
         except Exception as e:   # keep going: one GPU run must report every section it can
             lines.append(f"bs1 {mode} graphs={graphs} fused={fused}: FAILED {type(e).__name__}: {e}"[:300])

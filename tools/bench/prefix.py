@@ -1,7 +1,7 @@
 """The prefix-cache section of tools/bench/engine.py (DESIGN §8, §12): TTFT of a short suffix after a long
 shared prefix, cold vs a prefix-cache hit, and where a hit's time goes (stages; torch.profiler's top kernels).
 
-    python -m hybridqual.bench.engine --prefix-cache [--out F --summary F]       # anchor-3b, H200
+    python -m hybridqual.bench.engine --prefix-cache [--out F --summary F]       # anchor-3b, one GPU
     TRITON_INTERPRET=1 python -m hybridqual.bench.engine --prefix-cache --tiny    # smoke run of this code path, CPU
 """
 from __future__ import annotations
@@ -133,8 +133,8 @@ def hit_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 10) -
 
 
 def hit_host_profile(eng: Engine, prompt: tuple[int, ...], rid: str, top: int = 12) -> dict:
-    """cProfile over one more hit: where the host's time goes (the hit's forward is host-bound on an H200:
-    25 ms of host for 6 ms of device on 2026-12-02 at 577fe1b) — the top functions by own time, as 'file:line(function)'."""
+    """cProfile over one more hit: where the host's time goes (the hit's eager forward is host-bound:
+    docs/performance.md, "Choices the code makes") — the top functions by own time, as 'file:line(function)'."""
     import cProfile
     import pstats
     pr = cProfile.Profile()

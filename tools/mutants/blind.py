@@ -229,7 +229,7 @@ def stage_column(o: BlindOutcome | dict, kind: str) -> str:
 def copy_prefix(label: str) -> str:
     """The temporary copy's name prefix: letters, digits, '_', '-' and '.' only. A ':' (os.pathsep) in the path
     splits every PYTHONPATH entry under the copy, so the control's "(control: no mutation)" once made its qualify
-    --jobs workers miss tests/ (No module named 'broken_engines') and the control CRASHed (2026-12-02, ea33b79 to 25ed4f5; fixed in 69fe09c)."""
+    --jobs workers miss tests/ (No module named 'broken_engines') and the control CRASHed (fixed in 69fe09c; docs/journal/qualification.md, History)."""
     return "hq-blind-" + re.sub(r"[^A-Za-z0-9_.-]", "_", label[:40]) + "-"
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Not copied into a mutant's tree: VCS data, outputs, caches, wheels and virtual environments (a 4.8 GB
-# .venv-megatron made every blind judgement spend ~15 min copying and deleting it).
+# Not copied into a mutant's tree: VCS data, outputs, caches, wheels and virtual environments (a
+# multi-GB .venv-megatron made every blind judgement spend most of its time copying and deleting it).
 COPY_IGNORE = shutil.ignore_patterns(".git", "out", "__pycache__", "*.egg-info", ".hypothesis", ".peer", ".whl",
                                      ".whl-src", ".venv*", "build", ".pytest_cache", ".hq-import")
 # Exceptions that mean "the mutated code could not even run" rather than "a check caught the defect".

@@ -115,8 +115,8 @@ def shipped_trace_path(name: str) -> Path | None:
 # The qualify main job's default: every family at least once, every shipped architecture at least one scenario,
 # spread by cost: the fast path runs in the Triton interpreter on CPU and a step of zoo-mamba2 (2 Mamba layers)
 # costs about a third of one of tiny-sort or the attention/MoE zoo models, so the cheap scheduling scenarios run
-# there (piece_budget moved there from zoo-bamba: on 2026-12-03 it took 157 s of wall on Bamba under load,
-# 27 s on zoo-mamba2 less loaded; Bamba keeps the trace files and prefix_lru);
+# there (piece_budget moved there from zoo-bamba, where it cost several times more: docs/journal/qualification.md,
+# "Main job time"; Bamba keeps the trace files and prefix_lru);
 # seeded sampling runs on Granite (its multipliers under sampling), the short task on the trained model.
 # Measured wall time: docs/qualification.md ("The main job's default plan").
 DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -119,7 +119,7 @@ def _install_torch_cuda() -> None:
         "memory_reserved": lambda device=None: 0, "memory_stats": lambda device=None: {},
         "reset_peak_memory_stats": lambda device=None: None, "empty_cache": lambda: None,
         "set_device": lambda device: None,
-        "get_device_capability": lambda device=None: (9, 0),   # kernel choices as on the H200 (not Blackwell)
+        "get_device_capability": lambda device=None: (9, 0),   # kernel choices as on sm_90 (Hopper), not Blackwell
     }
     for name, fn in repl.items():
         setattr(cuda, name, fn)
