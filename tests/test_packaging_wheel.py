@@ -142,7 +142,7 @@ def test_console_script_qualifies_the_shipped_model(venv, work):
     traces = Path(installed_paths(venv, work)["goldens"]) / "traces"
     exe = shutil.which("hybridqual", path=work[1]["PATH"])
     assert exe and Path(exe).parent == venv / "bin"
-    # legacy only (~1 min of interpreter time); async == legacy runs in the plugin test below on a shorter trace
+    # legacy only (the interpreter is slow); async == legacy runs in the plugin test below on a shorter trace
     p = sh([exe, "qualify", "--trace", traces / "seed_compaction.json", "--mode", "legacy", "--out", "out"],
            cwd=work[0], env=work[1])
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

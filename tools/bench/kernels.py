@@ -150,7 +150,7 @@ def ssd_stage_events(events: list):
 
 
 def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
-    """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (DESIGN §8 target: <= 1.9 ms at L = 65536)."""
+    """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (its target: DESIGN §8)."""
     H, P, G, N, Q = 128, 64, 1, 128, 256
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(L, H, P, device=DEV, dtype=torch.bfloat16, generator=g)
@@ -263,7 +263,7 @@ def vllm_varlen(op, x, dt, A, B, C, D, dtb, Q: int):
 
 
 def bench_ssm_step(ceil: dict, peer, variants: bool) -> None:
-    """Decode state update, 256 rows, fp32 state, H128 P64 G1 N128 (target >= 3.6 TB/s)."""
+    """Decode state update, 256 rows, fp32 state, H128 P64 G1 N128 (its target: DESIGN §8)."""
     R, H, P, G, N = 256, 128, 64, 1, 128
     g = torch.Generator(device=DEV).manual_seed(1)
     bank = torch.randn(R, H, P, N, device=DEV, generator=g)
