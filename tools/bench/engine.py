@@ -28,6 +28,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -349,7 +350,29 @@ def argument_problem(args: argparse.Namespace) -> str | None:
                            arguments.writable_file("--summary", args.summary))
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class EngineRun:
+    """One engine bench run's shared state: its arguments, the model, the roofline, and the report it builds."""
+    args: argparse.Namespace
+    osl: int
+    model: FastModel | None
+    bw: float
+    roof: float
+    report: dict
+    lines: list[str]
+
+
+@dataclass(frozen=True)
+class Bs1Case:
+    """One bs1 decode row: the step mode, CUDA graphs, the fused decode kernels, the Triton GEMV."""
+    mode: str
+    graphs: bool
+    fused: bool
+    gemv: bool
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """engine's command line."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
     ap.add_argument("--summary")
@@ -375,14 +398,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="also: async+graphs bs1 with other GEMV launch rules patched in (bench-only comparison)")
     ap.add_argument("--tiny", action="store_true", help="with --prefix-cache: a smoke run of the section's code path "
                     "on a tiny zoo model (CPU without CUDA: run with TRITON_INTERPRET=1), seconds")
-    args = ap.parse_args(argv)
-    problem = argument_problem(args)
-    if problem:
-        return arguments.refuse(problem)
-    if args.tiny:
-        from hybridqual.bench.prefix import tiny_prefix
-        tiny_prefix(args, _write)
-        return 0
+    return ap
+
+
+def start_run(args: argparse.Namespace) -> EngineRun:
+    """Measure the copy bandwidth and build anchor-3b with random bf16 weights: the roofline line opens the report."""
     osl = 64 if args.quick else 512
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -394,139 +414,207 @@ def main(argv: list[str] | None = None) -> int:
     report.update(copy_TBps=bw / 1e12, params=P, roofline_tok_s=roof)
     lines = [f"anchor-3b {P:,} params bf16 | copy {bw / 1e12:.2f} TB/s -> bs1 roofline {roof:.0f} tok/s"]
     report["bs1"] = []
-    if args.prefix_cache:
-        from hybridqual.bench.prefix import prefix_lines, prefix_ttft
-        r = prefix_ttft(model, 4096 if args.quick else 32768)
-        report["prefix_cache"] = r
-        lines += prefix_lines(r)
-        _write(args, report, lines)
-        return 0
-    if args.profile:
-        report["kernels"] = {}
-        for fused, gv in ((False, False), (True, False), (True, True)):
-            try:
-                k = kernel_table(model.with_options(fused=fused, gemv=gv))
-            except Exception as e:
-                lines.append(f"kernel table fused={fused} gemv={gv} FAILED {type(e).__name__}: {e}"[:300])
-                continue
-            report["kernels"][f"fused={fused} gemv={gv}"] = k
-            lines.append(f"kernels fused={fused} gemv={gv} graphs={k['graphs']}: step {k['wall_ms_per_step']:.3f} ms wall, kernel sum "
-                         f"{k['kernel_us_per_step']:.0f} us, {k['launches_per_step']:.0f} launches/step; top:")
-            lines += [f"  {us:8.1f} us {cnt:6.1f}x  {name[:90]}" for name, cnt, us in k["top"]]
+    return EngineRun(args, osl, model, bw, roof, report, lines)
+
+
+def prefix_section(run: EngineRun) -> None:
+    """--prefix-cache: TTFT after a shared prefix, cold vs hit (hybridqual.bench.prefix), written out."""
+    from hybridqual.bench.prefix import prefix_lines, prefix_ttft
+    r = prefix_ttft(run.model, 4096 if run.args.quick else 32768)
+    run.report["prefix_cache"] = r
+    run.lines += prefix_lines(r)
+    _write(run.args, run.report, run.lines)
+
+
+def profile_section(run: EngineRun) -> None:
+    """--profile: the device kernel table of each fused/GEMV option, then each projection's GEMV bandwidth."""
+    model, report, lines = run.model, run.report, run.lines
+    report["kernels"] = {}
+    for fused, gv in ((False, False), (True, False), (True, True)):
         try:
-            g = gemv_bandwidth(model.with_options(fused=True, gemv=False))
-            report["gemv"] = g
-            lines += [f"gemv {r['proj']:15s} {r['N']:6d}x{r['K']:5d}: cuBLAS {r['us']:6.1f} us {r['TBps']:.2f} TB/s | triton "
-                      + " ".join(f"{k[7:]} {v}" for k, v in r.items() if k.startswith("triton_")) for r in g]
+            k = kernel_table(model.with_options(fused=fused, gemv=gv))
         except Exception as e:
-            lines.append(f"gemv FAILED {type(e).__name__}: {e}"[:300])
-        print("\n".join(lines), flush=True)
-    g0 = model.options.gemv
-    cases = [("legacy", False, True, g0), ("async", False, True, g0), ("legacy", True, True, g0),
-             ("async", True, False, False), ("async", True, True, False), ("async", True, True, True)]
+            lines.append(f"kernel table fused={fused} gemv={gv} FAILED {type(e).__name__}: {e}"[:300])
+            continue
+        report["kernels"][f"fused={fused} gemv={gv}"] = k
+        lines.append(f"kernels fused={fused} gemv={gv} graphs={k['graphs']}: step {k['wall_ms_per_step']:.3f} ms wall, kernel sum "
+                     f"{k['kernel_us_per_step']:.0f} us, {k['launches_per_step']:.0f} launches/step; top:")
+        lines += [f"  {us:8.1f} us {cnt:6.1f}x  {name[:90]}" for name, cnt, us in k["top"]]
+    try:
+        g = gemv_bandwidth(model.with_options(fused=True, gemv=False))
+        report["gemv"] = g
+        lines += [f"gemv {r['proj']:15s} {r['N']:6d}x{r['K']:5d}: cuBLAS {r['us']:6.1f} us {r['TBps']:.2f} TB/s | triton "
+                  + " ".join(f"{k[7:]} {v}" for k, v in r.items() if k.startswith("triton_")) for r in g]
+    except Exception as e:
+        lines.append(f"gemv FAILED {type(e).__name__}: {e}"[:300])
+    print("\n".join(lines), flush=True)
+
+
+def bs1_cases(run: EngineRun) -> list[Bs1Case]:
+    """The bs1 rows the flags ask for; --long-only/--batch-only/--spec drop them and set the skips they imply
+    (--spec runs its own rows here, hybridqual.bench.spec)."""
+    args, g0 = run.args, run.model.options.gemv
+    cases = [Bs1Case("legacy", False, True, g0), Bs1Case("async", False, True, g0), Bs1Case("legacy", True, True, g0),
+             Bs1Case("async", True, False, False), Bs1Case("async", True, True, False),
+             Bs1Case("async", True, True, True)]
     if args.bs1_only or args.profile:
-        cases = [c for c in cases if c[1]]
+        cases = [c for c in cases if c.graphs]
     if args.long_only:
         cases, args.skip_batch = [], True
     if args.batch_only:
         cases, args.skip_long = [], True
     if args.spec:
         from hybridqual.bench.spec import spec_bench
-        report["spec"], spec_lines = spec_bench(model, tuple(int(x) for x in args.spec_k.split(",")), osl=osl,
-                                                groups=tuple(args.spec_rows.split(",")), backoff=args.spec_backoff,
-                                                copy_bps=bw)
-        lines += spec_lines
+        run.report["spec"], spec_lines = spec_bench(run.model, tuple(int(x) for x in args.spec_k.split(",")),
+                                                    osl=run.osl, groups=tuple(args.spec_rows.split(",")),
+                                                    backoff=args.spec_backoff, copy_bps=run.bw)
+        run.lines += spec_lines
         cases, args.skip_long, args.skip_batch, args.bs1_only = [], True, True, True
-    for mode, graphs, fused, gv in cases:
-        try:   # eager (host-bound): 1 timed request
-            r = bs1_run(model.with_options(fused=fused, gemv=gv), mode, graphs, osl, 4 if graphs else 2, 32)
+    return cases
+
+
+def bs1_rows(run: EngineRun, cases: list[Bs1Case]) -> None:
+    """Time each bs1 case (a failing case is a FAILED line, the others still run)."""
+    lines = run.lines
+    for c in cases:
+        mode, graphs, fused, gv = c.mode, c.graphs, c.fused, c.gemv
+        try:   # eager (~17 ms/step): 1 timed request
+            r = bs1_run(run.model.with_options(fused=fused, gemv=gv), mode, graphs, run.osl, 4 if graphs else 2, 32)
         except Exception as e:   # keep going: one GPU run must report every section it can
             lines.append(f"bs1 {mode} graphs={graphs} fused={fused}: FAILED {type(e).__name__}: {e}"[:300])
             print(lines[-1], flush=True)
             continue
         r["fused"], r["gemv"] = fused, gv
-        report["bs1"].append(r)
+        run.report["bs1"].append(r)
         lines.append(f"bs1 {mode:6s} graphs={'on ' if graphs else 'off'} {'fused  ' if fused else 'unfused'} "
                      f"{'triton-gemv' if gv else 'cublas     '}: "
-                     f"{r['tok_s']:7.1f} tok/s ({100 * r['tok_s'] / roof:4.1f}% of roofline), "
+                     f"{r['tok_s']:7.1f} tok/s ({100 * r['tok_s'] / run.roof:4.1f}% of roofline), "
                      f"host {r['host_ms_per_step']:.3f} ms/step")
         print(lines[-1], flush=True)
-    if args.gemv_variants:
-        report["gemv_variants"] = gemv_variants(model, osl, roof, lines)
-    if args.bs1_only or args.profile:
-        args.skip_long = args.skip_batch = True
+
+
+def sync_section(run: EngineRun) -> None:
+    """CUDA runtime synchronisations per async+graphs decode step (skipped by the only-one-section flags)."""
+    args, lines = run.args, run.lines
     try:
         s = {"per_step": {"skipped (--bs1-only/--profile/--long-only)": 0}} \
-            if (args.bs1_only or args.profile or args.long_only or args.batch_only) else count_syncs(model)
-        report["syncs"] = s
+            if (args.bs1_only or args.profile or args.long_only or args.batch_only) else count_syncs(run.model)
+        run.report["syncs"] = s
         lines.append("syncs/step (async+graphs decode): " +
                      ", ".join(f"{k}={v:g}" for k, v in s["per_step"].items()))
     except Exception as e:
         lines.append(f"sync count FAILED {type(e).__name__}: {e}"[:300])
     print(lines[-1], flush=True)
-    if not args.skip_long:
-        try:
-            r = long_prefill(model, 8192 if args.quick else 131072)
-            report["long_prefill"] = r
-            lines.append(f"long prefill {r['prompt']} tokens bs1 + {r['generated']} decoded (graph replays "
-                         f"{r['graph_replays']}): {r['seconds']:.2f}s = prefill to the first token "
-                         f"{r['prefill_s']:.2f}s ({r['prefill_tok_s']:.0f} tok/s) + decode {r['decode_s']:.2f}s "
-                         f"(after a {r['warmup_s']:.1f}s warm-up request); memory predicted "
-                         f"{r['predicted_GiB']:.2f} GiB vs peak {r['peak_GiB']:.2f} GiB ({r['error_pct']:+.1f}%)")
-        except Exception as e:
-            lines.append(f"long prefill FAILED {type(e).__name__}: {e}"[:300])
-        print(lines[-1], flush=True)
-    if not args.skip_batch:
-        steps = 24 if args.quick else 64
-        del model
-        gc.collect()
+
+
+def long_section(run: EngineRun) -> None:
+    """The long bs1 prefill: time to the first token, decode time, memory predicted vs peak."""
+    lines = run.lines
+    try:
+        r = long_prefill(run.model, 8192 if run.args.quick else 131072)
+        run.report["long_prefill"] = r
+        lines.append(f"long prefill {r['prompt']} tokens bs1 + {r['generated']} decoded (graph replays "
+                     f"{r['graph_replays']}): {r['seconds']:.2f}s = prefill to the first token "
+                     f"{r['prefill_s']:.2f}s ({r['prefill_tok_s']:.0f} tok/s) + decode {r['decode_s']:.2f}s "
+                     f"(after a {r['warmup_s']:.1f}s warm-up request); memory predicted "
+                     f"{r['predicted_GiB']:.2f} GiB vs peak {r['peak_GiB']:.2f} GiB ({r['error_pct']:+.1f}%)")
+    except Exception as e:
+        lines.append(f"long prefill FAILED {type(e).__name__}: {e}"[:300])
+    print(lines[-1], flush=True)
+
+
+def batch_one(name: str, steps: int, out: dict, lines: list[str]) -> None:
+    """Batch decode at 32k context of one named model, as many rows (up to 64) as its KV fits; the hybrid also at
+    the attention variant's row count when they differ. Results go into out[name] and one line."""
+    c = named_config(name)
+    m = FastModel(c, random_device_weights(c, DEV, torch.bfloat16), DEV, torch.bfloat16)
+    per_slot = 2 * len(c.attention_layer_ids) * (32768 + steps + 8) * c.n_kv_heads * c.attn_head_dim * 2
+    rows = 64
+    gc.collect()                                   # engines <-> graph runners form cycles
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    while rows > 1 and rows * per_slot > 0.85 * free:
+        rows -= 8
+    try:
+        out[name] = batch_decode(m, rows, 32768, steps)
+    except Exception as e:
+        out[name] = {"rows": rows, "error": f"{type(e).__name__}: {e}"[:200]}
         torch.cuda.empty_cache()
-        out = {}
-        for name in ("anchor-3b-attn", "anchor-3b"):     # attention first: its row count is the same-batch point
-            c = named_config(name)
-            m = FastModel(c, random_device_weights(c, DEV, torch.bfloat16), DEV, torch.bfloat16)
-            per_slot = 2 * len(c.attention_layer_ids) * (32768 + steps + 8) * c.n_kv_heads * c.attn_head_dim * 2
-            rows = 64
-            gc.collect()                                   # engines <-> graph runners form cycles
-            torch.cuda.empty_cache()
-            free = torch.cuda.mem_get_info()[0]
-            while rows > 1 and rows * per_slot > 0.85 * free:
-                rows -= 8
-            try:
-                out[name] = batch_decode(m, rows, 32768, steps)
-            except Exception as e:
-                out[name] = {"rows": rows, "error": f"{type(e).__name__}: {e}"[:200]}
-                torch.cuda.empty_cache()
-            out[name]["rows_requested"] = 64
-            same = out.get("anchor-3b-attn", {}).get("rows")
-            if name == "anchor-3b" and same and same != out[name].get("rows"):
-                try:                                       # the hybrid at the attention variant's batch size
-                    out["anchor-3b@same_rows"] = batch_decode(m, same, 32768, steps)
-                except Exception as e:
-                    out["anchor-3b@same_rows"] = {"rows": same, "error": f"{type(e).__name__}: {e}"[:200]}
-            del m
-            torch.cuda.empty_cache()
-            lines.append(f"{name}: decode at 32k ctx, {out[name].get('rows')} rows: "
-                         f"{out[name].get('tok_s', float('nan')):.0f} tok/s, "
-                         f"{out[name].get('ms_per_step', float('nan')):.1f} ms/step {out[name].get('error', '')}")
-            print(lines[-1], flush=True)
-        report["batch_decode_32k"] = out
-        a, b = out["anchor-3b"].get("tok_s"), out["anchor-3b-attn"].get("tok_s")
-        if a and b:
-            lines.append(f"hybrid / attention tok/s ratio at 32k: {a / b:.2f}x "
-                         f"(rows {out['anchor-3b']['rows']} vs {out['anchor-3b-attn']['rows']})")
-        s_ = out.get("anchor-3b@same_rows", {})
-        if s_.get("tok_s") and b:
-            lines.append(f"same batch ({s_['rows']} rows each) at 32k: anchor-3b {s_['tok_s']:.0f} tok/s "
-                         f"({s_['ms_per_step']:.1f} ms/step) vs anchor-3b-attn {b:.0f}: {s_['tok_s'] / b:.2f}x")
-    text = "\n".join(lines)
+    out[name]["rows_requested"] = 64
+    same = out.get("anchor-3b-attn", {}).get("rows")
+    if name == "anchor-3b" and same and same != out[name].get("rows"):
+        try:                                       # the hybrid at the attention variant's batch size
+            out["anchor-3b@same_rows"] = batch_decode(m, same, 32768, steps)
+        except Exception as e:
+            out["anchor-3b@same_rows"] = {"rows": same, "error": f"{type(e).__name__}: {e}"[:200]}
+    del m
+    torch.cuda.empty_cache()
+    lines.append(f"{name}: decode at 32k ctx, {out[name].get('rows')} rows: "
+                 f"{out[name].get('tok_s', float('nan')):.0f} tok/s, "
+                 f"{out[name].get('ms_per_step', float('nan')):.1f} ms/step {out[name].get('error', '')}")
+    print(lines[-1], flush=True)
+
+
+def batch_section(run: EngineRun) -> None:
+    """Batch decode at 32k context, anchor-3b vs anchor-3b-attn; drops the run's bs1 model first to free memory."""
+    steps = 24 if run.args.quick else 64
+    run.model = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    out: dict = {}
+    lines = run.lines
+    for name in ("anchor-3b-attn", "anchor-3b"):     # attention first: its row count is the same-batch point
+        batch_one(name, steps, out, lines)
+    run.report["batch_decode_32k"] = out
+    a, b = out["anchor-3b"].get("tok_s"), out["anchor-3b-attn"].get("tok_s")
+    if a and b:
+        lines.append(f"hybrid / attention tok/s ratio at 32k: {a / b:.2f}x "
+                     f"(rows {out['anchor-3b']['rows']} vs {out['anchor-3b-attn']['rows']})")
+    s_ = out.get("anchor-3b@same_rows", {})
+    if s_.get("tok_s") and b:
+        lines.append(f"same batch ({s_['rows']} rows each) at 32k: anchor-3b {s_['tok_s']:.0f} tok/s "
+                     f"({s_['ms_per_step']:.1f} ms/step) vs anchor-3b-attn {b:.0f}: {s_['tok_s'] / b:.2f}x")
+
+
+def finish(run: EngineRun) -> None:
+    """Print the summary and write --out (the JSON report) and --summary (the lines)."""
+    text = "\n".join(run.lines)
     print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-    if args.summary:
-        with open(args.summary, "w") as f:
+    if run.args.out:
+        with open(run.args.out, "w") as f:
+            json.dump(run.report, f, indent=1)
+    if run.args.summary:
+        with open(run.args.summary, "w") as f:
             f.write(text + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sections the flags ask for; 2 on a bad argument."""
+    args = build_parser().parse_args(argv)
+    problem = argument_problem(args)
+    if problem:
+        return arguments.refuse(problem)
+    if args.tiny:
+        from hybridqual.bench.prefix import tiny_prefix
+        tiny_prefix(args, _write)
+        return 0
+    run = start_run(args)
+    if args.prefix_cache:
+        prefix_section(run)
+        return 0
+    if args.profile:
+        profile_section(run)
+    bs1_rows(run, bs1_cases(run))
+    if args.gemv_variants:
+        run.report["gemv_variants"] = gemv_variants(run.model, run.osl, run.roof, run.lines)
+    if args.bs1_only or args.profile:
+        args.skip_long = args.skip_batch = True
+    sync_section(run)
+    if not args.skip_long:
+        long_section(run)
+    if not args.skip_batch:
+        batch_section(run)
+    finish(run)
     return 0
 
 
