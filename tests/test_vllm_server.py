@@ -160,3 +160,24 @@ def test_finding_s4_default_server_engine_dies_on_a_long_prompt_of_a_hybrid_mode
     finally:
         srv.stop()
     assert got == om.generate_greedy([(7 * i + 3) % vocab for i in range(1100)], 2)
+
+
+def test_finding_s5_ngram_on_a_default_server_of_a_hybrid_kills_the_engine(tmp_path):
+    """Finding S5 (docs/findings.md, "vLLM as served"): ngram speculation with vLLM's default prefix caching (Mamba
+    cache mode 'align') on zoo-granite_hd32: the first request gets HTTP 500, the worker having called the Triton
+    kernel precopy_mamba_align_fused_kernel, which this CPU build cannot launch (v1/worker/mamba_utils.py:1226)."""
+    from hybridqual.adapters.openai.client import ServerError
+    from hybridqual.adapters.vllm.server import LaunchSettings, VLLMServer
+    model = ROOT / "goldens" / "models" / "zoo-granite_hd32"
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    srv = VLLMServer(model, ("--speculative-config", spec), LaunchSettings(python=VENV_PY, ready_timeout=900),
+                     tmp_path / "ngram.log")
+    srv.start()
+    try:
+        with pytest.raises(ServerError, match="HTTP 500"):
+            _long_request(srv, 64, n=8)
+        log = (tmp_path / "ngram.log").read_text()
+        assert "mamba_utils.py\", line 1226, in run_fused_precopy" in log
+        assert "'function' object is not subscriptable" in log
+    finally:
+        srv.stop()
