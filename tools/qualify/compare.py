@@ -31,40 +31,28 @@ class PerDtype(dict):
         return self[dtype] if dtype in self or hasattr(dtype, self.attr) else default
 
 
-# τ: the largest oracle logit gap we accept as a near tie, per candidate compute dtype. A gap above τ cannot be
-# explained by that dtype's rounding: if every logit is off by at most e, a flip needs a gap <= 2e, so τ must be
-# >= 2× the largest |Δlogit| (TAU_MIN_RATIO keeps headroom above that). Both measured by `python -m hybridqual.measure_tau`
-# on every shipped model × corpus trace against the fp64 oracle, 2026-11-30:
-#   fp32 (CPU, Triton interpreter): largest |Δlogit| 1.17e-5 -> τ = 1e-3 (~86×);
-#   bf16 (H200, compiled kernels): largest |Δlogit| 0.353 (zoo-mamba2; tiny-sort 0.126) -> τ = 1.0 (~2.8×);
-#   bf16 re-measured 2026-12-01 on the whole corpus (2244 positions, 5 models): largest 0.443 (zoo-granitemoehybrid),
-#   p99 0.241, p50 0.034 -> τ = 1.25 (2.8×; 1.0 was 2.3×, below TAU_MIN_RATIO).
-# bf16 qualification is therefore a much weaker check than fp32 (a flip across a gap of up to one logit is
-# accepted, and reported); run strict qualifications in fp32. fp16 is provisional (not measured). Large models may
-# need more: on anchor-3b random weights bf16 vs fp32 first-token logits differed by up to 0.49 (docs/tp.md).
-# qualify picks τ from the candidate's declared compute dtype (`tau_for`); `--tau` overrides it.
+# τ: the largest oracle logit gap accepted as a near tie, per candidate compute dtype. A gap above τ cannot be
+# explained by that dtype's rounding: if every logit is off by at most e, a flip needs a gap <= 2e, so τ must be at
+# least TAU_MIN_RATIO × the largest |Δlogit| `python -m hybridqual.measure_tau` measured for the dtype against the fp64
+# oracle on every shipped model × corpus trace (MEASURED_ERR; the measurements: docs/qualification.md, "Comparison
+# rules"). bf16 is therefore a much weaker check than fp32 (a flip across a gap of about one logit is accepted, and
+# reported): run strict qualifications in fp32. fp16 is provisional (not measured). qualify picks τ from the
+# candidate's declared compute dtype (`tau_for`); `--tau` overrides it.
 TAU = PerDtype("tau", {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 1.25, torch.float16: 0.05})
 TAU_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}     # τ / largest measured |Δlogit|, at least
-# largest |Δlogit| measured (above), per dtype
+# largest |Δlogit| measured, per dtype (docs/qualification.md, "Comparison rules")
 MEASURED_ERR = PerDtype("measured_err", {torch.float32: 1.17e-5, torch.bfloat16: 0.443})
 # The rank part of the near-tie rule (DESIGN §5, vLLM's "each side's token in the other's top-k"; this checks the
-# oracle's side): the candidate's token must be among the oracle's top k. Measured like τ, per dtype:
-#   fp32: k = 5 (τ = 1e-3: rounding cannot reach past the first few tokens);
-#   bf16: the largest rank of a flip the measured error explains, times TAU_MIN_RATIO: on the H200 2026-12-02 (anchor-3b,
-#   random 3B weights, vocab 32,000, flat logits; the whole chunk-256 corpus, bf16 + graphs) the forgiven flips sat at
-#   oracle ranks 1-2 and stop_tokens s1@3 at rank 9 (gap 0.203 <= τ, oracle margin 0.026, that row's logits check
-#   PASS): k = 5 called it a failure (docs/findings.md) -> k = ceil(2.5 × 9) = 23.
+# oracle's side): the candidate's token must be among the oracle's top k. fp32: k = 5 (τ = 1e-3: rounding cannot
+# reach past the first few tokens); bf16: TAU_MIN_RATIO × the deepest oracle rank of a flip the measured error
+# explains (docs/qualification.md, "Comparison rules"; docs/findings.md).
 TOP_K = PerDtype("top_k", {torch.float64: 5, torch.float32: 5, torch.bfloat16: 23, torch.float16: 5})
 
 # The logits check (`compare_logits`): at every generated position, max|Δlogit| <= c · max(1, std(oracle row)).
 # Scaling by the row's spread makes the rule about the logit *scale*: a transform that keeps the argmax (logits × 1.01,
 # a multiplier applied the wrong way) moves every logit by ~1% of its size and fails, while rounding noise does not.
-# c per dtype: LOGITS_MIN_RATIO × the largest scaled error `python -m hybridqual.measure_tau` measured (docs/qualification.md):
-#   fp32: the scaled error is <= the absolute one (max(1, std) >= 1), largest measured 1.17e-5 -> c = 2e-4 (>= 17×);
-#         measured scaled error (CPU, 5 models × seed_compaction + chunked_prefill, 175 positions): max 1.88e-6
-#         (c = 106×), p50 6.1e-7; the distribution is in docs/qualification.md;
-#   bf16: measured on the H200 2026-12-01 (whole corpus, 2244 positions): scaled max 0.443, p99 0.074, p50 0.022
-#   -> c = 1.25 (2.8×).
+# c per dtype: at least LOGITS_MIN_RATIO × the largest scaled error `python -m hybridqual.measure_tau` measured
+# (docs/qualification.md, "Comparison rules", with the distributions).
 LOGITS_C = PerDtype("logits_c", {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 1.25,
                                   torch.float16: 0.05})
 LOGITS_MIN_RATIO = {torch.float32: 10.0, torch.bfloat16: 2.5}
