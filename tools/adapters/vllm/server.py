@@ -81,7 +81,7 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the server's process before exec: a new session (its process group is stopped as one) and SIGTERM when
+    """In the server's process before exec: setsid (a process group of its own, stopped as one) and SIGTERM when
     the process that started it dies (Linux prctl PR_SET_PDEATHSIG), so no server outlives a killed qualify."""
     os.setsid()
     try:
