@@ -77,18 +77,27 @@ def _step_kind(batch, *_) -> str:
     return "decode" if all(b.kind == "decode" for b in batch) else "prefill"
 
 
-def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, prompt: tuple[int, ...],
-             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4, eager_catch_up: bool = False,
-             force: bool = False) -> dict:
-    """n_req requests one at a time (the first is warm-up): tok/s (no per-step syncs), acceptance, and in one more
-    pass with a sync after every launch: verify-step and decode-step times and the rollback time, and for a draft
-    proposer its time per step (synchronised before and after) by phase (draft_profile). Verify graphs are
-    captured before any timed request. own (the upper bound): scripted drafts `script(tokens)` start from these
-    tokens and are refined (up to `passes` untimed runs) to the speculative run's own greedy tokens, since a verify
-    batch's arithmetic may flip a near tie of the non-speculative run. eager_catch_up: the draft's every catch-up is
-    its packed prefill (the reference for the catch-up through its decode graphs). force (a draft proposer with own
-    and script): the draft model runs every pass as usual, then its drafts are overwritten by the script's (the
-    draft path's whole cost with drafts that are right)."""
+@dataclasses.dataclass
+class _TimedRequests:
+    """spec_run's timed requests: tok/s of each (the warm-up one left out), drafts accepted and proposed, and the
+    last request's tokens."""
+    rates: list[float]
+    accepted: int
+    proposed: int
+    tokens: list[int]
+
+
+@dataclasses.dataclass
+class _SynchronisedPass:
+    """spec_run's pass with a sync after every launch: wall times by step kind ('verify', 'decode', 'prefill',
+    'rollback', 'draft') and, for a draft proposer, its profile (draft_profile)."""
+    times: dict
+    draft_profile: dict | None
+
+
+def _spec_engine(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, prompt: tuple[int, ...],
+                 eager_catch_up: bool) -> Engine:
+    """A bs1 engine for spec_run with its verify graphs (and a draft's graphs) captured before any timed request."""
     C, k = model.config.chunk_size, spec.k if spec else 0
     B = max(C, len(prompt), k + 1)
     eng = Engine(model, EngineConfig(1, B, B, mode, spec), max_len=len(prompt) + osl + 8, graphs=graphs)
@@ -99,10 +108,13 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
         eng.spec.runner.capture_all()
     if draft is not None:
         draft.capture_all()
-    table = {}
-    if force:
-        table.update(script(own).proposer.table())
-        _force_drafts(draft, table)
+    return eng
+
+
+def _refine_own(eng: Engine, mode: str, prompt: tuple[int, ...], osl: int, own: list[int] | None, script,
+                passes: int, force: bool, table: dict) -> int:
+    """Untimed runs until the scripted drafts are the speculative run's own greedy tokens (at most `passes`); the
+    number of refinements."""
     refined = 0
     while own is not None and refined < passes:
         eng.reset(mode)
@@ -116,51 +128,90 @@ def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, 
             table.update(script(own).proposer.table())
         else:
             eng.spec.use_trace(script(own))
+    return refined
+
+
+def _timed_requests(eng: Engine, mode: str, prompt: tuple[int, ...], osl: int, n_req: int) -> _TimedRequests:
+    """n_req requests one at a time, no per-step syncs; the first is warm-up unless it is the only one."""
     rates, acc, prop, tokens = [], 0, 0, []
+    dev = eng.model.device
     for i in range(n_req):
         eng.reset(mode)
         eng.add_request(Request(f"q{i}", 0, prompt, osl))
         eng.step()
-        _sync(model.device)
+        _sync(dev)
         t0 = time.perf_counter()
         while eng.step():
             pass
-        _sync(model.device)
+        _sync(dev)
         dt = time.perf_counter() - t0
         tokens = list(eng.requests[f"q{i}"].output)
         if i > 0 or n_req == 1:
             rates.append((len(tokens) - 1) / dt)
             a, p = acceptance_rate(eng.log)
             acc, prop = acc + a, prop + p
+    return _TimedRequests(rates, acc, prop, tokens)
+
+
+def _synchronised_pass(eng: Engine, mode: str, prompt: tuple[int, ...], osl: int) -> _SynchronisedPass:
+    """One more request with a sync after every launch (and around a draft proposer's pass): step times by kind."""
+    dev = eng.model.device
+    draft = eng.spec.draft if eng.spec is not None else None
     times: dict = {}
-    eng.launch = _timed(eng.launch, model.device, times, _step_kind)
+    eng.launch = _timed(eng.launch, dev, times, _step_kind)
     if eng.spec is not None:
-        eng.spec.rollback = _timed(eng.spec.rollback, model.device, times, lambda *_: "rollback")
+        eng.spec.rollback = _timed(eng.spec.rollback, dev, times, lambda *_: "rollback")
     if draft is not None:
         draft.timing, before = {}, dict(draft.catch_ups)
-        eng.spec.prepare = _timed(eng.spec.prepare, model.device, times, lambda *_: "draft", fence=True)
+        eng.spec.prepare = _timed(eng.spec.prepare, dev, times, lambda *_: "draft", fence=True)
     eng.reset(mode)
     eng.add_request(Request("timed", 0, prompt, osl))
     n_steps, t0 = 0, time.perf_counter()
     while eng.step():
         n_steps += 1
-    _sync(model.device)
+    _sync(dev)
     loop_s = time.perf_counter() - t0
-    mean = lambda xs: 1e3 * sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    n_ver = len(times.get("verify", []))
     prof = None
     if draft is not None:
         prof = draft_profile(times.get("draft", []), draft.timing, loop_s, n_steps,
                              {w: draft.catch_ups[w] - before[w] for w in before})
         draft.timing = None
+    return _SynchronisedPass(times, prof)
+
+
+def spec_run(model, spec: SpecConfig | None, mode: str, graphs: bool, osl: int, prompt: tuple[int, ...],
+             n_req: int = 3, own: list[int] | None = None, script=None, passes: int = 4, eager_catch_up: bool = False,
+             force: bool = False) -> dict:
+    """n_req requests one at a time (the first is warm-up): tok/s (no per-step syncs), acceptance, and in one more
+    pass with a sync after every launch: verify-step and decode-step times and the rollback time, and for a draft
+    proposer its time per step (synchronised before and after) by phase (draft_profile). Verify graphs are
+    captured before any timed request. own (the upper bound): scripted drafts `script(tokens)` start from these
+    tokens and are refined (up to `passes` untimed runs) to the speculative run's own greedy tokens, since a verify
+    batch's arithmetic may flip a near tie of the non-speculative run. eager_catch_up: the draft's every catch-up is
+    its packed prefill (the reference for the catch-up through its decode graphs). force (a draft proposer with own
+    and script): the draft model runs every pass as usual, then its drafts are overwritten by the script's (the
+    draft path's whole cost with drafts that are right)."""
+    k = spec.k if spec else 0
+    eng = _spec_engine(model, spec, mode, graphs, osl, prompt, eager_catch_up)
+    table = {}
+    if force:
+        table.update(script(own).proposer.table())
+        _force_drafts(eng.spec.draft if eng.spec is not None else None, table)
+    refined = _refine_own(eng, mode, prompt, osl, own, script, passes, force, table)
+    req = _timed_requests(eng, mode, prompt, osl, n_req)
+    sp = _synchronised_pass(eng, mode, prompt, osl)
+    times = sp.times
+    mean = lambda xs: 1e3 * sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    n_ver = len(times.get("verify", []))
+    acc, prop = req.accepted, req.proposed
     return {"spec": spec.to_json() if spec and spec.proposer.kind != "scripted" else None, "k": k, "mode": mode,
-            "graphs": graphs, "osl": osl, "tok_s": sum(rates) / len(rates), "accepted": acc, "proposed": prop,
+            "graphs": graphs, "osl": osl, "tok_s": sum(req.rates) / len(req.rates), "accepted": acc, "proposed": prop,
             "acceptance": acc / prop if prop else 0.0, "verify_ms": mean(times.get("verify", [])),
             "rollback_ms_per_verify": 1e3 * sum(times.get("rollback", [])) / n_ver if n_ver else float("nan"),
             "decode_ms": mean(times.get("decode", [])), "verify_steps": n_ver,
-            "decode_steps": len(times.get("decode", [])), "tokens": tokens,
+            "decode_steps": len(times.get("decode", [])), "tokens": req.tokens,
             "verify_graph_replays": eng.spec.runner.replays if eng.spec is not None else 0,
-            "script_refinements": refined, "draft_profile": prof}
+            "script_refinements": refined, "draft_profile": sp.draft_profile}
 
 
 def _force_drafts(draft, table: dict) -> None:
@@ -280,6 +331,115 @@ def _line(r: dict, base: dict) -> str:
             + ("" if r is base else f"; tokens == no-spec: {'yes' if same else 'NO (near tie?)'}"))
 
 
+@dataclasses.dataclass
+class _SpecRows:
+    """spec_bench's rows and printed lines so far, and how each row is run: the target, mode, graphs, prompt, the
+    default length and request count, and the time cap from t_start."""
+    model: object
+    mode: str
+    graphs: bool
+    prompt: tuple[int, ...]
+    osl: int
+    n_req: int
+    budget_s: float
+    t_start: float
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+    def emit(self, text: str) -> None:
+        """Keep a line and print it."""
+        self.lines.append(text)
+        print(text, flush=True)
+
+    def one(self, label: str, kind: str, spec, osl_: int | None = None, n: int | None = None, own=None, script=None,
+            m=None, eager: bool = False, force: bool = False) -> dict | None:
+        """One row through spec_run (osl_, n, m default to the bench's length, request count and model), or None
+        when the time cap is spent or it failed (a line says which)."""
+        osl_ = self.osl if osl_ is None else osl_
+        n = self.n_req if n is None else n
+        m = self.model if m is None else m
+        if self.rows and time.perf_counter() - self.t_start > self.budget_s:
+            self.emit(f"spec {label}: skipped (bench time cap {self.budget_s:.0f} s spent)")
+            return None
+        try:
+            r = spec_run(m, spec, self.mode, self.graphs, osl_, self.prompt, n, own=own, script=script,
+                         eager_catch_up=eager, force=force)
+        except Exception as e:                        # one GPU run reports every case it can
+            self.emit(f"spec {label}: FAILED {type(e).__name__}: {e}"[:300])
+            return None
+        r.update(label=label, kind=kind)
+        self.rows.append(r)
+        self.emit(_line(r, self.rows[0]))
+        return r
+
+
+def _draft_rows(b: _SpecRows, ks, d: str, draft_layers: int, draft_osl: int, draft_budget_s: float) -> None:
+    """Per k: the draft proposer's default, eager catch-up and device-drafts rows, until draft_budget_s is spent."""
+    model = b.model
+    t0 = time.perf_counter()
+    variants = (("", "draft", model, False), (" eager catch-up", "draft_eager_catch_up", model, True),
+                (" device drafts", "draft_device", model.with_options(spec_device_drafts=True), False))
+    for k in ks:
+        for name, kind, m, eager in variants:
+            label = f"draft{draft_layers} k={k}{name} ({draft_osl} tok)"
+            if time.perf_counter() - t0 > draft_budget_s:
+                b.emit(f"spec {label}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
+                continue
+            b.one(label, kind, SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, m=m, eager=eager)
+
+
+def _draft_right_rows(b: _SpecRows, ks, d: str, draft_layers: int, base: dict, copy_bps: float | None) -> None:
+    """Per k: the draft's passes with the upper bound's drafts forced in, beside the upper bound (and the bytes
+    ceiling when copy_bps is known)."""
+    osl, n_req = b.osl, b.n_req
+    for k in ks:
+        ub = next((r for r in b.rows if r["kind"] == "upper_bound" and r["k"] == k), None)
+        dr = b.one(f"draft{draft_layers} k={k} drafts forced right ({osl} tok)", "draft_right",
+                   SpecConfig(k, ProposerConfig("draft", model=d)), own=base["tokens"],
+                   script=lambda t, k=k: upper_bound_spec(k, t, n_req), force=True)
+        note = "; goal >= 0.90x"
+        if dr is not None and ub is not None and copy_bps:
+            nb = draft_pass_bytes(b.model, draft_layers)
+            dr["bytes_ceiling"] = bytes_ceiling(k, ub["tok_s"], nb, copy_bps)
+            note += (f"; bytes ceiling {dr['bytes_ceiling']:.2f}x: {k} draft forwards of {nb / 1e9:.3f} GB at "
+                     f"{copy_bps / 1e12:.2f} TB/s a step")
+        beside_upper_bound(dr, ub, f"draft{draft_layers} k={k} forced right", b.emit, note)
+
+
+def _draft_sections(b: _SpecRows, ks, groups, base: dict, draft_layers: int, draft_osl: int,
+                    draft_budget_s: float, backoff: int, copy_bps: float | None) -> None:
+    """The draft-model row groups (draft, draft_right, draft_backoff) over one draft folder written for them."""
+    with tempfile.TemporaryDirectory() as d:
+        if {"draft", "draft_right", "draft_backoff"} & set(groups):
+            try:
+                write_draft(b.model, draft_layers, d)
+            except Exception as e:
+                b.emit(f"spec draft folder FAILED {type(e).__name__}: {e}"[:300])
+                d = None
+        if d and "draft" in groups:
+            _draft_rows(b, ks, d, draft_layers, draft_osl, draft_budget_s)
+        if d and "draft_right" in groups:
+            _draft_right_rows(b, ks, d, draft_layers, base, copy_bps)
+        for k in ks if d and "draft_backoff" in groups else ():
+            for bo in (0, backoff):
+                b.one(f"draft{draft_layers} k={k}{f' backoff {bo}' if bo else ''} ({b.osl} tok)",
+                      "draft_backoff" if bo else "draft_full_length",
+                      SpecConfig(k, ProposerConfig("draft", model=d), backoff=bo))
+
+
+def _close_rows(b: _SpecRows, base: dict) -> None:
+    """The upper bound's caveat line; each row's tokens replaced by whether they equal the baseline's."""
+    b.emit("spec upper bound = scripted drafts copied from the run's own greedy tokens (the non-speculative run's, "
+           "refined by untimed runs where a near tie flipped under verify arithmetic): acceptance ~100% by "
+           "construction; it measures the mechanism, not a proposer. 'last draft wrong': the same drafts with the "
+           "last one wrong, so every step accepts m-1 and rolls back (snapshots: a copy; replay: the accepted "
+           "positions' conv/SSM steps re-run)")
+    want = list(base["tokens"])
+    for r in b.rows:                # the token lists stay out of the report; whether they matched the baseline's in
+        toks = r.pop("tokens", None)  # it (bf16: a near tie may flip under verify arithmetic)
+        r["tokens_equal_baseline"] = toks == want if r["osl"] == b.osl else toks == want[:len(toks)]
+
+
 ROW_GROUPS = ("ngram", "upper_bound", "draft", "draft_right", "draft_backoff", "self_draft", "last_wrong")
 
 
@@ -303,89 +463,27 @@ def spec_bench(model, ks=(1, 2, 4, 8), osl: int = 256, mode: str = "async", grap
     if unknown:
         raise ValueError(f"spec rows: unknown groups {unknown}; expected some of {ROW_GROUPS}")
     prompt = code_like_prompt(prompt_len, model.config.vocab_size)
-    rows, lines = [], []
-    t_start = time.perf_counter()
-
-    def emit(text: str) -> None:
-        lines.append(text)
-        print(text, flush=True)
-
-    def one(label: str, kind: str, spec, osl_: int = osl, n: int = n_req, own=None, script=None,
-            m=model, eager: bool = False, force: bool = False) -> dict | None:
-        if rows and time.perf_counter() - t_start > budget_s:
-            emit(f"spec {label}: skipped (bench time cap {budget_s:.0f} s spent)")
-            return None
-        try:
-            r = spec_run(m, spec, mode, graphs, osl_, prompt, n, own=own, script=script, eager_catch_up=eager,
-                         force=force)
-        except Exception as e:                        # one GPU run reports every case it can
-            emit(f"spec {label}: FAILED {type(e).__name__}: {e}"[:300])
-            return None
-        r.update(label=label, kind=kind)
-        rows.append(r)
-        emit(_line(r, rows[0]))
-        return r
-
+    b = _SpecRows(model, mode, graphs, prompt, osl, n_req, budget_s, time.perf_counter())
+    one = b.one
     base = one("none (bs1, no speculation)", "baseline", None)
     if base is None:
-        return rows, lines
+        return b.rows, b.lines
     for k in ks if "ngram" in groups else ():
         one(f"ngram k={k}", "ngram", SpecConfig(k, ProposerConfig("ngram", min_n=1, max_n=4)))
     V = model.config.vocab_size
     for k in ks if "upper_bound" in groups else ():
         one(f"upper bound k={k} (drafts=own)", "upper_bound", upper_bound_spec(k, base["tokens"], n_req),
             own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req))
-    with tempfile.TemporaryDirectory() as d:
-        if {"draft", "draft_right", "draft_backoff"} & set(groups):
-            try:
-                write_draft(model, draft_layers, d)
-            except Exception as e:
-                emit(f"spec draft folder FAILED {type(e).__name__}: {e}"[:300])
-                d = None
-        t0 = time.perf_counter()
-        variants = (("", "draft", model, False), (" eager catch-up", "draft_eager_catch_up", model, True),
-                    (" device drafts", "draft_device", model.with_options(spec_device_drafts=True), False))
-        for k in ks if d and "draft" in groups else ():
-            for name, kind, m, eager in variants:
-                label = f"draft{draft_layers} k={k}{name} ({draft_osl} tok)"
-                if time.perf_counter() - t0 > draft_budget_s:
-                    emit(f"spec {label}: skipped (draft time cap {draft_budget_s:.0f} s spent)")
-                    continue
-                one(label, kind, SpecConfig(k, ProposerConfig("draft", model=d)), osl_=draft_osl, m=m, eager=eager)
-        for k in ks if d and "draft_right" in groups else ():
-            ub = next((r for r in rows if r["kind"] == "upper_bound" and r["k"] == k), None)
-            dr = one(f"draft{draft_layers} k={k} drafts forced right ({osl} tok)", "draft_right",
-                     SpecConfig(k, ProposerConfig("draft", model=d)), own=base["tokens"],
-                     script=lambda t, k=k: upper_bound_spec(k, t, n_req), force=True)
-            note = "; goal >= 0.90x"
-            if dr is not None and ub is not None and copy_bps:
-                nb = draft_pass_bytes(model, draft_layers)
-                dr["bytes_ceiling"] = bytes_ceiling(k, ub["tok_s"], nb, copy_bps)
-                note += (f"; bytes ceiling {dr['bytes_ceiling']:.2f}x: {k} draft forwards of {nb / 1e9:.3f} GB at "
-                         f"{copy_bps / 1e12:.2f} TB/s a step")
-            beside_upper_bound(dr, ub, f"draft{draft_layers} k={k} forced right", emit, note)
-        for k in ks if d and "draft_backoff" in groups else ():
-            for b in (0, backoff):
-                one(f"draft{draft_layers} k={k}{f' backoff {b}' if b else ''} ({osl} tok)",
-                    "draft_backoff" if b else "draft_full_length",
-                    SpecConfig(k, ProposerConfig("draft", model=d), backoff=b))
+    _draft_sections(b, ks, groups, base, draft_layers, draft_osl, draft_budget_s, backoff, copy_bps)
     if "self_draft" in groups:
-        self_draft_rows(model, ks, base, n_req, draft_osl, one, emit)
+        self_draft_rows(model, ks, base, n_req, draft_osl, one, b.emit)
     for name in rollbacks if "last_wrong" in groups else ():
         m = model.with_options(spec_replay=name == "replay")
         for k in ks:
             one(f"last draft wrong k={k} {name}", f"last_wrong_{name}", upper_bound_spec(k, base["tokens"], n_req, V),
                 own=base["tokens"], script=lambda t, k=k: upper_bound_spec(k, t, n_req, V), m=m)
-    emit("spec upper bound = scripted drafts copied from the run's own greedy tokens (the non-speculative run's, "
-         "refined by untimed runs where a near tie flipped under verify arithmetic): acceptance ~100% by "
-         "construction; it measures the mechanism, not a proposer. 'last draft wrong': the same drafts with the "
-         "last one wrong, so every step accepts m-1 and rolls back (snapshots: a copy; replay: the accepted "
-         "positions' conv/SSM steps re-run)")
-    want = list(base["tokens"])
-    for r in rows:                  # the token lists stay out of the report; whether they matched the baseline's in
-        toks = r.pop("tokens", None)  # it (bf16: a near tie may flip under verify arithmetic)
-        r["tokens_equal_baseline"] = toks == want if r["osl"] == osl else toks == want[:len(toks)]
-    return rows, lines
+    _close_rows(b, base)
+    return b.rows, b.lines
 
 
 def self_draft_rows(model, ks, base: dict, n_req: int, osl: int, one, emit) -> None:
