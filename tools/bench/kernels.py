@@ -149,9 +149,33 @@ def ssd_stage_events(events: list):
             setattr(ssd_mod, name, fn)
 
 
-def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
-    """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (its target: DESIGN §8)."""
-    H, P, G, N, Q = 128, 64, 1, 128, 256
+@dataclasses.dataclass
+class SSDInputs:
+    """One bs1 SSD prefill's tensors (H128 P64 G1 N128, chunk Q), its state bank and chunk table; run() launches
+    ssd_varlen into `out` and the bank's slot 1."""
+    L: int
+    Q: int
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor
+    dtb: torch.Tensor
+    bank: torch.Tensor
+    slot: torch.Tensor
+    init: torch.Tensor
+    table: object
+    out: torch.Tensor
+
+    def run(self):
+        """ssd_varlen of the whole sequence from the table (no host sync per call)."""
+        return ssd_varlen(self.x, self.dt, self.A, self.B, self.C, self.D, self.dtb, self.bank, [0, self.L],
+                          self.slot, [0], self.init, self.Q, out=self.out, table=self.table)
+
+
+def ssd_inputs(L: int, H: int, P: int, G: int, N: int, Q: int) -> SSDInputs:
+    """Seeded random SSD inputs of L tokens on the device, and the chunk table built once."""
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(L, H, P, device=DEV, dtype=torch.bfloat16, generator=g)
     dt = torch.randn(L, H, device=DEV, generator=g) * 0.5 - 2
@@ -164,12 +188,11 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
     slot, init = torch.tensor([1], device=DEV), torch.tensor([False], device=DEV)
     table = ssd_chunk_table([0, L], [0], Q, DEV, slot=slot, n_slots=bank.shape[0])   # no host sync per call
     out = torch.empty_like(x)
-    run = lambda: ssd_varlen(x, dt, A, B, C, D, dtb, bank, [0, L], slot, [0], init, Q, out=out,  # noqa: E731
-                             table=table)
-    nbytes = 2 * x.numel() * 2 + 2 * B.numel() * 2 + dt.numel() * 4 + H * P * N * 4
-    nc = L // Q
-    flops = 2 * L * H * P * N * 2 + 2 * nc * H * (Q * (Q + 1) / 2) * P + 2 * nc * G * (Q * (Q + 1) / 2) * N
-    base = ssd_launch_rule(H, G, P, N, Q, x.dtype)
+    return SSDInputs(L, Q, x, dt, A, B, C, D, dtb, bank, slot, init, table, out)
+
+
+def ssd_rule_cases(base, variants: bool) -> list:
+    """(name, launch rule) pairs: the rule itself (None), and with `variants` its tiles varied one at a time."""
     cases = [("rule", None)]
     if variants:       # the launch rule's tiles varied one at a time (the same kernels)
         v = lambda **changes: dataclasses.replace(base, **changes)  # noqa: E731
@@ -180,8 +203,90 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
                   ("scan-s128", v(scan_block_s=128)),
                   ("scan-s32", v(scan_block_s=32)),
                   ("scan-w2", v(scan_warps=2))]
+    return cases
+
+
+def ssd_sync_free_note(run) -> str:
+    """Whether one launch from the table runs without a host sync (torch's sync debug mode raising)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")     # the table path must not sync the host
+    try:
+        run()
+        note_sync = "sync-free: yes"
+    except RuntimeError as e:
+        note_sync = f"sync-free: NO ({str(e)[:80]})"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return note_sync
+
+
+def ssd_stage_note(run) -> str:
+    """The host set-up and each SSD stage's device time (CUDA events, mean of 5 launches)."""
+    ev = []
+    stage_ms = {}
+    for _ in range(5):
+        ev.clear()
+        e0 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        with ssd_stage_events(ev):
+            run()
+        torch.cuda.synchronize()
+        prev = e0
+        for stage, e in ev:
+            stage_ms[stage] = stage_ms.get(stage, 0.0) + prev.elapsed_time(e) / 5
+            prev = e
+    return " | stages " + " ".join(f"{k}={v:.3f}" for k, v in stage_ms.items())
+
+
+@dataclasses.dataclass
+class SSDPeer:
+    """A peer SSD prefill measured beside ours: its time, the note comparing it (time, rel(y), rel(h)), and the
+    callable (for the CUDA-graph comparison)."""
+    ms: float
+    note: str
+    fn: object
+
+
+def ssd_mamba_peer(peer, s: SSDInputs) -> SSDPeer:
+    """mamba_ssm's chunked scan on the same inputs: its time and output/state error vs ours, and with the z gate."""
+    x, dt, A, B, C, D, dtb, Q = s.x, s.dt, s.A, s.B, s.C, s.D, s.dtb, s.Q
+    f = lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=None, dt_bias=dtb,  # noqa: E731
+                     dt_softplus=True, return_final_states=True)
+    peer_ms = bench(f)
+    y_peer, h_peer = f()
+    s.bank.zero_()
+    s.run()
+    note = f" | vs mamba_ssm: rel(y)={rel(s.out, y_peer[0]):.2e} rel(h)={rel(s.bank[1], h_peer[0]):.2e}"
+    z = torch.randn_like(x)
+    peer_z_ms = bench(lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=z[None], dt_bias=dtb,
+                                   dt_softplus=True, return_final_states=True))
+    note += f" | mamba_ssm with z gate: {peer_z_ms:.3f} ms"
+    return SSDPeer(peer_ms, note, f)
+
+
+def ssd_vllm_peer(vllm_peer, s: SSDInputs, ms: float) -> SSDPeer:
+    """vLLM's varlen SSD prefill on the same inputs: its time against ours (ms) and output/state error."""
+    g = vllm_varlen(vllm_peer, s.x, s.dt, s.A, s.B, s.C, s.D, s.dtb, s.Q)
+    vllm_ms = bench(g)
+    h_vllm = g()
+    s.bank.zero_()
+    s.run()
+    note = (f" | vLLM {vllm_ms:.3f} ms ({vllm_ms / ms:.2f}x ours): rel(y)={rel(s.out, g.out):.2e} "
+            f"rel(h)={rel(s.bank[1], h_vllm[0]):.2e}")
+    return SSDPeer(vllm_ms, note, g)
+
+
+def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
+    """SSD prefill H128 P64 G1 N128 Q256, bs1, bf16 (its target: DESIGN §8)."""
+    H, P, G, N, Q = 128, 64, 1, 128, 256
+    s = ssd_inputs(L, H, P, G, N, Q)
+    run, out = s.run, s.out
+    nbytes = 2 * s.x.numel() * 2 + 2 * s.B.numel() * 2 + s.dt.numel() * 4 + H * P * N * 4
+    nc = L // Q
+    flops = 2 * L * H * P * N * 2 + 2 * nc * H * (Q * (Q + 1) / 2) * P + 2 * nc * G * (Q * (Q + 1) / 2) * N
+    base = ssd_launch_rule(H, G, P, N, Q, s.x.dtype)
     y_rule = None
-    for name, rule in cases:
+    for name, rule in ssd_rule_cases(base, variants):
         try:
             with ssd_rule(rule):
                 ms = bench(run)
@@ -191,55 +296,20 @@ def bench_ssd(ceil: dict, peer, L: int, variants: bool, vllm_peer=None) -> None:
         note = ""
         if name == "rule":
             y_rule = out.clone()
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")     # the table path must not sync the host
-            try:
-                run()
-                note_sync = "sync-free: yes"
-            except RuntimeError as e:
-                note_sync = f"sync-free: NO ({str(e)[:80]})"
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+            note_sync = ssd_sync_free_note(run)
         elif y_rule is not None:
             note = f"rel(y) vs rule {rel(out, y_rule):.2e}"
         if name == "rule":
-            ev = []
-            stage_ms = {}
-            for _ in range(5):
-                ev.clear()
-                e0 = torch.cuda.Event(enable_timing=True)
-                e0.record()
-                with ssd_stage_events(ev):
-                    run()
-                torch.cuda.synchronize()
-                prev = e0
-                for stage, e in ev:
-                    stage_ms[stage] = stage_ms.get(stage, 0.0) + prev.elapsed_time(e) / 5
-                    prev = e
-            note = note_sync + " | stages " + " ".join(f"{k}={v:.3f}" for k, v in stage_ms.items())
+            note = note_sync + ssd_stage_note(run)
         peer_ms = None
+        peers = {}
         if peer is not None and name == "rule":
-            f = lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=None, dt_bias=dtb,  # noqa: E731
-                             dt_softplus=True, return_final_states=True)
-            peer_ms = bench(f)
-            y_peer, h_peer = f()
-            bank.zero_()
-            run()
-            note += f" | vs mamba_ssm: rel(y)={rel(out, y_peer[0]):.2e} rel(h)={rel(bank[1], h_peer[0]):.2e}"
-            z = torch.randn_like(x)
-            peer_z_ms = bench(lambda: peer(x[None], dt[None], A, B[None], C[None], Q, D=D, z=z[None], dt_bias=dtb,
-                                           dt_softplus=True, return_final_states=True))
-            note += f" | mamba_ssm with z gate: {peer_z_ms:.3f} ms"
-        peers = {"mamba_ssm": f} if peer is not None and name == "rule" else {}
+            p = ssd_mamba_peer(peer, s)
+            peer_ms, note, peers["mamba_ssm"] = p.ms, note + p.note, p.fn
         if name == "rule" and vllm_peer is not None:
-            g = vllm_varlen(vllm_peer, x, dt, A, B, C, D, dtb, Q)
-            vllm_ms = bench(g)
-            h_vllm = g()
-            bank.zero_()
-            run()
-            note += (f" | vLLM {vllm_ms:.3f} ms ({vllm_ms / ms:.2f}x ours): rel(y)={rel(out, g.out):.2e} "
-                     f"rel(h)={rel(bank[1], h_vllm[0]):.2e}")
-            peers["vllm"] = g
+            p = ssd_vllm_peer(vllm_peer, s, ms)
+            note += p.note
+            peers["vllm"] = p.fn
         if peers:
             note += " | " + graphed(run, peers)
         record(f"ssd_prefill L{L} [{name}]", ms, nbytes, flops, ceil, peer_ms, note)
