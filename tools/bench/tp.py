@@ -18,6 +18,7 @@ import gc
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -167,20 +168,17 @@ def anchor_fp32_check(dev) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench_tp.json")
-    args = ap.parse_args(argv)
-    problem = arguments.writable_file("--out", args.out)
-    if problem:
-        return arguments.refuse(problem)
-    rank, world = init_from_env("cuda")
-    dev, bf = torch.device("cuda", rank), torch.bfloat16
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
-           "world": world}
-    say(f"{out['date']} {world}x {out['gpu']} torch {torch.__version__}")
+@dataclass
+class AnchorModels:
+    """anchor-3b's random bf16 weights and the two models over them: TP=2 (tp, dropped after bs1) and TP=1 (one)."""
+    cfg: object
+    full: dict
+    tp: TPModel | None
+    one: FastModel
 
-    # 1. trained tiny model on the corpus traces it can read (vocab 16)
+
+def tiny_section(dev: torch.device, bf: torch.dtype, out: dict) -> None:
+    """The trained tiny model on the corpus traces it can read (vocab 16), TP=2 vs TP=1, fp32 and bf16."""
     if __package__:   # python -m hybridqual.bench.tp / hybridqual bench tp: the shipped data, installed or in a checkout
         from hybridqual.paths import MODELS, TRACES
     else:             # torchrun tools/bench/tp.py (a script file, PYTHONPATH=.)
@@ -192,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         out[f"tiny_{dtype}"] = compare_traces(TPModel(cfg, w, dev, dtype), FastModel(cfg, w, dev, dtype), traces,
                                               f"tiny-sort {str(dtype)[6:]} ({len(traces)} traces)")
 
-    # 2. anchor-3b random weights: tokens and first logits
+
+def anchor_section(dev: torch.device, bf: torch.dtype, out: dict) -> AnchorModels:
+    """anchor-3b random weights, TP=2 vs TP=1: tokens and the first token's logits."""
     acfg = named_config("anchor-3b")
     full = random_device_weights(acfg, dev, bf, seed=0)
     tp = TPModel(acfg, full, dev, bf)
@@ -208,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     say(f"anchor-3b first-token logits TP=2 vs TP=1: max|diff| {d:.4f} (logit range "
         f"{float(l1[first].abs().max()):.2f})")
     out["anchor_first_logits_maxdiff"] = d
+    return AnchorModels(acfg, full, tp, one)
 
-    out["anchor_fp32"] = anchor_fp32_check(dev)
 
-    # 3. bs1 decode tok/s
+def bs1_section(rank: int, tp: TPModel, one: FastModel, out: dict) -> None:
+    """bs1 async decode tok/s, TP=2 on every rank, TP=1 on rank 0."""
     tok2, how2 = bs1_both(tp)
     dist.barrier()
     if rank == 0:
@@ -220,31 +221,60 @@ def main(argv: list[str] | None = None) -> int:
             f"speedup {tok2 / tok1:.2f}x")
         out["bs1"] = {"tp1_tok_s": tok1, "tp1": how1, "tp2_tok_s": tok2, "tp2": how2}
     dist.barrier()
-    del tp
+
+
+def matmul_rows(one: FastModel, dev: torch.device, bf: torch.dtype) -> list[dict]:
+    """The fixed-tile Triton matmul vs cuBLAS on anchor-3b's projection shapes at M = 1, 64, 512 (microseconds)."""
+    shapes = {"in_proj": one.w["layers.0.mamba.in_proj.weight"], "out_proj": one.w["layers.0.mamba.out_proj.weight"],
+              "gate_up": one.w["layers.0.mlp.gate_up.weight"], "down": one.w["layers.0.mlp.down_proj.weight"],
+              "lm_head": one.w["lm_head.weight"]}
+    rows = []
+    for M in (1, 64, 512):
+        parts = []
+        for name, W in shapes.items():
+            x = torch.randn(M, W.shape[1], device=dev, dtype=bf)
+            tc, tt = time_it(lambda: F.linear(x, W)), time_it(lambda: matmul(x, W))
+            rows.append({"M": M, "name": name, "N": W.shape[0], "K": W.shape[1], "cublas_us": tc,
+                         "triton_us": tt})
+            parts.append(f"{name} {tc:.1f}/{tt:.1f}")
+        say(f"matmul M={M} (cuBLAS/Triton fixed-tile us): " + ", ".join(parts))
+    return rows
+
+
+def batch_section(m: AnchorModels, dev: torch.device, bf: torch.dtype, out: dict) -> None:
+    """Batch-64 decode, batch-invariant vs default, then the matmul vs cuBLAS (rank 0 only)."""
+    bi = BatchInvariantModel(m.cfg, m.full, dev, bf)
+    one = m.one
+    ms_d, ms_b = batch_decode(one), batch_decode(bi)
+    ms_d2 = batch_decode(one)
+    say(f"anchor-3b batch-64 decode (ctx 512, async+graphs): default {ms_d:.2f} / {ms_d2:.2f} ms/step, "
+        f"batch-invariant {ms_b:.2f} ms/step ({100 * (ms_b / min(ms_d, ms_d2) - 1):+.1f}%)")
+    out["batch64"] = {"default_ms": [ms_d, ms_d2], "batch_invariant_ms": ms_b}
+    out["matmul"] = matmul_rows(one, dev, bf)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every section on each rank of a TP=2 torchrun; rank 0 writes --out."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_tp.json")
+    args = ap.parse_args(argv)
+    problem = arguments.writable_file("--out", args.out)
+    if problem:
+        return arguments.refuse(problem)
+    rank, world = init_from_env("cuda")
+    dev, bf = torch.device("cuda", rank), torch.bfloat16
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
+           "world": world}
+    say(f"{out['date']} {world}x {out['gpu']} torch {torch.__version__}")
+    tiny_section(dev, bf, out)                        # 1. trained tiny model
+    models = anchor_section(dev, bf, out)             # 2. anchor-3b random weights: tokens and first logits
+    out["anchor_fp32"] = anchor_fp32_check(dev)
+    bs1_section(rank, models.tp, models.one, out)     # 3. bs1 decode tok/s
+    models.tp = None
     gc.collect()
     torch.cuda.empty_cache()
-
-    # 4. batch-64: batch-invariant vs default, and the matmul vs cuBLAS (rank 0)
-    if rank == 0:
-        bi = BatchInvariantModel(acfg, full, dev, bf)
-        ms_d, ms_b = batch_decode(one), batch_decode(bi)
-        ms_d2 = batch_decode(one)
-        say(f"anchor-3b batch-64 decode (ctx 512, async+graphs): default {ms_d:.2f} / {ms_d2:.2f} ms/step, "
-            f"batch-invariant {ms_b:.2f} ms/step ({100 * (ms_b / min(ms_d, ms_d2) - 1):+.1f}%)")
-        out["batch64"] = {"default_ms": [ms_d, ms_d2], "batch_invariant_ms": ms_b}
-        shapes = {"in_proj": one.w["layers.0.mamba.in_proj.weight"], "out_proj": one.w["layers.0.mamba.out_proj.weight"],
-                  "gate_up": one.w["layers.0.mlp.gate_up.weight"], "down": one.w["layers.0.mlp.down_proj.weight"],
-                  "lm_head": one.w["lm_head.weight"]}
-        out["matmul"] = []
-        for M in (1, 64, 512):
-            parts = []
-            for name, W in shapes.items():
-                x = torch.randn(M, W.shape[1], device=dev, dtype=bf)
-                tc, tt = time_it(lambda: F.linear(x, W)), time_it(lambda: matmul(x, W))
-                out["matmul"].append({"M": M, "name": name, "N": W.shape[0], "K": W.shape[1], "cublas_us": tc,
-                                      "triton_us": tt})
-                parts.append(f"{name} {tc:.1f}/{tt:.1f}")
-            say(f"matmul M={M} (cuBLAS/Triton fixed-tile us): " + ", ".join(parts))
+    if rank == 0:                                     # 4. batch-64: batch-invariant vs default, matmul vs cuBLAS
+        batch_section(models, dev, bf, out)
         Path(args.out).write_text(json.dumps(out, indent=1))
     dist.barrier()
     dist.destroy_process_group()
