@@ -22,6 +22,7 @@ import base64
 import ctypes
 import json
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -148,91 +149,103 @@ class Engine:
         checkpointed at block boundaries and restored on a hit (Checkpoints). With `speculative` (DESIGN §13,
         scripted, ngram, or a draft GGUF as "draft_gguf") a decode row verifies its proposals in the same batch and a
         rejection restores the sequence's snapshot from before the step, then re-decodes the inputs it kept."""
-        lc = self.lc
         n_slots = min(max_requests, self.n_seq)
-        lc.llama_memory_clear(self.mem, True)
+        self.lc.llama_memory_clear(self.mem, True)
         cache = Checkpoints(int(prefix_cache["block_size"]), int(prefix_cache["capacity"])) if prefix_cache else None
-        pending = sorted(requests, key=lambda r: (r["arrival_step"], r["id"]))
-        waiting: list[dict] = []
-        free = list(range(n_slots))
-        rows: list[str | None] = [None] * n_slots        # row order: admission appends, finishes compact
-        live: dict[str, dict] = {}          # id -> {"req", "seq", "pos", "next"}
-        tokens = {r["id"]: [] for r in requests}
-        logits: dict[str, list[np.ndarray]] = {r["id"]: [] for r in requests}
-        finish: dict[str, str] = {}
-        seq_ids: dict[str, int] = {}
-        admits: list[dict] = []
-        cache_steps: list[dict] = []
         spec = None
         if speculative:
             draft = speculative.get("draft_gguf")
             spec = Speculation(speculative, self.draft(draft) if draft else None)
-        step = 0
-        while pending or waiting or live:
-            while pending and pending[0]["arrival_step"] <= step:
-                waiting.append(pending.pop(0))
-            while waiting and free:
-                req = waiting.pop(0)
-                seq = free.pop(0)
-                lc.llama_memory_seq_rm(self.mem, seq, -1, -1)
-                s = {"req": req, "seq": seq, "pos": 0, "next": None}
-                if cache is not None:
-                    p, data = cache.lookup(req["prompt"], step)
-                    if data is not None:
-                        self.restore(data, seq)
-                        s["pos"] = p
-                    admits.append({"request": req["id"], "cached_tokens": p})
-                live[req["id"]] = s
-                rows[sum(r is not None for r in rows)] = req["id"]
-                seq_ids[req["id"]] = seq
-            order = [rid for rid in rows if rid is not None]
-            decode = [(live[rid]["next"], live[rid]["pos"], live[rid]["seq"], True, rid)
-                      for rid in order if live[rid]["next"] is not None]
-            budget = max_tokens_per_step - len(decode)
-            props: dict[str, list[int]] = {}
-            if spec is not None:
-                props, budget = spec.propose_step([(rid, seq, live[rid]["req"]["prompt"] + tokens[rid],
-                                                    len(tokens[rid]), live[rid]["req"]["max_new_tokens"])
-                                                   for _, _, seq, _, rid in decode], budget)
-                for rid in props:
-                    spec.before[rid] = self.snapshot(live[rid]["seq"])
-            pieces = []                                 # (rid, start, count), in row order
-            for rid in order:
-                s = live[rid]
-                plen = len(s["req"]["prompt"])
-                if s["next"] is not None or s["pos"] >= plen:
-                    continue
-                n = piece_length(s["pos"], plen, budget, prefill_chunk, chunk_size)
-                if n > 0:
-                    pieces.append((rid, s["pos"], n))
-                    budget -= n
-            snaps = self._forward(decode, pieces, live, tokens, logits, cache, props)
-            if props:
-                self._resolve(props, live, tokens, logits, spec)
+        st = RunState(pending=sorted(requests, key=lambda r: (r["arrival_step"], r["id"])),
+                      free=list(range(n_slots)), rows=[None] * n_slots,
+                      tokens={r["id"]: [] for r in requests}, logits={r["id"]: [] for r in requests},
+                      cache=cache, spec=spec)
+        while st.pending or st.waiting or st.live:
+            self._admit(st)
+            plan = self._plan(st, max_tokens_per_step, prefill_chunk, chunk_size)
+            snaps = self._forward(plan.decode, plan.pieces, st.live, st.tokens, st.logits, cache, plan.props)
+            if plan.props:
+                self._resolve(plan.props, st.live, st.tokens, st.logits, spec)
             if cache is not None:
-                cache_steps.append(cache.store_step(pieces, live, snaps, step))
-            finished = [r for r, rid in enumerate(rows) if rid is not None and self._finished(live[rid], tokens[rid])]
-            for r in finished:
-                rid = rows[r]
-                s, got = live.pop(rid), tokens[rid]
-                finish[rid] = "stop" if got[-1] in s["req"].get("stop_token_ids", []) else "length"
-                lc.llama_memory_seq_rm(self.mem, s["seq"], -1, -1)
-                if spec is not None:
-                    spec.forget(rid, s["seq"])
-                free.append(s["seq"])
-                free.sort()
-                rows[r] = None
-            compact(rows)
-            step += 1
-            if step > 100_000:
+                st.cache_steps.append(cache.store_step(plan.pieces, st.live, snaps, st.step))
+            self._retire(st)
+            st.step += 1
+            if st.step > 100_000:
                 raise RuntimeError("the trace did not finish within 100000 steps")
-        enc = {rid: base64.b64encode(np.stack(v).astype("<f4").tobytes()).decode() if v else ""
-               for rid, v in logits.items()}
-        out = {"tokens": tokens, "finish": finish, "logits": enc, "steps": step, "seq_ids": seq_ids}
-        if cache is not None:
-            out["prefix_cache"] = {"admit": admits, "steps": cache_steps}
+        return self._reply(st)
+
+    def _admit(self, st: RunState) -> None:
+        """Arrived requests wait; waiting ones take the lowest free seq id (restoring a prefix-cache hit) and the
+        first free row."""
+        while st.pending and st.pending[0]["arrival_step"] <= st.step:
+            st.waiting.append(st.pending.pop(0))
+        while st.waiting and st.free:
+            req = st.waiting.pop(0)
+            seq = st.free.pop(0)
+            self.lc.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            s = {"req": req, "seq": seq, "pos": 0, "next": None}
+            if st.cache is not None:
+                p, data = st.cache.lookup(req["prompt"], st.step)
+                if data is not None:
+                    self.restore(data, seq)
+                    s["pos"] = p
+                st.admits.append({"request": req["id"], "cached_tokens": p})
+            st.live[req["id"]] = s
+            st.rows[sum(r is not None for r in st.rows)] = req["id"]
+            st.seq_ids[req["id"]] = seq
+
+    def _plan(self, st: RunState, max_tokens_per_step: int, prefill_chunk: int, chunk_size: int) -> StepPlan:
+        """The step's decode rows (with their proposals, snapshotted first) then prompt pieces within the budget."""
+        live, tokens, spec = st.live, st.tokens, st.spec
+        order = [rid for rid in st.rows if rid is not None]
+        decode = [(live[rid]["next"], live[rid]["pos"], live[rid]["seq"], True, rid)
+                  for rid in order if live[rid]["next"] is not None]
+        budget = max_tokens_per_step - len(decode)
+        props: dict[str, list[int]] = {}
         if spec is not None:
-            out["speculation"] = spec.counts
+            props, budget = spec.propose_step([(rid, seq, live[rid]["req"]["prompt"] + tokens[rid],
+                                                len(tokens[rid]), live[rid]["req"]["max_new_tokens"])
+                                               for _, _, seq, _, rid in decode], budget)
+            for rid in props:
+                spec.before[rid] = self.snapshot(live[rid]["seq"])
+        pieces = []                                 # (rid, start, count), in row order
+        for rid in order:
+            s = live[rid]
+            plen = len(s["req"]["prompt"])
+            if s["next"] is not None or s["pos"] >= plen:
+                continue
+            n = piece_length(s["pos"], plen, budget, prefill_chunk, chunk_size)
+            if n > 0:
+                pieces.append((rid, s["pos"], n))
+                budget -= n
+        return StepPlan(decode, pieces, props)
+
+    def _retire(self, st: RunState) -> None:
+        """Finished requests leave: finish reason, seq id freed (its memory cleared), row emptied; rows compact."""
+        rows, live, tokens = st.rows, st.live, st.tokens
+        finished = [r for r, rid in enumerate(rows) if rid is not None and self._finished(live[rid], tokens[rid])]
+        for r in finished:
+            rid = rows[r]
+            s, got = live.pop(rid), tokens[rid]
+            st.finish[rid] = "stop" if got[-1] in s["req"].get("stop_token_ids", []) else "length"
+            self.lc.llama_memory_seq_rm(self.mem, s["seq"], -1, -1)
+            if st.spec is not None:
+                st.spec.forget(rid, s["seq"])
+            st.free.append(s["seq"])
+            st.free.sort()
+            rows[r] = None
+        compact(rows)
+
+    @staticmethod
+    def _reply(st: RunState) -> dict:
+        """The run op's reply: tokens, finish reasons, base64 float32 logits, steps, seq ids, cache and spec facts."""
+        enc = {rid: base64.b64encode(np.stack(v).astype("<f4").tobytes()).decode() if v else ""
+               for rid, v in st.logits.items()}
+        out = {"tokens": st.tokens, "finish": st.finish, "logits": enc, "steps": st.step, "seq_ids": st.seq_ids}
+        if st.cache is not None:
+            out["prefix_cache"] = {"admit": st.admits, "steps": st.cache_steps}
+        if st.spec is not None:
+            out["speculation"] = st.spec.counts
         return out
 
     @staticmethod
@@ -311,6 +324,35 @@ class Engine:
                 self.restore(snap, s["seq"])
                 self._decode([(t, pos + j, s["seq"], False) for j, t in enumerate(kept)])
             s["pos"], s["next"] = pos + len(kept), emitted[-1]
+
+
+@dataclass
+class RunState:
+    """One run op's scheduler state: requests not yet arrived or waiting for a seq id, free seq ids, the row order,
+    the live requests (id -> {"req", "seq", "pos", "next"}), the step, and what the reply reports."""
+    pending: list[dict]
+    free: list[int]
+    rows: list[str | None]                  # row order: admission appends, finishes compact
+    tokens: dict[str, list[int]]
+    logits: dict[str, list[np.ndarray]]
+    cache: Checkpoints | None
+    spec: Speculation | None
+    waiting: list[dict] = field(default_factory=list)
+    live: dict[str, dict] = field(default_factory=dict)
+    finish: dict[str, str] = field(default_factory=dict)
+    seq_ids: dict[str, int] = field(default_factory=dict)
+    admits: list[dict] = field(default_factory=list)
+    cache_steps: list[dict] = field(default_factory=list)
+    step: int = 0
+
+
+@dataclass
+class StepPlan:
+    """One step's batch: decode rows (token, pos, seq, want_logits, id), prompt pieces (id, start, count) in row
+    order, and the decode rows' proposals (id -> drafts)."""
+    decode: list[tuple]
+    pieces: list[tuple]
+    props: dict[str, list[int]]
 
 
 def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chunk_size: int) -> int:
