@@ -158,8 +158,18 @@ class Completion:
     logprobs_field: str = "logprobs[{i}]"        # the JSON path of position i's top-k row (a format string)
 
 
-def parse_completion(obj: Any, where: str = "/v1/completions") -> Completion:
-    """Token ids, logprobs and counts of a non-streamed completion answer; ServerError naming the path if malformed."""
+@dataclass
+class _ParsedLogprobs:
+    """A completion choice's tokens and logprobs as parsed from one answer form: token ids, top-k rows and sampled
+    logprobs per position (None when not given), and why the rows are None."""
+    tokens: list[int] | None
+    rows: list[dict[int, float]] | None
+    sampled: list[float | None] | None
+    note: str = ""
+
+
+def _the_choice(obj: Any, where: str) -> dict:
+    """The answer's one choice; ServerError for an error answer or a malformed one."""
     if not isinstance(obj, dict):
         raise ServerError(f"malformed answer: {where}: expected a JSON object, got {type(obj).__name__}")
     if "error" in obj and "choices" not in obj:
@@ -168,86 +178,103 @@ def parse_completion(obj: Any, where: str = "/v1/completions") -> Completion:
     if len(choices) != 1:
         raise ServerError(f"malformed answer: {where}.choices: expected 1 choice, got {len(choices)}")
     ch = choices[0]
-    at = f"{where}.choices[0]"
     if not isinstance(ch, dict):
-        raise ServerError(f"malformed answer: {at}: expected an object")
+        raise ServerError(f"malformed answer: {where}.choices[0]: expected an object")
+    return ch
+
+
+def _llama_logprobs(content: list, at: str, tokens: list[int] | None) -> _ParsedLogprobs:
+    """llama-server's form (logprobs.content: id, logprob, top_logprobs per position); its ids must equal token_ids
+    when both are given."""
+    ids, rows, sampled = [], [], []
+    for i, e in enumerate(content):
+        ea = f"{at}.logprobs.content[{i}]"
+        if not isinstance(e, dict):
+            raise ServerError(f"malformed answer: {ea}: expected an object")
+        ids.append(_int(e.get("id"), f"{ea}.id"))
+        sampled.append(_num(e["logprob"], f"{ea}.logprob") if "logprob" in e else None)
+        top = e.get("top_logprobs")
+        if not isinstance(top, list):
+            raise ServerError(f"malformed answer: {ea}.top_logprobs: expected a list")
+        row = {}
+        for j, t in enumerate(top):
+            ta = f"{ea}.top_logprobs[{j}]"
+            if not isinstance(t, dict):
+                raise ServerError(f"malformed answer: {ta}: expected an object")
+            row[_int(t.get("id"), f"{ta}.id")] = _num(t.get("logprob"), f"{ta}.logprob")
+        rows.append(row)
+    if tokens is None:
+        tokens = ids
+    elif tokens != ids:
+        raise ServerError(f"malformed answer: {at}.token_ids {tokens} differ from the logprobs' ids {ids}")
+    return _ParsedLogprobs(tokens, rows, sampled)
+
+
+def _openai_row(d: Any, ta: str) -> dict[int, float] | None:
+    """One top_logprobs entry of OpenAI's form keyed by token id ('token_id:N'), or None when keyed by text."""
+    if not isinstance(d, dict):
+        raise ServerError(f"malformed answer: {ta}: expected an object")
+    row = {}
+    for k, v in d.items():
+        tid = _token_key(k)
+        if tid is None:
+            return None
+        row[tid] = _num(v, f"{ta}[{k!r}]")
+    return row
+
+
+def _openai_logprobs(lp: dict, at: str, tokens: list[int] | None) -> _ParsedLogprobs:
+    """OpenAI's completions form (logprobs.tokens, top_logprobs, token_logprobs); the tokens from token_ids or from
+    'token_id:N' names; rows None (with the reason) when the top_logprobs name tokens by text."""
+    keyed = [_token_key(s) for s in lp["tokens"]]
+    if tokens is None:
+        if any(k is None for k in keyed):
+            raise ServerError(f"malformed answer: {at}: no token ids (no choices[0].token_ids, and "
+                              "logprobs.tokens are text, not 'token_id:N'; vLLM: --return-tokens-as-token-ids "
+                              "or return_token_ids)")
+        tokens = keyed
+    top = lp.get("top_logprobs")
+    tlp = lp.get("token_logprobs")
+    if not isinstance(top, list) or len(top) != len(tokens):
+        raise ServerError(f"malformed answer: {at}.logprobs.top_logprobs: expected one entry per token "
+                          f"({len(tokens)}), got {type(top).__name__}"
+                          + (f" of {len(top)}" if isinstance(top, list) else ""))
+    rows, sampled = [], []
+    for i, d in enumerate(top):
+        row = _openai_row(d, f"{at}.logprobs.top_logprobs[{i}]")
+        if row is None:
+            return _ParsedLogprobs(tokens, None, None, "the server's top_logprobs name tokens by text, not id "
+                                                       "(vLLM: --return-tokens-as-token-ids)")
+        rows.append(row)
+        sampled.append(_num(tlp[i], f"{at}.logprobs.token_logprobs[{i}]")
+                       if isinstance(tlp, list) and i < len(tlp) and tlp[i] is not None else None)
+    return _ParsedLogprobs(tokens, rows, sampled)
+
+
+def parse_completion(obj: Any, where: str = "/v1/completions") -> Completion:
+    """Token ids, logprobs and counts of a non-streamed completion answer; ServerError naming the path if malformed."""
+    ch = _the_choice(obj, where)
+    at = f"{where}.choices[0]"
     lp = ch.get("logprobs")
     tokens: list[int] | None = None
-    rows: list[dict[int, float]] | None = None
-    sampled: list[float | None] | None = None
-    note = ""
     if ch.get("token_ids") is not None:
         ids = ch["token_ids"]
         if not isinstance(ids, list):
             raise ServerError(f"malformed answer: {at}.token_ids: expected a list")
         tokens = [_int(t, f"{at}.token_ids[{i}]") for i, t in enumerate(ids)]
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):          # llama-server's form
-        content = lp["content"]
-        ids, rows, sampled = [], [], []
-        for i, e in enumerate(content):
-            ea = f"{at}.logprobs.content[{i}]"
-            if not isinstance(e, dict):
-                raise ServerError(f"malformed answer: {ea}: expected an object")
-            ids.append(_int(e.get("id"), f"{ea}.id"))
-            sampled.append(_num(e["logprob"], f"{ea}.logprob") if "logprob" in e else None)
-            top = e.get("top_logprobs")
-            if not isinstance(top, list):
-                raise ServerError(f"malformed answer: {ea}.top_logprobs: expected a list")
-            row = {}
-            for j, t in enumerate(top):
-                ta = f"{ea}.top_logprobs[{j}]"
-                if not isinstance(t, dict):
-                    raise ServerError(f"malformed answer: {ta}: expected an object")
-                row[_int(t.get("id"), f"{ta}.id")] = _num(t.get("logprob"), f"{ta}.logprob")
-            rows.append(row)
-        if tokens is None:
-            tokens = ids
-        elif tokens != ids:
-            raise ServerError(f"malformed answer: {at}.token_ids {tokens} differ from the logprobs' ids {ids}")
+    llama = isinstance(lp, dict) and isinstance(lp.get("content"), list)
+    if llama:                                                                   # llama-server's form
+        p = _llama_logprobs(lp["content"], at, tokens)
     elif isinstance(lp, dict) and isinstance(lp.get("tokens"), list):         # OpenAI's completions form
-        strs = lp["tokens"]
-        keyed = [_token_key(s) for s in strs]
-        if tokens is None:
-            if any(k is None for k in keyed):
-                raise ServerError(f"malformed answer: {at}: no token ids (no choices[0].token_ids, and "
-                                  "logprobs.tokens are text, not 'token_id:N'; vLLM: --return-tokens-as-token-ids "
-                                  "or return_token_ids)")
-            tokens = keyed
-        top = lp.get("top_logprobs")
-        tlp = lp.get("token_logprobs")
-        if not isinstance(top, list) or len(top) != len(tokens):
-            raise ServerError(f"malformed answer: {at}.logprobs.top_logprobs: expected one entry per token "
-                              f"({len(tokens)}), got {type(top).__name__}"
-                              + (f" of {len(top)}" if isinstance(top, list) else ""))
-        rows, sampled = [], []
-        for i, d in enumerate(top):
-            ta = f"{at}.logprobs.top_logprobs[{i}]"
-            if not isinstance(d, dict):
-                raise ServerError(f"malformed answer: {ta}: expected an object")
-            row = {}
-            for k, v in d.items():
-                tid = _token_key(k)
-                if tid is None:
-                    rows, note = None, ("the server's top_logprobs name tokens by text, not id (vLLM: "
-                                        "--return-tokens-as-token-ids)")
-                    break
-                row[tid] = _num(v, f"{ta}[{k!r}]")
-            if rows is None:
-                break
-            rows.append(row)
-            sampled.append(_num(tlp[i], f"{at}.logprobs.token_logprobs[{i}]")
-                           if isinstance(tlp, list) and i < len(tlp) and tlp[i] is not None else None)
-        if rows is None:
-            sampled = None
+        p = _openai_logprobs(lp, at, tokens)
     else:
         if tokens is None:
             raise ServerError(f"malformed answer: {at}: no token ids (neither token_ids nor logprobs with ids)")
-        note = "the answer carries no logprobs"
-    if rows is not None and len(rows) != len(tokens):
-        raise ServerError(f"malformed answer: {at}: {len(rows)} logprobs entries for {len(tokens)} tokens")
+        p = _ParsedLogprobs(tokens, None, None, "the answer carries no logprobs")
+    if p.rows is not None and len(p.rows) != len(p.tokens):
+        raise ServerError(f"malformed answer: {at}: {len(p.rows)} logprobs entries for {len(p.tokens)} tokens")
     fr = ch.get("finish_reason")
-    c = Completion(tokens, fr if isinstance(fr, str) else None, rows, sampled, note)
-    llama = isinstance(lp, dict) and isinstance(lp.get("content"), list)
+    c = Completion(p.tokens, fr if isinstance(fr, str) else None, p.rows, p.sampled, p.note)
     c.token_field = (at + ".token_ids[{i}]" if ch.get("token_ids") is not None else
                      at + ".logprobs.content[{i}].id" if llama else at + ".logprobs.tokens[{i}]")
     c.logprobs_field = at + (".logprobs.content[{i}].top_logprobs" if llama else ".logprobs.top_logprobs[{i}]")
