@@ -12,6 +12,7 @@ run of the trace and ALONE_MAX one-request runs.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -60,6 +61,7 @@ def check_repeat(ctx: CheckContext) -> Check | None:
     mode, first = _first_run(ctx)
     if first is None:
         return None
+    t0 = time.time()
     second = _run(ctx, ctx.trace, mode)
     det = bool(getattr(ctx.caps, "deterministic", False))
     bad = []
@@ -84,8 +86,8 @@ def check_repeat(ctx: CheckContext) -> Check | None:
                            f"> {ctx.logits_c:g}·max(1, std)")
     how = "bitwise (the engine declares determinism)" if det else "up to near ties and the declared precision"
     if bad:
-        return ctx.line(False, f"{mode}, run twice, {how}: " + "; ".join(bad[:4]))
-    return ctx.line(True, f"{mode}, run twice: {len(ctx.trace.requests)} requests the same, {how}")
+        return ctx.line(False, f"{mode}, run twice, {how}: " + "; ".join(bad[:4]), time.time() - t0)
+    return ctx.line(True, f"{mode}, run twice: {len(ctx.trace.requests)} requests the same, {how}", time.time() - t0)
 
 
 def _co_arriving(trace) -> list:
@@ -128,7 +130,7 @@ def check_alone(ctx: CheckContext) -> Check | None:
         return None
     if len(ctx.trace.requests) < 2:
         return ctx.skip("one request: nothing shares its steps")
-    bad, picked = [], _co_arriving(ctx.trace)[:ALONE_MAX]
+    bad, picked, t0 = [], _co_arriving(ctx.trace)[:ALONE_MAX], time.time()
     for req in picked:
         one = solo_trace(ctx.trace, req.id)
         why = _not_alone(ctx, one)
@@ -140,5 +142,6 @@ def check_alone(ctx: CheckContext) -> Check | None:
             bad.append(why)
     names = ", ".join(r.id for r in picked)
     if bad:
-        return ctx.line(False, f"{mode}, alone vs in the batch ({names}): " + "; ".join(bad))
-    return ctx.line(True, f"{mode}: {names} alone gives its tokens in the batch (up to near ties of the oracle)")
+        return ctx.line(False, f"{mode}, alone vs in the batch ({names}): " + "; ".join(bad), time.time() - t0)
+    return ctx.line(True, f"{mode}: {names} alone gives its tokens in the batch (up to near ties of the oracle)",
+                    time.time() - t0)
