@@ -148,3 +148,17 @@ def test_every_engine_name_resolves_to_an_adapter_and_qualify_help_lists_it(caps
     helptext = " ".join(capsys.readouterr().out.split())
     for name in adapters.ENGINES:
         assert name in helptext.replace("- ", "-"), name
+
+
+def test_an_engine_declaring_plan_models_gets_their_corpora_as_its_default_plan():
+    from hybridqual.adapters import resolve
+    from hybridqual.adapters.base import Engine, EngineOptions
+    from hybridqual.adapters.vllm import VLLM_MODELS
+    from hybridqual.qualify.runner import build_plan, parse_args
+    for name in ("vllm", "vllm-server"):
+        engine = Engine(resolve(name), EngineOptions())
+        plan = build_plan(parse_args(["--engine", name]), engine)
+        assert {p[0].name for p in plan} == set(VLLM_MODELS)
+        assert all(p[1] is None and p[2] is None for p in plan if p[3] is None)     # each model's whole corpus
+    main = build_plan(parse_args([]), Engine(resolve("fastpath"), EngineOptions()))
+    assert "tiny-sort" in {p[0].name for p in main}                                  # others keep the main job's

@@ -230,6 +230,12 @@ class TraceAdapter:
         return None
 
     @classmethod
+    def plan_models(cls) -> tuple[str, ...]:
+        """The shipped models (goldens/models names) of this engine's default plan when it cannot run the main
+        job's (e.g. attention head_dim below what its kernels accept); () = the main job's plan."""
+        return ()
+
+    @classmethod
     def facts_check(cls, ctx):
         """qualify's extra line over the engine's own `RunResult.schedule_facts` (a hybridqual.qualify.report.Check,
         or None for no line); `ctx` is the hybridqual.qualify.context.CheckContext of the run being judged."""
@@ -306,6 +312,9 @@ class Engine:
 
     def facts_check(self, ctx):
         return self.adapter.facts_check(ctx)
+
+    def plan_models(self) -> tuple[str, ...]:
+        return self.adapter.plan_models()
 
     def problem(self) -> str | None:
         """Why the adapter cannot run with these options, or None."""

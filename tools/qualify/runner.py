@@ -186,6 +186,8 @@ def build_plan(args, engine: Engine | None = None) -> list[tuple[Path, list[str]
         base = [(args.model or DEFAULT_MODEL, None, list(args.trace))]
     elif args.model:
         base = [(args.model, args.scenario, None)]
+    elif engine.plan_models():          # the engine's own default plan: each of its models' whole corpus
+        base = [(goldens.MODELS / m, None, None) for m in engine.plan_models()]
     else:
         base = scenarios.main_job_plan()
     names = configs.chosen(getattr(args, "configuration", None), engine, main_job)

@@ -24,7 +24,7 @@ import torch
 
 from hybridqual.adapters.base import (DEFAULT_OPTIONS, Capabilities, Configuration, EngineOptions, RunResult,
                                       TraceAdapter, installed_version)
-from hybridqual.adapters.vllm import engine as veng
+from hybridqual.adapters.vllm import VLLM_MODELS, engine as veng
 from hybridqual.adapters.vllm.engine import VllmSettings
 
 _NOTES = (
@@ -57,7 +57,6 @@ SETTINGS: dict[str, tuple[VllmSettings, str]] = {
     "ssm-bf16": (VllmSettings(mamba_ssm_cache_dtype="bfloat16"), "the SSM state stored in bfloat16"),
     "ssm-fp16": (VllmSettings(mamba_ssm_cache_dtype="float16"), "the SSM state stored in float16"),
 }
-VLLM_MODELS = ("zoo-granite_hd32", "zoo-nemotron_h_hd32", "zoo-mamba2")
 _REACH = tuple(f"{m}/{s}" for m in VLLM_MODELS for s in ("seed_compaction", "slot_exhaustion", "chunked_prefill"))
 _IDS = itertools.count()
 
@@ -90,6 +89,10 @@ class VLLMAdapter(TraceAdapter):
     """vLLM in-process, float32 on CPU; see the module docstring."""
     OPTIONS: ClassVar[tuple[str, ...]] = ("settings", "threads")    # threads: torch's, which vLLM's CPU backend
                                                                      # uses (engine.py: unbound)
+
+    @classmethod
+    def plan_models(cls) -> tuple[str, ...]:
+        return VLLM_MODELS
 
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:

@@ -39,6 +39,7 @@ from hybridqual.adapters.base import DEFAULT_OPTIONS, Capabilities, Configuratio
 from hybridqual.adapters.openai.adapter import _NOTES as _OPENAI_NOTES
 from hybridqual.adapters.openai.adapter import OpenAIServerAdapter
 from hybridqual.adapters.openai.client import ServerError, request_json
+from hybridqual.adapters.vllm import VLLM_MODELS
 
 # --kv-cache-memory-bytes: a fixed 512 MiB cache; without it the CPU worker reserves --gpu-memory-utilization (0.92)
 # of the machine's memory and refuses to start when other processes hold more than 8 % of it;
@@ -306,6 +307,10 @@ class VLLMServerAdapter(OpenAIServerAdapter):
                                                         # threads: the server's (thread_env)
     seen_is_whole: ClassVar[bool] = True         # only this process talks to the server it started
     launch: ClassVar[LaunchSettings] = LaunchSettings()
+
+    @classmethod
+    def plan_models(cls) -> tuple[str, ...]:
+        return VLLM_MODELS
 
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
