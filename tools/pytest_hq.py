@@ -20,7 +20,7 @@ The qualification matrix (models x engines x configurations), one pytest item pe
 
 `--hq-engine NAME[@CONFIGURATION|@all]` (repeatable; default fastpath) parametrises `hq_engine`; `hq_verdict` runs
 qualify's checks for (hq_case, hq_engine). Under pytest-xdist each worker process keeps the truths it loaded (one
-fp64 model per model folder, the session's `_hq_oracles`) and gives its engines cores // workers threads
+fp64 model per model folder, the run's `_hq_oracles`) and gives its engines cores // workers threads
 (EngineOptions.threads; torch's threads too).
 """
 from __future__ import annotations
@@ -194,7 +194,7 @@ def worker_budget():
 
 @pytest.fixture(scope="session")
 def _hq_budget():
-    """This worker's thread budget, torch's threads set to it for the session (and given back after)."""
+    """This worker's thread budget, torch's threads set to it for the whole pytest run (and given back after)."""
     import torch
     budget, before = worker_budget(), torch.get_num_threads()
     torch.set_num_threads(budget.threads)

@@ -86,10 +86,13 @@ Step = Union[Say, PlanLine, OracleLoaded, Exit, RunInstance]
 
 
 def trace_family(trace) -> str:
-    """A trace file's family: the engine feature it exercises (prefix_cache, speculative), else "trace file"."""
+    """A trace file's family: the engine feature it exercises (prefix_cache, speculative, preemption), else "trace
+    file"."""
     if trace.engine.prefix_cache is not None:
         return "prefix_cache"
-    return "speculative" if trace.engine.speculative is not None else "trace file"
+    if trace.engine.speculative is not None:
+        return "speculative"
+    return "preemption" if trace.engine.kv_tokens is not None else "trace file"
 
 
 def instance_from_file(path: Path, config) -> scenarios.Instance:

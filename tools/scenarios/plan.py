@@ -142,7 +142,7 @@ DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget",
                                   "spec_device", "spec_backoff")),
     ("zoo-bamba", "prefix_cache", ("prefix_spec", "prefix_spec_async")),     # DESIGN §17: both features at once
-    ("zoo-bamba", "trace file", ("preempt_recompute",)),     # DESIGN §18: preemption by recompute (engine.kv_tokens)
+    ("zoo-bamba", "preemption", ("preempt_recompute",)),     # DESIGN §18: preemption by recompute (engine.kv_tokens)
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 
@@ -195,7 +195,7 @@ def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> di
     for model, names in plan if plan is not None else default_plan():
         for n in _names(names):
             out[SCENARIOS[n][0]].append(f"{Path(model).name}:{n}")
-    if plan is None:                     # the default run's trace files: prefix_cache, speculative
+    if plan is None:                     # the default run's trace files: prefix_cache, speculative, preemption
         for model, family, names in DEFAULT_TRACES:
             out.setdefault(family, []).extend(f"{model}:{n}" for n in names)
     return out

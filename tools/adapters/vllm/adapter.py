@@ -182,7 +182,7 @@ class VLLMAdapter(TraceAdapter):
     def facts_check(cls, ctx):
         """qualify's line: vLLM's own per-step facts are a correct schedule's (schedule_facts.check)."""
         from hybridqual.adapters.vllm.schedule_facts import check
-        return check(ctx)
+        return check(ctx, settings_of(ctx.engine.options).enable_prefix_caching)
 
 
 def _row(lp: dict, model_path) -> torch.Tensor:

@@ -181,17 +181,16 @@ def summary(facts: list[dict], trace) -> str:
     return "; ".join(parts)
 
 
-def check(ctx):
-    """qualify's line for the vllm engine: its facts are a correct schedule's (see the module docstring)."""
+def check(ctx, prefix_caching: bool):
+    """qualify's line for the vllm engine: its facts are a correct schedule's (see the module docstring);
+    `prefix_caching`: whether the run had vLLM's prefix caching on."""
     from hybridqual.qualify.report import Check
-    from hybridqual.adapters.vllm.adapter import settings_of
     t0 = time.time()
     name = f"{ctx.mode}: vLLM's schedule facts are a correct schedule's"
     facts = getattr(ctx.run, "schedule_facts", None)
     if facts is None:
         return Check.of(ctx.label, name, False, "the adapter returned no RunResult.schedule_facts")
-    s = settings_of(ctx.engine.options)
-    bad = problems(ctx.trace, ctx.run.tokens, facts, s.enable_prefix_caching, None)
+    bad = problems(ctx.trace, ctx.run.tokens, facts, prefix_caching, None)
     line = summary(facts, ctx.trace)
     detail = ("; ".join(bad[:4]) + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else "") + f" | facts: {line}") \
         if bad else line
