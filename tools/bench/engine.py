@@ -478,7 +478,7 @@ def bs1_rows(run: EngineRun, cases: list[Bs1Case]) -> None:
     lines = run.lines
     for c in cases:
         mode, graphs, fused, gv = c.mode, c.graphs, c.fused, c.gemv
-        try:   # eager (~17 ms/step): 1 timed request
+        try:   # eager (slow per step): 1 timed request
             r = bs1_run(run.model.with_options(fused=fused, gemv=gv), mode, graphs, run.osl, 4 if graphs else 2, 32)
         except Exception as e:   # keep going: one GPU run must report every section it can
             lines.append(f"bs1 {mode} graphs={graphs} fused={fused}: FAILED {type(e).__name__}: {e}"[:300])
