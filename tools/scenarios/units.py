@@ -9,12 +9,9 @@ Special ids are used only where a scenario asks for them by role (`Units.eos`, .
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 from oracle.trace import model_positions
-
-if TYPE_CHECKING:
-    from hybridqual.scenarios.step_rule import StepRule
 
 ALPHABET = 64            # literal ids of the corpus are < 64
 MIN_ORDINARY = 4         # fewer ordinary ids than this and folded prompts say nothing
@@ -47,7 +44,8 @@ class Units:
     d_conv: int = 4                 # the Mamba conv width (last pieces 1..d_conv: tools/scenarios/boundaries.py)
     granularities: tuple[int, ...] = ()   # the engine's declared piece rule (Capabilities.piece_granularities)
     positions: int | None = None    # max_position_embeddings when the config declares one
-    rule: "StepRule | None" = None  # the engine's step rule (Capabilities.step_rule, --engine-budget); None: ours
+    rule: object | None = None      # the engine's scenarios.step_rule.StepRule (Capabilities.step_rule,
+                                    # --engine-budget); None: ours
 
     @classmethod
     def from_config(cls, config) -> "Units":
