@@ -127,6 +127,8 @@ def death_text(w: subprocess.Popen, code: int) -> str:
     return f"{how}; its stderr ended: {tail}"
 
 
+WORKER_START_S = 120.0   # a worker's start-up (imports) before it begins its first instance, beyond --timeout
+
 class Pool:
     """The worker processes of one run: each takes the next instance when free; their messages are buffered per
     task until the plan's walk reaches it. A worker that dies, or whose instance runs past args.timeout (it is then
@@ -139,7 +141,7 @@ class Pool:
         self.inbox: queue.Queue = queue.Queue()
         self.workers: dict[int, subprocess.Popen] = {}   # worker number -> process (a dead one gets a new number)
         self.serial = iter(range(1 << 30))
-        self.todo, self.busy, self.started = deque(tasks), {}, {}
+        self.todo, self.busy, self.started, self.begun = deque(tasks), {}, {}, set()
         self.buffers = {k: deque() for k in tasks}
 
     def spawn(self) -> int:
@@ -154,6 +156,7 @@ class Pool:
         if self.todo:
             k = self.todo.popleft()
             self.busy[i], self.started[i] = k, time.monotonic()
+            self.begun.discard(i)
             task = {"task": k, "t0": self.t0, "tau": self.tau, **self.steps[k].spec.to_json()}
             try:
                 w.stdin.write(json.dumps(task) + "\n")
@@ -167,10 +170,13 @@ class Pool:
                 pass
 
     def overdue(self) -> None:
+        """Kill a worker whose instance ran past --timeout (from its "begin"; before it, the worker's start-up
+        gets WORKER_START_S more)."""
         now = time.monotonic()
         for i, k in list(self.busy.items()):
             w = self.workers[i]
-            if w.timed_out is None and now - self.started[i] > self.timeout:
+            limit = self.timeout + (0 if i in self.begun else WORKER_START_S)
+            if w.timed_out is None and now - self.started[i] > limit:
                 w.timed_out = self.timeout
                 _kill(w)                     # its reader then sees the end of its output
 
@@ -195,6 +201,10 @@ class Pool:
             msg = json.loads(line)
         except ValueError:                   # a stray line on the protocol: shown, never trusted
             sys.stderr.write(f"qualify worker {self.workers[i].pid}: not a message: {line[:200]!r}\n")
+            return
+        if msg["kind"] == "begin":           # the worker started the instance: its --timeout runs from now
+            self.started[i] = time.monotonic()
+            self.begun.add(i)
             return
         self.buffers[msg["task"]].append(msg)
         if msg["kind"] in ("done", "error"):

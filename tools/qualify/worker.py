@@ -63,6 +63,7 @@ def worker_main(argv: list[str]) -> int:
             emit("check", check=asdict(c))
             if args.fail_fast and c.status == FAIL:
                 raise _Stop()
+        emit("begin")                     # the instance's --timeout runs from here, not from the worker's start-up
         try:
             spec = InstanceSpec.from_json(task)
             model_dir = Path(spec.model)
