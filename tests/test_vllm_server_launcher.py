@@ -120,19 +120,26 @@ def test_server_not_ready_in_time_is_a_fail_naming_it(fake_env, monkeypatch):
     assert all(not alive(p) for p in server_pids(fake_env / "q"))
 
 
-def test_server_dying_mid_run_fails_naming_it_and_the_rest_get_verdicts(fake_env, monkeypatch):
-    """The server exits at its 3rd completion: that instance FAILs naming the dead server (exit code 9, its log's
-    last line), and the next instance runs on a server started afresh and PASSes."""
-    monkeypatch.setenv("FAKE_VLLM_MODE", "die_once:3")
+def _one_fail_then_a_fresh_server_passes(fake_env, monkeypatch, mode: str, words: str) -> int:
+    """Run seed_compaction, then a copy of it, against a fake server in `mode`: the first instance is one FAIL line
+    naming `words` and the server log's tail, the second PASSes its tokens on a server started afresh; the exit code."""
+    monkeypatch.setenv("FAKE_VLLM_MODE", mode)
     again = fake_env / "seed_again.json"
     again.write_text((TRACES / "seed_compaction.json").read_text())
     rc, got = qualify_here(fake_env / "q", ["seed_compaction", again])
     first = got["tiny-sort/seed_compaction"]
     assert [s for s, _, _ in first] == ["FAIL"], first
-    assert "died (exit code 9)" in first[0][2] and "engine core died (fake)" in first[0][2], first
+    assert words in first[0][2] and "engine core died (fake)" in first[0][2], first
     second = got["tiny-sort/seed_again"]
     assert any(n.startswith("legacy: tokens match the truth") and s == "PASS" for s, n, _ in second), second
     assert (fake_env / "q" / "vllm-server" / "2-default.log").exists()
+    return rc
+
+
+def test_server_dying_mid_run_fails_naming_it_and_the_rest_get_verdicts(fake_env, monkeypatch):
+    """The server exits at its 3rd completion: that instance FAILs naming the dead server (exit code 9, its log's
+    last line), and the next instance runs on a server started afresh and PASSes."""
+    rc = _one_fail_then_a_fresh_server_passes(fake_env, monkeypatch, "die_once:3", "died (exit code 9)")
     assert rc == 1
 
 
@@ -140,16 +147,7 @@ def test_server_that_stops_answering_is_named_and_replaced(fake_env, monkeypatch
     """The server answers HTTP 500 and stops listening while its process lives on (vLLM's API server after its
     engine died, before it exits): that instance FAILs naming the server and its log's tail; the next finds it not
     answering, stops it and runs on a fresh one (PASS)."""
-    monkeypatch.setenv("FAKE_VLLM_MODE", "deaf_once:3")
-    again = fake_env / "seed_again.json"
-    again.write_text((TRACES / "seed_compaction.json").read_text())
-    rc, got = qualify_here(fake_env / "q", ["seed_compaction", again])
-    first = got["tiny-sort/seed_compaction"]
-    assert [s for s, _, _ in first] == ["FAIL"], first
-    assert "the vLLM server (pid" in first[0][2] and "engine core died (fake)" in first[0][2], first
-    second = got["tiny-sort/seed_again"]
-    assert any(n.startswith("legacy: tokens match the truth") and s == "PASS" for s, n, _ in second), second
-    assert (fake_env / "q" / "vllm-server" / "2-default.log").exists()
+    _one_fail_then_a_fresh_server_passes(fake_env, monkeypatch, "deaf_once:3", "the vLLM server (pid")
     assert all(not alive(p) for p in server_pids(fake_env / "q")[:1])
 
 
