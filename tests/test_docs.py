@@ -87,11 +87,16 @@ def outside_links(path: Path, text: str) -> list[tuple[int, str]]:
     return bad
 
 
-def tracked_text_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "-z", "--", *DIRS, *TOP_FILES], cwd=ROOT, capture_output=True,
+def git_tracked(paths: tuple[str, ...], suffixes: tuple[str, ...], exclude: Path) -> list[Path]:
+    """The files git tracks under `paths` whose names end with one of `suffixes`, `exclude` left out."""
+    out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=ROOT, capture_output=True,
                          check=True).stdout.decode().split("\0")
-    files = [ROOT / p for p in out if p and p.endswith(SUFFIXES)]
-    return [f for f in files if f.is_file() and f.resolve() != SELF]
+    files = [ROOT / p for p in out if p and p.endswith(suffixes)]
+    return [f for f in files if f.is_file() and f.resolve() != exclude]
+
+
+def tracked_text_files() -> list[Path]:
+    return git_tracked((*DIRS, *TOP_FILES), SUFFIXES, SELF)
 
 
 def _git_available() -> bool:

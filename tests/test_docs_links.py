@@ -4,10 +4,9 @@ to a heading or bold label of that file. Moving text between pages must carry it
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
+from tests.test_docs import git_tracked, needs_git
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRS = ("docs", "tools", "oracle", "fastpath", "tests", "scripts")
@@ -74,20 +73,7 @@ def broken_citations(text: str, root: Path = ROOT) -> list[str]:
 
 
 def tracked_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "-z", "--", *DIRS, "README.md"], cwd=ROOT, capture_output=True,
-                         check=True).stdout.decode().split("\0")
-    files = [ROOT / p for p in out if p and p.endswith(SUFFIXES)]
-    return [f for f in files if f.is_file() and f.resolve() != SELF]
-
-
-def _git_available() -> bool:
-    try:
-        return subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode == 0
-    except OSError:
-        return False
-
-
-needs_git = pytest.mark.skipif(not _git_available(), reason="not a git checkout (tracked files unknown)")
+    return git_tracked((*DIRS, "README.md"), SUFFIXES, SELF)
 
 
 @needs_git
