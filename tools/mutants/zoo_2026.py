@@ -86,6 +86,36 @@ STATE_PRECISION: list[Mutant] = [
            _RESOLVE + "        s = self.bank.ssm_state.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30) / 127\n"
                       "        self.bank.ssm_state.copy_((self.bank.ssm_state / s).round().clamp(-127, 127) * s)\n",
            ("tests/test_engine_trace.py::test_corpus_trace_log_and_tokens_equal_oracle_in_both_modes[seed_compaction]",)),
+    Mutant("state_fp8_row_scale_below_declared", "reduced-precision state",
+           "vLLM PR #52962 (quantized FlashInfer ReplaySSM state cache: INT8 and FP8 E4M3 SSM-cache dtypes, one FP32 "
+           "decode scale per (head, head_dim), state and scale updated together across prefill and decode, conv state "
+           "kept at its dtype): the SSM state is stored as FP8 E4M3 with one absmax scale per (layer, slot, head, "
+           "head_dim row) over d_state, rounded to nearest at every step's write-back, while the engine declares the "
+           "fp32 state bank",
+           ENGINE, _RESOLVE,
+           _RESOLVE + "        s = self.bank.ssm_state.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30) / 448\n"
+                      "        self.bank.ssm_state.copy_((self.bank.ssm_state / s).to(torch.float8_e4m3fn).float() * s)\n",
+           ("tests/test_state_precision.py::test_fp32_state_bank_stays_within_the_fp32_logits_constant",)),
+    Mutant("state_fp8_tile_scale_below_declared", "reduced-precision state",
+           "SGLang #40706 (an FP8 e4m3 SSM state pool, `--mamba-ssm-dtype float8`, with per-tile dynamic scales: one "
+           "fp32 scale per (head, 32-row V-tile x K), scale = amax / 240): the SSM state [H, P, N] is stored as FP8 "
+           "e4m3 with one scale per (layer, slot, head, tile of 32 head_dim rows x all d_state) = amax / 240, rounded "
+           "at every step's write-back, while the engine declares the fp32 state bank",
+           ENGINE, _RESOLVE,
+           _RESOLVE + "        st = self.bank.ssm_state\n"
+                      "        for r in range(0, st.shape[-2], 32):\n"
+                      "            t = st[..., r:r + 32, :]\n"
+                      "            s = t.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30) / 240\n"
+                      "            t.copy_((t / s).to(torch.float8_e4m3fn).float() * s)\n",
+           ("tests/test_state_precision.py::test_fp32_state_bank_stays_within_the_fp32_logits_constant",)),
+    Mutant("state_conv_window_model_dtype", "reduced-precision state",
+           "vLLM PR #26301 (not in the stored report corpus, and no stored page states its mechanism; this mutant is the "
+           "split of state dtypes vLLM PR #22928 states: `mamba_ssm_cache_dtype` float32 stores the SSM state in fp32 "
+           "while the conv state keeps the model's dtype): the conv window is rounded to bfloat16 at every step's "
+           "write-back, the SSM state kept fp32, while the engine declares an fp32 state (conv window included)",
+           ENGINE, _RESOLVE,
+           _RESOLVE + "        self.bank.conv_state.copy_(self.bank.conv_state.to(torch.bfloat16))\n",
+           ("tests/test_state_precision.py::test_fp32_state_bank_stays_within_the_fp32_logits_constant",)),
 ]
 
 _ADMITTED = "            st.admitted, st.done, st.ctx = True, 0, ctx\n"
