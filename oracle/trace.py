@@ -23,6 +23,7 @@ MAX_REQUESTS = 65_535        # rows = slots; also the most sequences one varlen 
 MAX_POSITIONS = 1 << 20      # prompt + max_new_tokens of one request, on any model: beyond it a run is a hang, not a test
 MAX_ID_LENGTH = 256          # characters of a request id (ids are printed in every report line)
 MIN_TEMPERATURE = 1e-6       # below it exp(logit / T) is 0 or inf for every row: the draw is not a sampler's
+FIRST_ENGINE = "main"        # DESIGN §19: the engine instance every request starts on (a transfer may name it)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,18 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """DESIGN §19: at the end of step `step` the request (with its whole state) moves to engine instance `to`."""
+
+    step: int
+    to: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"step": self.step, "to": self.to}
+
+
+@dataclass(frozen=True)
 class Request:
     """One request of a trace."""
 
@@ -50,12 +63,16 @@ class Request:
     max_new_tokens: int
     stop_token_ids: tuple[int, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)
+    transfer: tuple[Transfer, ...] = ()      # DESIGN §19: hand-overs between engine instances, in step order
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"id": self.id, "arrival_step": self.arrival_step, "prompt": list(self.prompt),
-                "max_new_tokens": self.max_new_tokens, "stop_token_ids": list(self.stop_token_ids),
-                "sampling": self.sampling.to_json()}
+        """JSON form (transfer only when there is one, so older traces keep their bytes)."""
+        out = {"id": self.id, "arrival_step": self.arrival_step, "prompt": list(self.prompt),
+               "max_new_tokens": self.max_new_tokens, "stop_token_ids": list(self.stop_token_ids),
+               "sampling": self.sampling.to_json()}
+        if self.transfer:
+            out["transfer"] = [t.to_json() for t in self.transfer]
+        return out
 
 
 @dataclass(frozen=True)
@@ -236,14 +253,66 @@ def _parse_request(obj: Any, i: int, vocab_size: int | None) -> Request:
     if not isinstance(obj, dict):
         raise TraceError(path, f"must be an object, got {type(obj).__name__}")
     rid = check_request_id(obj.get("id"), f"{path}.id")
-    _keys(obj, path, rid, {"id", "arrival_step", "prompt", "max_new_tokens"}, {"stop_token_ids", "sampling"})
+    _keys(obj, path, rid, {"id", "arrival_step", "prompt", "max_new_tokens"},
+          {"stop_token_ids", "sampling", "transfer"})
     samp = obj.get("sampling", {"kind": "greedy"})
     raw = samp if not isinstance(samp, dict) else Sampling(samp.get("kind"), samp.get("temperature"), samp.get("seed"))
     req = validate_request(Request(rid, obj["arrival_step"], obj["prompt"], obj["max_new_tokens"],
-                                   obj.get("stop_token_ids", []), raw), path, vocab_size)
+                                   obj.get("stop_token_ids", []), raw, _raw_transfers(obj, path, rid)),
+                           path, vocab_size)
     _keys(samp, f"{path}.sampling", rid, {"kind"} | ({"temperature", "seed"} if req.sampling.kind == "seeded"
                                                      else set()))
     return req
+
+
+def _raw_transfers(obj: dict, path: str, rid: str) -> Any:
+    """The JSON `transfer` list as Transfer values (checked by validate_request); absent: ()."""
+    raw = obj.get("transfer", [])
+    if not isinstance(raw, list):
+        raise TraceError(f"{path}.transfer", f"must be a list of {{\"step\", \"to\"}} objects, got "
+                         f"{type(raw).__name__}", rid)
+    for j, t in enumerate(raw):
+        _keys(t, f"{path}.transfer[{j}]", rid, {"step", "to"})
+    return tuple(Transfer(t["step"], t["to"]) for t in raw)
+
+
+def _check_transfers(ts: Any, arrival: int, where: str, rid: str) -> tuple[Transfer, ...]:
+    """DESIGN §19: Transfer values at strictly increasing steps >= the arrival step, each to an engine id (a
+    printable string, as request ids are) other than the instance the request is on by then."""
+    if not isinstance(ts, (tuple, list)):
+        raise TraceError(where, f"must be a list of transfers, got {type(ts).__name__}", rid)
+    out, on, last = [], FIRST_ENGINE, arrival - 1
+    for j, t in enumerate(ts):
+        if not isinstance(t, Transfer):
+            raise TraceError(f"{where}[{j}]", f"must be an oracle.trace.Transfer, got {type(t).__name__}", rid)
+        step = _int_value(t.step, f"{where}[{j}].step", rid, 0, MAX_ARRIVAL_STEP + MAX_POSITIONS)
+        if step <= last:
+            bound = f"> {last} (the previous transfer's step)" if j else f">= the arrival step {arrival}"
+            raise TraceError(f"{where}[{j}].step", f"must be {bound}, got {step}", rid)
+        to = t.to
+        if not isinstance(to, str) or not to or len(to) > MAX_ID_LENGTH or not to.isprintable():
+            raise TraceError(f"{where}[{j}].to", f"must be an engine id: a non-empty printable string of at most "
+                             f"{MAX_ID_LENGTH} characters, got {ascii(to):.80}", rid)
+        if to == on:
+            raise TraceError(f"{where}[{j}].to", f"the request is already on engine {on!r} at step {step}", rid)
+        out.append(Transfer(step, to))
+        on, last = to, step
+    return tuple(out)
+
+
+def check_transfer_engine(engine: EngineConfig, requests: Any) -> None:
+    """A trace with transfers (DESIGN §19) uses none of speculative, prefix_cache, kv_tokens: the error names the
+    first request's transfer field."""
+    for i, r in enumerate(requests):
+        if r.transfer and (engine.speculative is not None or engine.prefix_cache is not None
+                           or engine.kv_tokens is not None):
+            raise TraceError(f"requests[{i}].transfer", "state transfer (DESIGN §19) is not combined with "
+                             "engine.speculative, engine.prefix_cache or engine.kv_tokens", r.id)
+
+
+def transfer_engines(trace: "Trace") -> list[str]:
+    """The engine instances a trace runs on: FIRST_ENGINE, then every transfer target in sorted order."""
+    return [FIRST_ENGINE] + sorted({t.to for r in trace.requests for t in r.transfer} - {FIRST_ENGINE})
 
 
 def _parse_engine(obj: Any) -> EngineConfig:
@@ -278,7 +347,8 @@ def validate_request(req: Any, where: str = "request", vocab_size: int | None = 
     check_positions(len(prompt), max_new, where, rid, max_positions)
     stops = _token_list(req.stop_token_ids, f"{where}.stop_token_ids", rid, True, vocab_size)
     sampling = _check_sampling(req.sampling, f"{where}.sampling", rid)
-    return Request(rid, arrival, prompt, max_new, stops, sampling)
+    transfer = _check_transfers(req.transfer, arrival, f"{where}.transfer", rid)
+    return Request(rid, arrival, prompt, max_new, stops, sampling, transfer)
 
 
 def validate_engine_config(ec: Any, where: str = "engine") -> EngineConfig:
@@ -368,6 +438,7 @@ def parse_trace(obj: Any, vocab_size: int | None = None) -> Trace:
             raise TraceError(f"requests[{i}].id", "duplicate request id", req.id)
         seen.add(req.id)
         requests.append(req)
+    check_transfer_engine(engine, requests)
     return Trace(engine, tuple(requests), desc)
 
 
@@ -423,6 +494,7 @@ def check_against_model(trace: Trace, vocab_size: int, chunk_size: int, max_posi
         seen.add(r.id)
         requests.append(r)
     out = Trace(engine, tuple(requests), trace.description)
+    check_transfer_engine(engine, requests)
     for i, r in enumerate(requests):                        # DESIGN §18: a request alone always fits the KV budget
         if engine.kv_tokens is not None and len(r.prompt) + r.max_new_tokens > engine.kv_tokens:
             raise TraceError(f"requests[{i}].max_new_tokens", f"prompt + max_new_tokens = "
