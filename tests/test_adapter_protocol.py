@@ -162,3 +162,14 @@ def test_an_engine_declaring_plan_models_gets_their_corpora_as_its_default_plan(
         assert all(p[1] is None and p[2] is None for p in plan if p[3] is None)     # each model's whole corpus
     main = build_plan(parse_args([]), Engine(resolve("fastpath"), EngineOptions()))
     assert "tiny-sort" in {p[0].name for p in main}                                  # others keep the main job's
+
+
+def test_vllm_logprob_rows_keep_the_engines_nan_and_name_a_missing_id():
+    """A NaN logprob is the engine's output (validation FAILs it by request and row); a missing id is the adapter's."""
+    from types import SimpleNamespace
+    from hybridqual.adapters.vllm.adapter import _row
+    row = _row({0: SimpleNamespace(logprob=-1.0), 1: SimpleNamespace(logprob=float("nan")),
+                2: SimpleNamespace(logprob=-2.0)}, "m")
+    assert row[0] == -1.0 and bool(torch.isnan(row[1])) and row[2] == -2.0
+    with pytest.raises(RuntimeError, match=r"ids \[1\] missing"):
+        _row({0: SimpleNamespace(logprob=-1.0), 2: SimpleNamespace(logprob=-2.0)}, "m")

@@ -102,20 +102,27 @@ def test_v6_cpu_state_update_ignores_the_row_stride_of_speculative_state_indices
 
 
 def test_v6_ngram_speculation_gives_wrong_tokens_on_a_hybrid():
-    """V6 (the run): zoo-granite_hd32 seed_compaction with ngram speculation on: r1's second token (a decode row
-    second in its batch, before any draft was proposed) is not the oracle's greedy token."""
+    """V6 (the run): zoo-granite_hd32 seed_compaction with ngram speculation on: the prefills are the oracle's, and
+    the decodes are not — a token off the oracle's greedy path or a logprob row that is not finite (the op reads state
+    blocks it never wrote, so what comes back varies between runs and machines)."""
     from hybridqual.adapters.base import EngineOptions
     from hybridqual.adapters.vllm.adapter import VLLMAdapter
     from oracle.trace import load_trace
+    from hybridqual.qualify.compare import teacher_forced_logits
     trace = load_trace(ROOT / "goldens" / "traces" / "seed_compaction.json")
     run = VLLMAdapter(MODELS / "zoo-granite_hd32", trace, "legacy",
                       options=VLLMAdapter.configure("ngram", EngineOptions())).run_trace()
     model = oracle.load(MODELS / "zoo-granite_hd32")
-    from hybridqual.qualify.compare import teacher_forced_logits
-    r1 = trace.request("r1")
-    rows = teacher_forced_logits(model, r1.prompt, run.tokens["r1"])
-    assert int(rows[0].argmax()) == run.tokens["r1"][0]              # its first token (prefill) is right
-    assert int(rows[1].argmax()) != run.tokens["r1"][1]              # its first decode is not
+    wrong = []
+    for req in trace.requests:
+        got = run.tokens[req.id]
+        rows = teacher_forced_logits(model, req.prompt, got)
+        assert int(rows[0].argmax()) == got[0], req.id                # the prefill's token is the oracle's
+        off = [k for k in range(1, len(got)) if int(rows[k].argmax()) != got[k]]
+        not_finite = bool((~torch.isfinite(run.logits[req.id][1:])).any())
+        if off or not_finite:
+            wrong.append(req.id)
+    assert "r1" in wrong and len(wrong) >= 3, wrong
 
 
 def test_v5_a_second_engine_after_numba_is_imported_crashes_in_kernel_registration():

@@ -186,12 +186,16 @@ class VLLMAdapter(TraceAdapter):
 
 
 def _row(lp: dict, model_path) -> torch.Tensor:
-    """The raw logits row of one position from vLLM's full-vocabulary logprobs dict {id: Logprob}."""
+    """The raw logits row of one position from vLLM's full-vocabulary logprobs dict {id: Logprob}.
+
+    An id missing from the dict is the adapter's error (the request asked for every id); a NaN value is the
+    engine's output and stays, for qualify's validation to FAIL by request and position."""
     n = max(lp) + 1
-    row = torch.full((n,), float("nan"), dtype=torch.float32)
+    if len(lp) != n:
+        missing = sorted(set(range(n)) - set(lp))[:5]
+        raise RuntimeError(f"vLLM returned {len(lp)} logprobs for ids up to {n - 1}: not a whole row, ids "
+                           f"{missing} missing ({model_path})")
+    row = torch.empty((n,), dtype=torch.float32)
     for i, v in lp.items():
         row[i] = v.logprob
-    if bool(torch.isnan(row).any()):
-        raise RuntimeError(f"vLLM returned {len(lp)} logprobs for ids up to {n - 1}: not a whole row "
-                           f"({model_path})")
     return row
