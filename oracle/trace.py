@@ -78,17 +78,26 @@ class Request:
 @dataclass(frozen=True)
 class PrefixCacheConfig:
     """Optional engine field `prefix_cache` (DESIGN §12): checkpoints at multiples of `block_size` prompt tokens,
-    at most `capacity` of them (docs/scheduler.md §9)."""
+    at most `capacity` of them (docs/scheduler.md §9); with `attention_block_size` (DESIGN §21) at multiples of
+    lcm(block_size, attention_block_size) only."""
 
     block_size: int
     capacity: int
     store_decoded: bool = False      # DESIGN §17: also boundaries of generated tokens (verified state only)
+    attention_block_size: int | None = None     # DESIGN §21: the KV block, when it differs from the Mamba block
+
+    @property
+    def checkpoint_block(self) -> int:
+        """The granularity of stores and hits: lcm of the Mamba and attention blocks (DESIGN §21)."""
+        return math.lcm(self.block_size, self.attention_block_size or self.block_size)
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form (store_decoded only when on, so older traces keep their bytes)."""
+        """JSON form (store_decoded and attention_block_size only when set, so older traces keep their bytes)."""
         out: dict[str, Any] = {"block_size": self.block_size, "capacity": self.capacity}
         if self.store_decoded:
             out["store_decoded"] = True
+        if self.attention_block_size is not None:
+            out["attention_block_size"] = self.attention_block_size
         return out
 
 
@@ -310,6 +319,11 @@ def check_transfer_engine(engine: EngineConfig, requests: Any) -> None:
                              "engine.speculative, engine.prefix_cache or engine.kv_tokens", r.id)
 
 
+def transfer_at(req: Request, step: int) -> Transfer | None:
+    """The request's transfer at the end of `step`, if any."""
+    return next((t for t in req.transfer if t.step == step), None)
+
+
 def transfer_engines(trace: "Trace") -> list[str]:
     """The engine instances a trace runs on: FIRST_ENGINE, then every transfer target in sorted order."""
     return [FIRST_ENGINE] + sorted({t.to for r in trace.requests for t in r.transfer} - {FIRST_ENGINE})
@@ -324,8 +338,9 @@ def _parse_engine(obj: Any) -> EngineConfig:
         spec = parse_speculative(obj["speculative"])
     pc = obj.get("prefix_cache")
     if "prefix_cache" in obj:                                                  # null is not "absent"
-        _keys(pc, "engine.prefix_cache", None, {"block_size", "capacity"}, {"store_decoded"})
-        pc = PrefixCacheConfig(pc["block_size"], pc["capacity"], pc.get("store_decoded", False))   # checked below
+        _keys(pc, "engine.prefix_cache", None, {"block_size", "capacity"}, {"store_decoded", "attention_block_size"})
+        pc = PrefixCacheConfig(pc["block_size"], pc["capacity"], pc.get("store_decoded", False),
+                               pc.get("attention_block_size"))                               # checked below
     return validate_engine_config(EngineConfig(obj["max_requests"], obj["max_tokens_per_step"],
                                                obj["prefill_chunk"], obj.get("mode", "legacy"), spec,
                                                prefix_cache=pc, kv_tokens=obj.get("kv_tokens")))
@@ -377,15 +392,22 @@ def _check_kv_tokens(ec: EngineConfig, where: str) -> int | None:
 
 
 def _check_prefix_cache(pc: Any, where: str) -> PrefixCacheConfig | None:
-    """None, or a PrefixCacheConfig whose block_size and capacity are ints >= 1 (normalised)."""
+    """None, or a PrefixCacheConfig whose block_size and capacity are ints >= 1 (normalised); an
+    attention_block_size (DESIGN §21) is an int >= 1 that divides block_size or is a multiple of it."""
     if pc is None:
         return None
     if not isinstance(pc, PrefixCacheConfig):
         raise TraceError(where, f"must be an oracle.trace.PrefixCacheConfig or absent, got {type(pc).__name__}")
     if not isinstance(pc.store_decoded, bool):
         raise TraceError(f"{where}.store_decoded", f"must be true or false, got {pc.store_decoded!r}")
-    return PrefixCacheConfig(_int_value(pc.block_size, f"{where}.block_size", None, 1),
-                             _int_value(pc.capacity, f"{where}.capacity", None, 1), pc.store_decoded)
+    block = _int_value(pc.block_size, f"{where}.block_size", None, 1)
+    attn = pc.attention_block_size
+    if attn is not None:
+        attn = _int_value(attn, f"{where}.attention_block_size", None, 1)
+        if block % attn and attn % block:
+            raise TraceError(f"{where}.attention_block_size", f"{attn} must divide block_size {block} or be a "
+                             "multiple of it (DESIGN §21)")
+    return PrefixCacheConfig(block, _int_value(pc.capacity, f"{where}.capacity", None, 1), pc.store_decoded, attn)
 
 
 def check_prefix_cache_against_model(ec: EngineConfig, chunk_size: int, n_mamba_layers: int | None,
