@@ -11,7 +11,7 @@ from typing import Any
 
 SCHEMA = "hybridqual.schedule/1"
 KINDS = ("decode", "prefill", "extra", "verify")   # verify: speculative rows (DESIGN §13)
-REASONS = ("stop", "length")
+REASONS = ("stop", "length", "transfer")          # transfer: handed to another engine instance (DESIGN §19)
 
 
 @dataclass
@@ -71,6 +71,9 @@ class ScheduleLog:
     mode: str
     steps: list[StepRecord] = field(default_factory=list)
     prefix_cache: bool = False      # the run had a prefix cache: every step also logs its "prefix_cache" events
+    # DESIGN §19: the steps of every other engine instance (id -> records of the steps it ran); `steps` are the
+    # instance "main"'s. None (absent from the JSON) without transfers, so every other log is unchanged
+    instances: dict[str, list[StepRecord]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -78,7 +81,10 @@ class ScheduleLog:
         if self.prefix_cache:
             for j, s in zip(steps, self.steps):
                 j["prefix_cache"] = {k: list(v) for k, v in s.cache.items()}
-        return {"schema": SCHEMA, "mode": self.mode, "steps": steps}
+        out = {"schema": SCHEMA, "mode": self.mode, "steps": steps}
+        if self.instances is not None:
+            out["instances"] = {name: [s.to_json() for s in recs] for name, recs in self.instances.items()}
+        return out
 
 
 def _check_value(v: Any, path: str) -> None:
@@ -112,8 +118,15 @@ def from_json(obj: dict[str, Any]) -> ScheduleLog:
     """Rebuild a ScheduleLog from its JSON form (e.g. json.loads of canonical_json); rejects other schemas."""
     if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
         raise ValueError(f"schedule log schema: expected {SCHEMA!r}")
+    inst = obj.get("instances")
+    return ScheduleLog(obj["mode"], _records(obj["steps"]), any("prefix_cache" in s for s in obj["steps"]),
+                       None if inst is None else {name: _records(recs) for name, recs in inst.items()})
+
+
+def _records(objs: list[dict[str, Any]]) -> list[StepRecord]:
+    """StepRecords from their JSON forms."""
     steps = []
-    for s in obj["steps"]:
+    for s in objs:
         batch = [BatchRow(b["row"], b["request"], b["slot"], b["kind"], b["pos"], b["count"], b.get("proposals"))
                  for b in s["batch"]]
         steps.append(StepRecord(s["step"], s["overlap"], list(s["admit"]), batch, list(s["sampled"]),
@@ -121,7 +134,7 @@ def from_json(obj: dict[str, Any]) -> ScheduleLog:
                                 s.get("preempt")))
         if "prefix_cache" in s:
             steps[-1].cache = {k: list(v) for k, v in s["prefix_cache"].items()}
-    return ScheduleLog(obj["mode"], steps, any("prefix_cache" in s for s in obj["steps"]))
+    return steps
 
 
 def _first_diff(a: Any, b: Any, path: str) -> str | None:
@@ -149,7 +162,8 @@ def first_difference(a: ScheduleLog | dict[str, Any], b: ScheduleLog | dict[str,
     for key in ("schema", "mode"):
         if ja.get(key) != jb.get(key):
             return f"{key}: {ja.get(key)!r} != {jb.get(key)!r}"
-    return _first_diff(ja["steps"], jb["steps"], "steps")
+    return (_first_diff(ja["steps"], jb["steps"], "steps")
+            or _first_diff(ja.get("instances"), jb.get("instances"), "instances"))
 
 
 def verify_rows(log: ScheduleLog | dict) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ import torch
 from .batched import Segment, batches, forward_segments
 from .sampling import sample
 from .schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
-from .trace import Request, Trace, TraceError, check_against_model, model_positions, validate_request
+from .trace import (FIRST_ENGINE, Request, Trace, TraceError, check_against_model, model_positions, transfer_at,
+                    validate_request)
 
 __all__ = ["Scheduler", "TraceResult", "run_trace", "run_request_alone", "piece_length", "state_bytes",
            "check_state_memory"]
@@ -36,6 +37,8 @@ class RequestState:
     finish_reason: str | None = None
     ctx: tuple[int, ...] | None = None   # the tokens its prefill computes: the prompt, + the output when resumed
     admit_seq: int = 0                   # admission order (DESIGN §18 victim rule)
+    engine: str = FIRST_ENGINE           # DESIGN §19: the engine instance the request is on
+    moving: bool = False                 # handed over with its state, not yet admitted by the receiver
 
     @property
     def prefill_tokens(self) -> tuple[int, ...]:
@@ -117,13 +120,21 @@ def check_state_memory(model: Any, trace: Trace) -> None:
 class Scheduler:
     """One engine run over a trace: rows, slots, free stack, pending step; `run()` drives it to completion."""
 
-    def __init__(self, model: Any, trace: Trace, mode: str, forced_tokens: dict[str, list[int]] | None = None):
+    def __init__(self, model: Any, trace: Trace, mode: str, forced_tokens: dict[str, list[int]] | None = None,
+                 instance: str | None = None):
+        """`instance`: this engine's id among several (DESIGN §19, oracle/transfer.py); None: the only one."""
         if mode not in ("legacy", "async"):
             raise TraceError("mode", f"unknown mode {mode!r}; expected 'legacy' or 'async'")
         cfg = model.config
         trace = check_against_model(trace, cfg.vocab_size, cfg.chunk_size, model_positions(cfg))       # normalised: ints, tuples
         check_state_memory(model, trace)
         self.model, self.trace, self.mode = model, trace, mode
+        moved = [i for i, r in enumerate(trace.requests) if r.transfer]
+        if moved and instance is None:
+            raise TraceError(f"requests[{moved[0]}].transfer", "a trace with transfers runs on several engine "
+                             "instances: oracle.scheduler.run_trace (oracle/transfer.py)", trace.requests[moved[0]].id)
+        self.name = instance or FIRST_ENGINE
+        self.transit: list[RequestState] = []          # DESIGN §19: handed over to this instance, not yet admitted
         # Replay hook (hybridqual.qualify): request id -> its output tokens, taken instead of sampling while they last,
         # so the log is this policy's schedule for another engine's (tie-accepted) outputs.
         self.forced = forced_tokens or {}
@@ -151,7 +162,7 @@ class Scheduler:
             mamba = getattr(cfg, "mamba_layer_ids", None)        # None: a test stand-in model without layers
             check_prefix_cache_against_model(trace.engine, cfg.chunk_size, None if mamba is None else len(mamba))
             pc = trace.engine.prefix_cache
-            self.cache = SchedulerCache(pc.block_size, pc.capacity, pc.store_decoded)
+            self.cache = SchedulerCache(pc.checkpoint_block, pc.capacity, pc.store_decoded)   # DESIGN §21
             self.log.prefix_cache = True
             if self.spec is not None and pc.store_decoded:       # DESIGN §17: verified states at boundaries
                 self.spec.keep_states = self.cache.keep
@@ -165,6 +176,9 @@ class Scheduler:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:
             raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
+        if req.transfer:
+            raise TraceError(f"{where}.transfer", "a streamed request cannot be handed over: transfers run "
+                             "through run_trace (oracle/transfer.py)", req.id)
         self.requests[req.id] = RequestState(req)
         self.arrival_order = sorted(self.arrival_order + [req], key=lambda r: (r.arrival_step, r.id))
 
@@ -175,13 +189,14 @@ class Scheduler:
         return sum(r is not None for r in self.rows)
 
     def waiting(self, k: int) -> list[RequestState]:
-        """Arrived, not yet admitted requests in (arrival_step, id) order."""
-        return [self.requests[r.id] for r in self.arrival_order
-                if r.arrival_step <= k and not self.requests[r.id].admitted]
+        """Requests handed over to this instance (DESIGN §19, in hand-over order), then arrived, not yet admitted
+        requests of this instance in (arrival_step, id) order."""
+        arrived = (self.requests[r.id] for r in self.arrival_order if r.arrival_step <= k)
+        return self.transit + [s for s in arrived if not s.admitted and not s.moving and s.engine == self.name]
 
     def all_finished(self) -> bool:
-        """True when every request has finished."""
-        return all(s.finish_reason is not None for s in self.requests.values())
+        """True when every request on this instance has finished."""
+        return all(s.finish_reason is not None for s in self.requests.values() if s.engine == self.name)
 
     # ------------------------------------------------------------------------------------------- resolve
     def resolve(self, p: Pending, inflight: Pending | None = None) -> None:
@@ -253,6 +268,11 @@ class Scheduler:
                 return                                          # DESIGN §18: admission within the KV budget
             slot, row = self.free_slots.pop(), self.active
             self.rows[row], self.row_to_slot[row] = st.req.id, slot
+            if st.moving:                                       # DESIGN §19: a zeroed slot, the moved state in it
+                self.transit.remove(st)
+                st.admitted, st.moving = True, False
+                rec.admit.append({"request": st.req.id, "row": row, "slot": slot, "imported": st.held})
+                continue
             st.admitted, st.model_state, st.done, st.ctx = True, None, 0, ctx   # zeroed slot = fresh state
             self._seq += 1
             st.admit_seq = self._seq
@@ -290,6 +310,18 @@ class Scheduler:
         """KV positions the live requests hold after this batch: a row's end position, else what it holds."""
         ends = {b.request: b.pos + b.count for b in batch}
         return sum(ends.get(rid, self.requests[rid].held) for rid in self.rows if rid is not None)
+
+    def hand_over(self, rid: str) -> None:
+        """DESIGN §19, the sender's side: the live request's slot is freed as at a finish (reason "transfer", in the
+        record of the step just resolved) and rows compact; its state stays with it (RequestState.model_state)."""
+        row = self.rows.index(rid)
+        slot, rec = self.row_to_slot[row], self.log.steps[-1]
+        self.free_slots.append(slot)
+        self.rows[row], self.row_to_slot[row] = None, -1
+        self.requests[rid].admitted = False
+        rec.free.append({"request": rid, "row": row, "slot": slot, "reason": "transfer"})
+        rec.moves.extend(self.compact([]))
+        rec.row_to_slot = list(self.row_to_slot)
 
     def preempt(self, rec: StepRecord) -> None:
         """DESIGN §18 by recompute: the live request admitted last gives its slot back (its state dropped, its output
@@ -369,6 +401,7 @@ class Scheduler:
                 and (self.spec is None or self.spec.overlappable(p.batch))   # §10: only steps backoff pauses
                 and (self.cache is None or not self.cache.blocks_overlap(p.batch))   # DESIGN §17
                 and self.kv is None                                                   # DESIGN §18: builds decide
+                and not any(transfer_at(self.requests[b.request].req, p.step) for b in p.batch)   # DESIGN §19
                 and not any(self.requests[rid].prefilling for rid in self.rows if rid is not None))
 
     def launch_overlapped(self, rec: StepRecord) -> None:
@@ -428,7 +461,11 @@ class Scheduler:
 def run_trace(model: Any, trace: Trace, mode: str | None = None,
               forced_tokens: dict[str, list[int]] | None = None) -> TraceResult:
     """Run a trace through the oracle scheduler and model; mode defaults to the trace's engine.mode. `forced_tokens`
-    (request id -> tokens) replaces sampling while a request's list lasts (replaying another engine's outputs)."""
+    (request id -> tokens) replaces sampling while a request's list lasts (replaying another engine's outputs). A trace
+    with transfers runs on several instances (DESIGN §19, oracle/transfer.py)."""
+    if isinstance(trace, Trace) and any(getattr(r, "transfer", ()) for r in trace.requests):
+        from .transfer import Instances
+        return Instances(model, trace, mode or trace.engine.mode, forced_tokens).run()
     return Scheduler(model, trace, mode or trace.engine.mode, forced_tokens).run()
 
 

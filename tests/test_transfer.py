@@ -4,10 +4,14 @@ and the fast path's export/import of a row's whole state. Truth is continuity: t
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 
-from oracle.trace import TraceError, Transfer, dump_trace, parse_trace
+from oracle.scheduler import run_request_alone, run_trace
+from oracle.schedule_log import canonical_json, first_difference, from_json
+from oracle.trace import Trace, TraceError, Transfer, dump_trace, load_trace, parse_trace
 
 BASE = {"schema": "hybridqual.trace/1",
         "engine": {"max_requests": 2, "max_tokens_per_step": 32, "prefill_chunk": 16},
@@ -25,7 +29,6 @@ def test_transfer_field_round_trips_and_is_absent_when_empty():
     """A transfer list parses to Transfer values and dumps back; a trace without one keeps its bytes."""
     t = parse_trace(_with([{"step": 3, "to": "e1"}, {"step": 5, "to": "main"}]))
     assert t.requests[0].transfer == (Transfer(3, "e1"), Transfer(5, "main"))
-    import json
     assert parse_trace(json.loads(dump_trace(t))) == t
     assert "transfer" not in dump_trace(parse_trace(BASE))
     assert parse_trace(_with([])).requests[0].transfer == ()
@@ -49,3 +52,61 @@ def test_bad_transfer_is_an_error_naming_the_field(transfer, engine, field, word
     with pytest.raises(TraceError) as e:
         parse_trace(_with(transfer, **engine))
     assert e.value.field == field and e.value.request_id == "a" and words in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------------ the oracle
+
+ROOT = Path(__file__).resolve().parents[1]
+BAMBA = ROOT / "goldens" / "models" / "zoo-bamba"
+TRACE = ROOT / "goldens" / "traces" / "transfer_handover.json"
+
+
+@pytest.fixture(scope="module")
+def truth():
+    import oracle
+    return oracle.load(BAMBA)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "async"])
+def test_handed_over_tokens_equal_each_request_alone(truth, mode):
+    """Continuity: a request handed to another instance mid-decode (and one right after its prefill) emits the tokens
+    of its run alone on one engine."""
+    t = load_trace(TRACE)
+    res = run_trace(truth, t, mode)
+    assert res.tokens == {r.id: run_request_alone(truth, r)[0] for r in t.requests}
+
+
+def test_log_records_the_transfer_on_both_instances(truth):
+    """The sender frees the slot with reason "transfer" in the step the request was last computed; the receiver admits
+    it at the next step into the slot r1 left (LIFO), with "imported" = the positions moved, and decodes on from
+    there without a prefill; the log's JSON round-trips."""
+    res = run_trace(truth, load_trace(TRACE), "legacy")
+    j = res.schedule_log.to_json()
+    main, dec = {s["step"]: s for s in j["steps"]}, {s["step"]: s for s in j["instances"]["decode"]}
+    assert {"request": "r0", "row": 0, "slot": 0, "reason": "transfer"} in main[5]["free"]
+    assert not any(b["request"] == "r0" for s in j["steps"] if s["step"] > 5 for b in s["batch"])
+    assert [f["slot"] for f in dec[3]["free"] if f["request"] == "r1"] == [0]
+    assert dec[6]["admit"] == [{"request": "r0", "row": 0, "slot": 0, "imported": 14}]
+    assert [(b["kind"], b["pos"]) for b in dec[6]["batch"]] == [("decode", 14)]
+    assert not any(b["kind"] == "prefill" for s in j["instances"]["decode"] for b in s["batch"])
+    assert from_json(json.loads(canonical_json(res.schedule_log))).to_json() == j
+    assert first_difference(res.schedule_log, run_trace(truth, load_trace(TRACE), "legacy").schedule_log) is None
+
+
+def test_async_overlaps_no_step_after_a_hand_over(truth):
+    """The step after a transfer step drains on the sender (its state is read after the step's resolve): async logs
+    an overlapped step nowhere right after a transfer."""
+    j = run_trace(truth, load_trace(TRACE), "async").schedule_log.to_json()
+    main = {s["step"]: s for s in j["steps"]}
+    assert main[1]["overlap"] == 0 and main[6]["overlap"] == 0 and main[2]["overlap"] == 1
+
+
+def test_a_transfer_outside_run_trace_is_refused(truth):
+    """The one-instance Scheduler and streaming add_request refuse a request with a transfer, naming the field."""
+    from oracle.scheduler import Scheduler
+    t = load_trace(TRACE)
+    with pytest.raises(TraceError, match=r"requests\[0\]\.transfer"):
+        Scheduler(truth, t, "legacy")
+    s = Scheduler(truth, Trace(t.engine, ()), "legacy")
+    with pytest.raises(TraceError, match=r"requests\[0\]\.transfer"):
+        s.add_request(t.requests[0])
