@@ -127,6 +127,8 @@ BAD = [  # (argv, the flag its error must name)
     (["bench", "kernels", "--only", "no-such-group"], "--only"),
     (["bench", "kernels", "--out", NOWHERE], "--out"),
     (["bench", "peak", "label-without-command"], "LABEL -- COMMAND"),
+    (["bench", "qualify", "--model", MODEL, "--probe-mib", "0"], "--probe-mib"),
+    (["bench", "qualify", "--model", MODEL, "--summary", NOWHERE], "--summary"),
     (["bench", "sass", "--out", NOWHERE], "--out"),
     (["bench", "spec", "--smoke", "--spec-k", "x"], "--spec-k"),
     (["bench", "spec", "--smoke", "--spec-rows", "no-such-row"], "--spec-rows"),

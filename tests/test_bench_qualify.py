@@ -1,0 +1,117 @@
+"""bench qualify (tools/bench/qualify.py): timing a qualification changes none of its verdicts, the parts of its
+split add up to the run's wall time, and the fp64 passes it counts are the ones the plan requires (derived here
+from the oracle's own schedule logs). One tiny model, one scenario, the oracle engine, CPU."""
+import json
+import os
+
+import pytest
+import torch
+
+import oracle
+import oracle.batched
+import oracle.scheduler
+from oracle.model import OracleModel
+from oracle.trace import parse_trace
+from hybridqual.bench import qualify as bench
+from hybridqual.goldens import regen as goldens
+from hybridqual.qualify import compare, runner
+
+MODEL = goldens.MODELS / "tiny-sort"
+SCENARIO = "stop_tokens"            # no shipped golden for tiny-sort: plain qualify computes the truth too
+ARGS = ["--model", str(MODEL), "--engine", "oracle", "--scenario", SCENARIO, "--mode", "legacy"]
+PARTS_SLACK_S = 0.05                # the parts are charged inside the qualify call the wall time brackets
+
+
+def _in_process(f, *a):
+    """f(*a) with os.environ as it was before (qualify sets HYBRIDQUAL_QUALIFY_OUT)."""
+    env = dict(os.environ)
+    try:
+        return f(*a)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(plain qualify's report, the bench's figures, the bench's qualify report) of the same subset."""
+    tmp = tmp_path_factory.mktemp("bench_qualify")
+    plain = _in_process(runner.main, [*ARGS, "--jobs", "1", "--in-process", "--quiet", "--out", str(tmp / "plain")])
+    assert plain == 0
+    rc = _in_process(bench.main, [*ARGS, "--probe-mib", "16", "--qualify-out", str(tmp / "bench"),
+                                  "--out", str(tmp / "b.json"), "--summary", str(tmp / "b.txt")])
+    assert rc == 0
+    return (json.loads((tmp / "plain" / "report.json").read_text()), json.loads((tmp / "b.json").read_text()),
+            json.loads((tmp / "bench" / "report.json").read_text()))
+
+
+def _verdicts(report: dict) -> list[tuple]:
+    """Each line's verdict and what it says, without its timings."""
+    return [(c["trace"], c["name"], c["status"], c["detail"],
+             json.dumps({k: v for k, v in c["data"].items() if "second" not in k}, sort_keys=True))
+            for c in report["checks"]]
+
+
+def test_bench_leaves_every_verdict_as_qualify_gives_it(runs):
+    plain, figures, timed = runs
+    assert _verdicts(timed) == _verdicts(plain)
+    assert [i["truth"] for i in timed["instances"]] == [i["truth"] for i in plain["instances"]]
+    assert figures["verdicts"] == {k: plain[k] for k in ("passed", "failed", "skipped")}
+
+
+def test_bench_puts_back_everything_it_timed(runs):
+    import hybridqual.qualify.steps as steps
+    from hybridqual.adapters.base import Engine
+    from hybridqual.qualify import truth as truth_mod
+    assert oracle.scheduler.forward_segments is oracle.batched.forward_segments
+    assert getattr(oracle.batched.forward_segments, "__wrapped__", None) is None
+    for f in (OracleModel.forward, Engine.__call__, compare.compare_tie_aware, runner.truth_for,
+              runner.check_instance, steps.load_truth):
+        assert getattr(f, "__wrapped__", None) is None, f
+    assert steps.load_truth is truth_mod.load_truth
+
+
+def test_split_parts_add_up_to_the_wall_time(runs):
+    _, b, _ = runs
+    assert b["wall_s"] > 0
+    assert abs(b["parts_sum_s"] - b["wall_s"]) <= PARTS_SLACK_S + 0.01 * b["wall_s"], (b["parts_sum_s"], b["wall_s"])
+    for phase in (b["truth_phase"], b["judging"]):
+        parts = [phase[k] for k in ("passes_s", "compute_s", "host_s", "idle_s")]
+        assert min(parts) >= 0
+        assert sum(parts) == pytest.approx(phase["wall_s"], abs=1e-9)
+    assert b["truth_phase"]["passes_s"] > 0 and b["engine_s"] > 0 and b["engine_runs"] >= 1
+
+
+def _steps_with_rows(result) -> int:
+    return sum(1 for s in result.schedule_log.steps if s.batch)
+
+
+def test_pass_counts_are_the_plans(runs):
+    """The truth (goldens.golden_for_trace) runs the oracle scheduler in both modes, one pass per step that has
+    rows, then one teacher-forced pass per request; the judging scores every request's tokens in one batched
+    pass. Counted from the oracle's schedule logs, not from the bench's own counters."""
+    plain, b, _ = runs
+    trace = parse_trace(plain["instances"][0]["concrete"])
+    model = oracle.load(MODEL, dtype=torch.float64)
+    want_truth = sum(_steps_with_rows(oracle.run_trace(model, trace, mode=m)) for m in ("legacy", "async"))
+    want_truth += len(trace.requests)
+    scored = [r for r in trace.requests if oracle.run_trace(model, trace, mode="legacy").tokens[r.id]]
+    assert len(scored) >= 2                     # so that the judging batches them
+    assert b["truth_phase"]["passes"] == want_truth
+    assert b["judging"]["passes"] == 1 and b["judging"]["passes_by_kind"] == {"batched": 1}
+    assert b["judging"]["sequences"] == len(scored)
+    w = b["weights_fp64_bytes"]
+    assert b["truth_phase"]["floor_s"] == pytest.approx(w * want_truth / (b["copy"]["gb_per_s"] * 1e9))
+
+
+@pytest.mark.parametrize("extra, flag", [(["--probe-mib", "0"], "--probe-mib"),
+                                         (["--device", "tpu"], "--device"),
+                                         (["--out", "/nonexistent/dir/b.json"], "--out")])
+def test_bad_argument_is_exit_2_naming_its_flag(extra, flag, capsys):
+    assert bench.main([*ARGS, *extra]) == 2
+    assert capsys.readouterr().err.startswith(flag)
+
+
+def test_a_folder_without_config_is_refused_by_name(tmp_path, capsys):
+    assert bench.main(["--model", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("--model")
