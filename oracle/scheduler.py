@@ -465,7 +465,7 @@ def run_trace(model: Any, trace: Trace, mode: str | None = None,
     with transfers runs on several instances (DESIGN §19, oracle/transfer.py)."""
     if isinstance(trace, Trace) and any(getattr(r, "transfer", ()) for r in trace.requests):
         from .transfer import Instances
-        return Instances(model, trace, mode or trace.engine.mode, forced_tokens).run()
+        return Instances(Scheduler, model, trace, mode or trace.engine.mode, forced_tokens).run()
     return Scheduler(model, trace, mode or trace.engine.mode, forced_tokens).run()
 
 

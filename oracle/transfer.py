@@ -16,20 +16,21 @@ from __future__ import annotations
 from typing import Any
 
 from .schedule_log import TraceResult, digest
-from .scheduler import Scheduler
 from .trace import FIRST_ENGINE, Trace, transfer_at, transfer_engines
 
 
 class Instances:
-    """The engine instances of one trace: `main` and one Scheduler per transfer target, sharing the requests."""
+    """The engine instances of one trace: `main` and one scheduler per transfer target, sharing the requests
+    (`scheduler`: oracle.scheduler.Scheduler, passed in by its run_trace)."""
 
-    def __init__(self, model: Any, trace: Trace, mode: str, forced_tokens: dict[str, list[int]] | None = None):
+    def __init__(self, scheduler: type, model: Any, trace: Trace, mode: str,
+                 forced_tokens: dict[str, list[int]] | None = None):
         names = transfer_engines(trace)
-        self.main = Scheduler(model, trace, mode, forced_tokens, instance=FIRST_ENGINE)
+        self.main = scheduler(model, trace, mode, forced_tokens, instance=FIRST_ENGINE)
         self.trace = self.main.trace                       # normalised
         self.by_name = {FIRST_ENGINE: self.main}
         for name in names[1:]:
-            peer = Scheduler(model, trace, mode, forced_tokens, instance=name)
+            peer = scheduler(model, trace, mode, forced_tokens, instance=name)
             peer.requests, peer.arrival_order = self.main.requests, self.main.arrival_order
             self.by_name[name] = peer
 

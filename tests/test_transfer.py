@@ -110,3 +110,59 @@ def test_a_transfer_outside_run_trace_is_refused(truth):
     s = Scheduler(truth, Trace(t.engine, ()), "legacy")
     with pytest.raises(TraceError, match=r"requests\[0\]\.transfer"):
         s.add_request(t.requests[0])
+
+
+# --------------------------------------------------------------------------------------------------- the fast path
+
+def _fast_engine(t, backend: str | None = "torch"):
+    import torch
+    from fastpath import Engine
+    from fastpath.options import FastOptions
+    return Engine.from_pretrained(BAMBA, t.engine, device="cpu", dtype=torch.float32, max_len=64,
+                                  options=FastOptions(backend=backend) if backend else None)
+
+
+def test_fast_path_hands_over_as_the_oracle_does(truth):
+    """The fast path (torch kernels), legacy and async: the schedule log of every instance (the sender's transfer
+    free, the receiver's imported admission into the slot r1 left) and the tokens equal the oracle's."""
+    t = load_trace(TRACE)
+    eng = _fast_engine(t)
+    for mode in ("legacy", "async"):
+        got, want = eng.run_trace(t, mode), run_trace(truth, t, mode)
+        assert first_difference(got.schedule_log, want.schedule_log) is None, mode
+        assert got.tokens == want.tokens and got.digest == want.digest, mode
+
+
+def test_imported_slot_holds_exactly_the_senders_state():
+    """export_state then import_state into a slot that held another request's state: conv windows, SSM states and
+    K/V of [0, positions) are the sender's, bitwise (the zeroing by admission comes first)."""
+    import torch
+    from fastpath.engine.bank import StateBank
+    from fastpath.engine.transfer import export_state, import_state
+    from oracle.checkpoint import load_checkpoint
+    cfg, _ = load_checkpoint(BAMBA)
+    g = torch.Generator().manual_seed(5)
+    a, b = StateBank(cfg, 2, 16), StateBank(cfg, 2, 16)
+    for bank in (a, b):
+        for x in (bank.conv_state, bank.ssm_state, bank.k_cache, bank.v_cache):
+            x.copy_(torch.randn(x.shape, generator=g))
+    s = export_state(a, 1, 11)
+    b.zero_slot(0)
+    import_state(b, 0, s)
+    assert torch.equal(b.conv_state[:, 0], a.conv_state[:, 1]) and torch.equal(b.ssm_state[:, 0], a.ssm_state[:, 1])
+    assert torch.equal(b.k_cache[:, 0, :11], a.k_cache[:, 1, :11])
+    assert torch.equal(b.v_cache[:, 0, :11], a.v_cache[:, 1, :11])
+
+
+def test_fast_path_streaming_refuses_a_transfer():
+    """Engine.add_request (streaming) refuses a request with a transfer, naming the field."""
+    t = load_trace(TRACE)
+    with pytest.raises(TraceError, match=r"requests\[0\]\.transfer"):
+        _fast_engine(t).add_request(t.requests[0])
+
+
+@pytest.mark.slow
+def test_fast_path_hands_over_as_the_oracle_does_on_the_triton_kernels(truth):
+    t = load_trace(TRACE)
+    got, want = _fast_engine(t, None).run_trace(t, "legacy"), run_trace(truth, t, "legacy")
+    assert first_difference(got.schedule_log, want.schedule_log) is None and got.tokens == want.tokens

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from oracle.schedule_log import BatchRow, ScheduleLog, StepRecord, TraceResult, digest
-from oracle.trace import (EngineConfig, Request, Trace, TraceError, check_against_model, model_positions,
-                          validate_request)
+from oracle.trace import (FIRST_ENGINE, EngineConfig, Request, Trace, TraceError, check_against_model,
+                          model_positions, transfer_at, validate_request)
 from oracle.trace import check_prefix_cache_against_model
 from fastpath.options import FastOptions, check_options
 
@@ -47,6 +47,8 @@ class RequestState:
     finish_reason: str | None = None
     ctx: tuple[int, ...] | None = None   # what its prefill computes: the prompt, + the output when resumed (§18)
     admit_seq: int = 0                   # admission order (the DESIGN §18 victim rule)
+    engine: str = FIRST_ENGINE           # DESIGN §19: the engine instance it is on (fastpath/engine/transfer.py)
+    moved: object = None                 # its exported state while handed over, not yet admitted (SlotState)
 
     @property
     def prefill_tokens(self) -> tuple[int, ...]:
@@ -166,6 +168,7 @@ class Engine:
         if self.spec is not None:
             self.spec.reset()
         self.k = 0
+        self.name, self.transit, self._drained = FIRST_ENGINE, [], None     # DESIGN §19 (transfer.py)
         self._seq = 0                                   # admissions so far (DESIGN §18 victim rule)
         self._flip = 0
         self.emitted: dict[str, list[int]] = {}
@@ -180,6 +183,9 @@ class Engine:
             raise TraceError(f"{where}.id", "duplicate request id", req.id)
         if req.arrival_step < self.k:
             raise TraceError(f"{where}.arrival_step", f"must be >= the current step {self.k}", req.id)
+        if req.transfer and not hasattr(self, "_instances"):
+            raise TraceError(f"{where}.transfer", "a streamed request cannot be handed over: transfers run "
+                             "through run_trace (fastpath/engine/transfer.py)", req.id)
         need = len(req.prompt) + req.max_new_tokens
         if self.config.attention_layer_ids and need > self.bank.max_len:
             raise TraceError(f"{where}.max_new_tokens", f"prompt + max_new_tokens = {need} exceeds the engine's "
@@ -188,13 +194,14 @@ class Engine:
         self.arrival_order = sorted(self.arrival_order + [req], key=lambda r: (r.arrival_step, r.id))
 
     def waiting(self, k: int) -> list[RequestState]:
-        """Arrived, not yet admitted requests in (arrival_step, id) order."""
-        return [self.requests[r.id] for r in self.arrival_order
-                if r.arrival_step <= k and not self.requests[r.id].admitted]
+        """Requests handed to this instance (DESIGN §19), then arrived, not yet admitted ones in (arrival_step, id)
+        order."""
+        arrived = (self.requests[r.id] for r in self.arrival_order if r.arrival_step <= k)
+        return self.transit + [s for s in arrived if not s.admitted and s.moved is None and s.engine == self.name]
 
     def all_finished(self) -> bool:
-        """Every submitted request has finished."""
-        return all(s.finish_reason is not None for s in self.requests.values())
+        """Every request on this instance has finished."""
+        return all(s.finish_reason is not None for s in self.requests.values() if s.engine == self.name)
 
     # -------------------------------------------------------------------------------------------- steps
     def _overlappable(self, prev: Launched | None) -> bool:
@@ -205,6 +212,7 @@ class Engine:
                 and (self.spec is None or self.spec.overlappable(prev))
                 and (self.prefix is None or not self.prefix.blocks_overlap(prev.batch))       # DESIGN §17
                 and self.ec.kv_tokens is None                        # DESIGN §18: preemption is decided at build
+                and not any(transfer_at(self.requests[b.request].req, prev.step) for b in prev.batch)   # §19
                 and not any(self.requests[rid].prefilling for rid in self.rows.live_requests()))
 
     def can_overlap(self) -> bool:
@@ -230,10 +238,7 @@ class Engine:
                     b.kind = "extra"
             self.pending = launched
         else:
-            prev = self.pending
-            if prev is not None:                    # drain before admitting
-                self.resolve(prev)
-                self.pending = None
+            prev, self._drained = self.drain(), None           # drain before admitting
             if self.all_finished():
                 return False
             rec = StepRecord(self.k)
@@ -254,6 +259,14 @@ class Engine:
                 rec.row_to_slot = list(self.rows.row_to_slot)
         self.k += 1
         return True
+
+    def drain(self) -> Launched | None:
+        """Resolve the pending step before a step that is not overlapped; returns the step drained (kept until that
+        step runs: the instances of fastpath/engine/transfer.py drain a sender before its hand-overs)."""
+        if self.pending is not None:
+            self.resolve(self.pending)
+            self._drained, self.pending = self.pending, None
+        return self._drained
 
     def shadow_rows(self, prev: Launched | None) -> list[BatchRow]:
         """Legacy: the rows async mode still computes this step (requests freed by the decode-only step before,
@@ -277,6 +290,10 @@ class Engine:
                 return                                            # DESIGN §18: admission within the KV budget
             row, slot = self.rows.admit(st.req.id)
             self.bank.zero_slot(slot)
+            if st.moved is not None:                   # DESIGN §19: the sender's state into the zeroed slot
+                from .transfer import admit_moved
+                admit_moved(self, st, row, slot, rec)
+                continue
             st.admitted, st.done, st.ctx = True, 0, ctx
             self._seq += 1
             st.admit_seq = self._seq
@@ -474,6 +491,9 @@ class Engine:
                 (self.ec.max_requests, self.ec.max_tokens_per_step, self.ec.prefill_chunk, self.ec.prefix_cache,
                  engine_key(self.ec.speculative), self.ec.kv_tokens):
             raise TraceError("engine", f"trace engine config {e} differs from this engine's {self.ec}")
+        if any(r.transfer for r in trace.requests):          # DESIGN §19: several instances
+            from .transfer import EngineInstances
+            return EngineInstances(self, trace, mode or e.mode).run()
         self.reset(mode or e.mode)
         if self.spec is not None:
             self.spec.use_trace(e.speculative)
