@@ -128,6 +128,19 @@ step_anchor() {
   grep -E "^peak|checks passed" "$OUT/anchor.log" > "$OUT/anchor.summary"
   return $rc
 }
+# Optional: where a real-size qualification goes (tools/bench/qualify.py): anchor-3b's whole corpus, fast path bf16 +
+# graphs, the fp64 oracle on the GPU, the truth computed now; truth and judging split into fp64 weight passes,
+# compute, host work and idle beside the bytes floor of the same run (fp64 weights x passes / device copy bandwidth),
+# the engine's time, peak host and GPU memory. Cut at its limit, qualify finalises its report and the figures so far
+# are written (status "aborted"). Its qualify report stays off $OUT (the device returns few files).
+step_bench_qualify() {
+  local dir=${ANCHOR_DIR:-/tmp/anchor-3b} t0=$SECONDS
+  [ -e "$dir/config.json" ] || timeout 300 $PY -m hybridqual.anchor write "$dir" || return 1
+  echo "anchor write: $((SECONDS - t0)) s"
+  timeout "${BENCH_QUALIFY_TIMEOUT:-480}" $PY -m hybridqual.bench.qualify --model "$dir" --device cuda --graphs \
+    --qualify-out "${TMPDIR:-/tmp}/bench_qualify" --out "$OUT/bench_qualify.json" --summary "$OUT/bench_qualify.summary" \
+    ${BENCH_QUALIFY_ARGS:-}
+}
 # Optional: the fp64 truth of anchor-3b's corpus (goldens regen on the GPU) timed at this tree and, in the same call,
 # at a baseline tree carried as .baseline/ (`git archive REV oracle tools fastpath`; its goldens go under .baseline/):
 # each run cut at TRUTH_TIMEOUT seconds, its per-golden lines kept, so the two compare golden by golden.

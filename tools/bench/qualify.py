@@ -84,6 +84,7 @@ class QualifyBench:
     peak_gpu_allocated_gib: float | None
     peak_gpu_reserved_gib: float | None
     verdicts: dict[str, int]
+    qualify_status: str                 # report.json's status ("finished", or "aborted: <why>" when cut short)
     qualify_rc: int
     qualify_out: str
 
@@ -216,7 +217,14 @@ def measure(args: argparse.Namespace, command: str) -> QualifyBench:
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,
         torch.cuda.max_memory_allocated() / GIB if cuda else None,
         torch.cuda.max_memory_reserved() / GIB if cuda else None,
-        {k: int(counts.get(k, 0)) for k in ("passed", "failed", "skipped")}, rc, str(args.qualify_out))
+        {k: int(counts.get(k, 0)) for k in ("passed", "failed", "skipped")}, str(counts.get("status", "no report")),
+        rc, str(args.qualify_out))
+
+
+def _size(n: float) -> str:
+    """Bytes in decimal units (kB, MB, GB), three significant figures."""
+    unit = next((u for u in ((1e9, "GB"), (1e6, "MB")) if n >= u[0]), (1e3, "kB"))
+    return f"{n / unit[0]:.3g} {unit[1]}"
 
 
 def summary(b: QualifyBench) -> str:
@@ -224,11 +232,11 @@ def summary(b: QualifyBench) -> str:
     def row(name: str, p: PhaseFigures) -> str:
         ratio = f"{p.wall_s / p.floor_s:.0f}×" if p.floor_s > 0 else "—"
         return (f"| {name} | {p.wall_s:.2f} | {p.passes} ({p.sequences} seq, {p.tokens} tok): {p.passes_s:.2f} | "
-                f"{p.compute_s:.2f} | {p.host_s:.2f} | {p.idle_s:.2f} | {p.floor_s:.4f} | {ratio} |")
+                f"{p.compute_s:.2f} | {p.host_s:.2f} | {p.idle_s:.2f} | {p.floor_s:.4g} | {ratio} |")
     gpu = "n/a" if b.peak_gpu_allocated_gib is None else \
         f"{b.peak_gpu_allocated_gib:.2f} GiB allocated ({b.peak_gpu_reserved_gib:.2f} reserved)"
     return "\n".join([
-        f"bench qualify: {b.model} ({b.parameters:,} parameters, fp64 {b.weights_fp64_bytes / 1e9:.3f} GB), "
+        f"bench qualify: {b.model} ({b.parameters:,} parameters, fp64 {_size(b.weights_fp64_bytes)}), "
         f"engine {b.engine} on {b.device}, oracle on {b.oracle_device}, truth {b.truth}; {b.date}, "
         f"commit {b.commit or 'unknown'}",
         f"copy bandwidth {b.copy.gb_per_s:.1f} GB/s ({b.copy.where}, {b.copy.bytes / 2 ** 20:.0f} MiB)",
@@ -239,10 +247,10 @@ def summary(b: QualifyBench) -> str:
         f"| oracle load | {b.load_s:.2f} | | | | | | |",
         f"| other (plan, report) | {b.other_s:.2f} | | | | | | |",
         f"| **total** | {b.wall_s:.2f} (parts {b.parts_sum_s:.2f}) | | | | | "
-        f"{b.truth_phase.floor_s + b.judging.floor_s:.4f} | |",
+        f"{b.truth_phase.floor_s + b.judging.floor_s:.4g} | |",
         f"peak host RSS {b.peak_host_rss_gib:.2f} GiB (this process); peak GPU {gpu}",
         f"verdicts: {b.verdicts['passed']} PASS, {b.verdicts['failed']} FAIL, {b.verdicts['skipped']} SKIP; "
-        f"qualify exit {b.qualify_rc}; report in {b.qualify_out}/report.json"])
+        f"qualify {b.qualify_status}, exit {b.qualify_rc}; report in {b.qualify_out}/report.json"])
 
 
 def main(argv: list[str] | None = None) -> int:
