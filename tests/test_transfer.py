@@ -166,3 +166,18 @@ def test_fast_path_hands_over_as_the_oracle_does_on_the_triton_kernels(truth):
     t = load_trace(TRACE)
     got, want = _fast_engine(t, None).run_trace(t, "legacy"), run_trace(truth, t, "legacy")
     assert first_difference(got.schedule_log, want.schedule_log) is None and got.tokens == want.tokens
+
+
+def test_qualify_skips_a_transfer_trace_for_an_adapter_without_state_transfer():
+    """An adapter whose Capabilities lack state_transfer gets a SKIP naming why and the requests that move; one that
+    declares it runs the trace."""
+    from hybridqual.adapters.base import Capabilities
+    from hybridqual.qualify.checks import context, run_mode
+    t = load_trace(TRACE)
+    lines = []
+    ctx = context(None, BAMBA, t, None, caps=Capabilities(("greedy",), ("legacy",)), mode="legacy")
+    assert run_mode(ctx, lines.append) is None
+    assert [c.status for c in lines] == ["SKIP"] and "state_transfer" in lines[0].detail, lines
+    assert "(transfers: r0, r1)" in lines[0].detail
+    from hybridqual.adapters.fastpath import FastpathAdapter
+    assert FastpathAdapter.capabilities("cpu").state_transfer

@@ -64,6 +64,8 @@ class Capabilities:
     step_rule: StepRule | None = None             # how the engine forms a step (budget rounding, pieces, cache
                                                   # blocks): piece_tails is instantiated under it; None: unknown
                                                   # (qualify --engine-budget sets one; else ours is assumed)
+    state_transfer: bool = False                  # DESIGN §19: runs a trace whose requests move between engine
+                                                  # instances (request field `transfer`); else qualify SKIPs it
     notes: tuple[tuple[str, str], ...] = ()       # (capability, why it is missing), quoted in skip reasons
 
     def why_not(self, what: str, default: str) -> str:

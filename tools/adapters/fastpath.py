@@ -84,7 +84,7 @@ class FastpathAdapter(TraceAdapter):
         dtype = options.dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
         caps = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True, logits=True,
                             compute_dtype=dtype, prefix_cache_reporting=True, speculation_reporting=True,
-                            batch_invariant=options.batch_invariant, deterministic=True,
+                            batch_invariant=options.batch_invariant, deterministic=True, state_transfer=True,
                             step_rule=replace(OURS, name="hybridqual fast path (docs/scheduler.md §3.3)"))
         state = dict(cls.settings(options).changes).get("state_dtype", "float32")     # DESIGN §20
         if state == "float32" or dtype != torch.float32:      # its constants are measured at fp32 compute

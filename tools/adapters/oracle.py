@@ -13,7 +13,7 @@ class OracleAdapter(TraceAdapter):
     """The oracle scheduler itself (fp64): the truth, with its schedule log."""
     CAPABILITIES = Capabilities(("greedy", "seeded"), ("legacy", "async"), schedule_log=True,
                                 compute_dtype=torch.float64, prefix_cache_reporting=True, speculation_reporting=True,
-                                deterministic=True,
+                                deterministic=True, state_transfer=True,
                                 notes=(("logits", "the oracle adapter is the truth itself"),),
                                 step_rule=replace(OURS, name="hybridqual oracle (docs/scheduler.md §3.3)"))
 

@@ -317,6 +317,10 @@ def context(engine: Engine | type[TraceAdapter] | None, model_dir: Path, trace, 
                         caps, tuple(modes), **per_mode)
 
 
+TRANSFER_SKIP = ("the adapter does not declare state_transfer: it cannot hand a request and its state to another engine "
+                 "instance (DESIGN §19)")
+
+
 def run_mode(ctx: CheckContext, add: Callable[[Check | None], None]) -> RunResult | None:
     """One mode's run: the engine runs the trace (a SKIP line when the mode or a sampling kind is outside its
     capabilities, a FAIL line when it raises or returns a malformed result). Returns the validated run, or None."""
@@ -325,6 +329,11 @@ def run_mode(ctx: CheckContext, add: Callable[[Check | None], None]) -> RunResul
     kinds = sorted({r.sampling.kind for r in trace.requests} - set(caps.sampling_kinds))
     if mode not in caps.modes:
         add(Check.skip(ctx.label, name, caps.why_not(mode, f"the adapter does not declare mode {mode!r}")))
+        return None
+    moved = [r.id for r in trace.requests if r.transfer]
+    if moved and not caps.state_transfer:           # DESIGN §19
+        add(Check.skip(ctx.label, name, f"{caps.why_not('state_transfer', TRANSFER_SKIP)} (transfers: "
+                       f"{', '.join(moved)})"))
         return None
     if kinds:
         users = [r.id for r in trace.requests if r.sampling.kind in kinds]

@@ -86,8 +86,10 @@ Step = Union[Say, PlanLine, OracleLoaded, Exit, RunInstance]
 
 
 def trace_family(trace) -> str:
-    """A trace file's family: the engine feature it exercises (prefix_cache, speculative, preemption), else "trace
-    file"."""
+    """A trace file's family: the engine feature it exercises (prefix_cache, speculative, preemption, transfer),
+    else "trace file"."""
+    if any(r.transfer for r in trace.requests):
+        return "transfer"
     if trace.engine.prefix_cache is not None:
         return "prefix_cache"
     if trace.engine.speculative is not None:
