@@ -10,6 +10,9 @@ prompt[0:p].  The scheduler (oracle/scheduler.py) calls three things:
     store(...)                    at the end of the step: for every boundary p a piece passed or ended on, file a
                                   checkpoint (LRU eviction when full)
 
+B is the checkpoint block: the trace's block_size, or lcm(block_size, attention_block_size) when the engine declares
+an attention block of its own (DESIGN §21: a resume point needs both the Mamba state and whole KV blocks).
+
 Keys: key_0 = sha256(b"hybridqual.prefix/1"), key_j = sha256(key_{j-1} || block j as little-endian int64).
 SHA-256 is collision resistant (no collision has ever been exhibited; a generic birthday collision among n keys
 has probability about n^2 / 2^257), so equal keys mean equal token prefixes; the oracle also keeps each

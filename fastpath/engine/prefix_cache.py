@@ -12,6 +12,8 @@ engine's stream, ordered after the forward that produced the state and before an
             writes the state entering the chunk at p, the model the conv window at p: fastpath/model.py)
     store:  after the forward: a piece that ended on p copies its slot's whole state; an interior p copies K/V
             of [0, p) — so pieces are cut exactly as with the cache off (DESIGN §12)
+B is the checkpoint block: the trace's block_size, or with an attention_block_size lcm of the two (DESIGN §21), so a
+resume point always has both a Mamba state and whole KV blocks; the pool slot holds both, restored together.
 """
 from __future__ import annotations
 
@@ -58,7 +60,9 @@ class PrefixCache:
     def __init__(self, config: PrefixCacheConfig, bank: StateBank):
         if bank.pool != config.capacity:
             raise ValueError(f"PrefixCache: the bank has {bank.pool} pool slots, the cache needs {config.capacity}")
-        self.block_size, self.capacity, self.bank = config.block_size, config.capacity, bank
+        self.block_size, self.capacity, self.bank = config.checkpoint_block, config.capacity, bank   # DESIGN §21
+        self.mamba_block_size = config.block_size                          # the Mamba checkpoint block Bm
+        self.attention_block_size = config.attention_block_size or config.block_size   # whole KV blocks Ba
         self.store_decoded = config.store_decoded         # DESIGN §17: boundaries of generated tokens too
         self.reset()
 
