@@ -61,7 +61,7 @@ class PhaseFigures:
 @dataclass
 class QualifyBench:
     """What `bench qualify` writes (--out)."""
-    date: str
+    date: str                           # when the run began
     commit: str | None
     command: str
     model: str
@@ -191,6 +191,7 @@ def measure(args: argparse.Namespace, command: str) -> QualifyBench:
     from hybridqual.qualify import runner
     from oracle.checkpoint import from_hf_config
     from oracle.streamed import in_memory_bytes
+    began = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     weight_bytes = in_memory_bytes(from_hf_config(str(args.model)), torch.float64)
     copy = copy_bandwidth(args.oracle_device, args.probe_mib)
     cuda = torch.cuda.is_available() and "cuda" in (torch.device(args.device).type,
@@ -210,7 +211,7 @@ def measure(args: argparse.Namespace, command: str) -> QualifyBench:
     report = args.qualify_out / "report.json"
     counts = json.loads(report.read_text()) if report.is_file() else {}
     return QualifyBench(
-        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), _commit(), command,
+        began, _commit(), command,
         str(args.model), weight_bytes // 8, weight_bytes, args.engine, args.device, args.oracle_device, args.truth,
         copy, wall, truth, judging, engine, tl.engine_runs, load, other,
         truth.wall_s + judging.wall_s + engine + load + other,
