@@ -143,6 +143,8 @@ class StreamedOracle:
         seqs = [tuple(_check_ids(self.config, list(p) + list(t), f"requests[{r}]")) for r, (p, t) in
                 enumerate(requests)]
         todo = sorted({s for s in seqs if s not in self._cache})
+        if not todo:            # every sequence kept already: no pass over the weights
+            return
         for s, lg in zip(todo, self.sequence_logits(todo)):
             self._cache[s] = lg
 

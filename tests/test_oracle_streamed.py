@@ -203,6 +203,22 @@ def test_prefetch_serves_teacher_forced_logits_bitwise_in_one_pass(zoo_folder, m
         so.teacher_forced_logits(*reqs[0])
 
 
+def test_prefetch_of_kept_sequences_reads_no_weights(zoo_folder, monkeypatch):
+    """A second prefetch of the same requests (qualify's next mode with the same tokens) makes no streamed pass;
+    one new request among them is read for alone."""
+    so = StreamedOracle(zoo_folder("bamba"))
+    reqs = _requests(96, 7)
+    so.prefetch(reqs[:-1])
+    monkeypatch.setattr(so.index, "read", lambda names: pytest.fail("read for kept sequences"))
+    so.prefetch(reqs[:-1])
+    passes = []
+    monkeypatch.undo()
+    real = so.sequence_logits
+    monkeypatch.setattr(so, "sequence_logits", lambda seqs: passes.append(list(seqs)) or real(seqs))
+    so.prefetch(reqs)
+    assert passes == [[tuple(reqs[-1][0] + reqs[-1][1])]]
+
+
 def test_token_scores_give_argmax_margins_and_gaps(zoo_folder):
     """score_tokens: top-1 = argmax, margin = hybridqual.qualify.compare.top2_margin, gap 0 exactly where the token is top-1."""
     folder = zoo_folder("nemotron_h")
