@@ -204,11 +204,11 @@ def test_default_plan_covers_every_family_on_shipped_models():
 
 
 def test_default_run_qualifies_prefix_caching_and_speculation_through_shipped_traces():
-    """The main job's default run also covers the three features that scenarios do not build, with
+    """The main job's default run also covers the four features that scenarios do not build, with
     shipped concrete traces whose file says the family it is listed under, on a model they fit."""
     from hybridqual.qualify.runner import instance_from_file
     cover = scenarios.plan_coverage()
-    assert set(scenarios.TRACE_FAMILIES) == {"prefix_cache", "speculative", "preemption"}
+    assert set(scenarios.TRACE_FAMILIES) == {"prefix_cache", "speculative", "preemption", "transfer"}
     assert all(cover[f] for f in scenarios.TRACE_FAMILIES), cover
     listed = {f"{m}:{n}": f for m, f, names in scenarios.DEFAULT_TRACES for n in names}
     plan = scenarios.main_job_plan()          # every scenario entry and every trace file, each once

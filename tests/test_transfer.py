@@ -77,16 +77,17 @@ def test_handed_over_tokens_equal_each_request_alone(truth, mode):
 
 
 def test_log_records_the_transfer_on_both_instances(truth):
-    """The sender frees the slot with reason "transfer" in the step the request was last computed; the receiver admits
-    it at the next step into the slot r1 left (LIFO), with "imported" = the positions moved, and decodes on from
-    there without a prefill; the log's JSON round-trips."""
+    """The sender frees the slot with reason "transfer" in the step the request was last computed (r1 from row 0,
+    slot 1 after compaction); the receiver admits it at the next step into the slot r0 left there (LIFO), with
+    "imported" = the positions moved, and decodes on from there without a prefill; the log's JSON round-trips."""
     res = run_trace(truth, load_trace(TRACE), "legacy")
     j = res.schedule_log.to_json()
     main, dec = {s["step"]: s for s in j["steps"]}, {s["step"]: s for s in j["instances"]["decode"]}
-    assert {"request": "r0", "row": 0, "slot": 0, "reason": "transfer"} in main[5]["free"]
-    assert not any(b["request"] == "r0" for s in j["steps"] if s["step"] > 5 for b in s["batch"])
-    assert [f["slot"] for f in dec[3]["free"] if f["request"] == "r1"] == [0]
-    assert dec[6]["admit"] == [{"request": "r0", "row": 0, "slot": 0, "imported": 14}]
+    assert {"request": "r0", "row": 0, "slot": 0, "reason": "transfer"} in main[0]["free"]
+    assert {"request": "r1", "row": 0, "slot": 1, "reason": "transfer"} in main[5]["free"]
+    assert not any(b["request"] == "r1" for s in j["steps"] if s["step"] > 5 for b in s["batch"])
+    assert [f["slot"] for f in dec[3]["free"] if f["request"] == "r0"] == [0]
+    assert dec[6]["admit"] == [{"request": "r1", "row": 0, "slot": 0, "imported": 14}]
     assert [(b["kind"], b["pos"]) for b in dec[6]["batch"]] == [("decode", 14)]
     assert not any(b["kind"] == "prefill" for s in j["instances"]["decode"] for b in s["batch"])
     assert from_json(json.loads(canonical_json(res.schedule_log))).to_json() == j
@@ -124,7 +125,7 @@ def _fast_engine(t, backend: str | None = "torch"):
 
 def test_fast_path_hands_over_as_the_oracle_does(truth):
     """The fast path (torch kernels), legacy and async: the schedule log of every instance (the sender's transfer
-    free, the receiver's imported admission into the slot r1 left) and the tokens equal the oracle's."""
+    free, the receiver's imported admission into the slot r0 left) and the tokens equal the oracle's."""
     t = load_trace(TRACE)
     eng = _fast_engine(t)
     for mode in ("legacy", "async"):

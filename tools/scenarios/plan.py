@@ -144,6 +144,7 @@ DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "prefix_cache", ("prefix_spec", "prefix_spec_async")),     # DESIGN §17: both features at once
     ("zoo-bamba", "prefix_cache", ("prefix_geometry",)),     # DESIGN §21: Mamba block 8 beside attention block 16
     ("zoo-bamba", "preemption", ("preempt_recompute",)),     # DESIGN §18: preemption by recompute (engine.kv_tokens)
+    ("zoo-bamba", "transfer", ("transfer_handover",)),       # DESIGN §19: state handed between engine instances
 )
 TRACE_FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f for _, f, _ in DEFAULT_TRACES))
 
@@ -196,7 +197,7 @@ def plan_coverage(plan: list[tuple[Path, list[str] | None]] | None = None) -> di
     for model, names in plan if plan is not None else default_plan():
         for n in _names(names):
             out[SCENARIOS[n][0]].append(f"{Path(model).name}:{n}")
-    if plan is None:                     # the default run's trace files: prefix_cache, speculative, preemption
+    if plan is None:                     # the default run's trace files: prefix_cache, speculative, preemption, transfer
         for model, family, names in DEFAULT_TRACES:
             out.setdefault(family, []).extend(f"{model}:{n}" for n in names)
     return out
