@@ -35,19 +35,22 @@ def test_the_rule_simulator_under_our_rule_gives_the_oracle_schedulers_pieces(na
 
 def test_megatrons_rule_rounds_the_budget_and_never_leaves_a_one_token_remainder():
     """Hand-derived from Megatron's schedule_chunked_prefill: chunk = min(rest, budget left), one shorter when that
-    would leave 1 token; the budget 40 is rounded to 64; a prompt is partly added only at the queue's head."""
+    would leave 1 token, deferred when that one shorter is 0 (0.19.2 dynamic_engine.py:1969-1976, and Megatron's run
+    of piece_tails on zoo-bamba: rfill1_0 63 alone, then rtail1's 2 tokens whole); the budget 40 is rounded to 64; a
+    prompt is partly added only at the queue's head."""
     got = legacy_pieces(MEGATRON, _tr(40, [65]), 8)
     assert got["r0"] == [Piece(0, 0, 63), Piece(1, 63, 2)]
-    got = legacy_pieces(MEGATRON, _tr(40, [63, 2, 5]), 8)     # 63 whole, r1 gets the 1 token left, r2 waits
-    assert got == {"r0": [Piece(0, 0, 63)], "r1": [Piece(0, 0, 1), Piece(1, 1, 1)], "r2": [Piece(1, 0, 5)]}
+    got = legacy_pieces(MEGATRON, _tr(40, [63, 2, 5]), 8)     # 63 whole; r1 would get 1 and leave 1: it waits
+    assert got == {"r0": [Piece(0, 0, 63)], "r1": [Piece(1, 0, 2)], "r2": [Piece(1, 0, 5)]}
+    got = legacy_pieces(MEGATRON, _tr(40, [63, 5]), 8)        # a 1-token cut leaving 4 is made
+    assert got["r1"] == [Piece(0, 0, 1), Piece(1, 1, 4)]
     got = legacy_pieces(MEGATRON, _tr(64, [3, 130], [0, 1]), 8)   # r0's decode row takes one token of the budget
     assert got["r1"] == [Piece(1, 0, 63), Piece(2, 63, 64), Piece(3, 127, 3)]   # r0 finished: the whole 64
 
 
 def _rules():
-    """Budget-only rules (a piece cap, or a rule against one-token remainders: with both, a 1-token last piece needs
-    more fillers than the trace has slots, and the shape says so: test_an_unreachable_length_is_named), chunked
-    rules, ours and Megatron's."""
+    """Budget-only rules (a piece cap, or a rule against one-token remainders, under which no split prompt ends
+    with 1 token and the shape says so), chunked rules, ours and Megatron's."""
     capped = st.builds(StepRule, name=st.just("capped"), budget_multiple=st.sampled_from([1, 16, 64, 256]),
                        decode_takes_budget=st.booleans(), uses_prefill_chunk=st.booleans(),
                        chunk_aligned=st.just(False), fixed_piece=st.sampled_from([None, 32, 48, 512]),
@@ -67,8 +70,9 @@ def _rules():
 def test_piece_tails_prompts_end_with_every_last_piece_one_to_d_conv_under_the_declared_rule(rule, chunk, d_conv):
     inst = scenarios.instantiate_one("piece_tails", Units(chunk, 96, d_conv=d_conv, rule=rule))
     shape = inst.shape
-    assert shape["unreachable"] == [] and shape["rule"] == rule.describe()
-    assert set(shape["last_pieces"].values()) == set(range(1, d_conv + 1))
+    never = [1] if rule.no_one_token_remainder else []       # the rule's own promise: no 1-token remainder
+    assert shape["unreachable"] == never and shape["rule"] == rule.describe()
+    assert set(shape["last_pieces"].values()) == set(range(1, d_conv + 1)) - set(never)
     prompts = {r.id: len(r.prompt) for r in inst.trace.requests}
     modes = ("legacy", "async") if rule == OURS else ("legacy",)
     for mode in modes:                      # recomputed on the parsed trace: the promise holds in every mode
@@ -80,18 +84,18 @@ def test_piece_tails_prompts_end_with_every_last_piece_one_to_d_conv_under_the_d
 def test_under_megatrons_rule_short_pieces_come_from_groups_arriving_into_an_idle_engine(chunk):
     inst = scenarios.instantiate_one("piece_tails", Units(chunk, 96, rule=MEGATRON))
     last = inst.shape["last_pieces"]
-    assert {last[f"rtail{j}"] for j in range(1, 5)} == {1, 2, 3, 4}
+    assert {last[f"rtail{j}"] for j in range(2, 5)} == {2, 3, 4} and inst.shape["unreachable"] == [1]
     reqs = {r.id: r for r in inst.trace.requests}
     pieces = simulate(MEGATRON, inst.trace, chunk)
-    for j in range(1, 5):                   # nothing else is live when a group arrives
+    for j in range(2, 5):                   # nothing else is live when a group arrives
         at = reqs[f"rtail{j}"].arrival_step
         earlier = [r for r in inst.trace.requests if r.arrival_step < at]
         assert all(pieces[r.id][-1].step + r.max_new_tokens < at for r in earlier)
 
 
 def test_an_unreachable_length_is_named():
-    """A 1-token last piece under a cap of 32 with no one-token remainders needs 32 fillers at chunk 256 (budget
-    1032): the trace has 3 slots, so the shape names 1 as unreachable instead of promising it."""
+    """Under a cap of 32 with no one-token remainders no split prompt ends with 1 token (a cut never leaves one):
+    the shape names 1 as unreachable instead of promising it."""
     rule = StepRule("capped", chunk_aligned=False, uses_prefill_chunk=False, fixed_piece=32,
                     no_one_token_remainder=True)
     inst = scenarios.instantiate_one("piece_tails", Units(256, 96, d_conv=2, rule=rule))
@@ -138,12 +142,13 @@ def test_observed_pieces_read_a_schedule_log_and_schedule_facts():
 
 @pytest.mark.parametrize("chunk", (8, 64, 128, 256))
 def test_megatrons_declared_rule_gives_piece_tails_every_short_last_piece(chunk):
-    """The rule the Megatron adapter declares (its max_tokens rounding; no prefill_chunk) gives 1..d_conv."""
+    """The rule the Megatron adapter declares (its max_tokens rounding; no prefill_chunk) gives 2..d_conv; a
+    1-token last piece is named unreachable (Megatron never cuts a prompt to leave, or to take, one token)."""
     from hybridqual.adapters.megatron.adapter import MegatronRoundedAdapter
     rule = MegatronRoundedAdapter.capabilities("cpu").step_rule
     assert rule.budget(4 * chunk + 8) % 64 == 0 and not rule.uses_prefill_chunk
     inst = scenarios.instantiate_one("piece_tails", Units(chunk, 96, rule=rule))
-    assert set(inst.shape["last_pieces"].values()) == {1, 2, 3, 4} and inst.shape["unreachable"] == []
+    assert set(inst.shape["last_pieces"].values()) == {2, 3, 4} and inst.shape["unreachable"] == [1]
 
 
 def test_prefix_lru_hits_land_on_the_engines_cache_blocks():

@@ -20,7 +20,8 @@ def check_shape(ctx: CheckContext) -> Check | None:
     wanted = sorted(set(promised.values()))
     unreachable = list(shape.get("unreachable", []))
     rule = shape.get("rule", "?")
-    note = (f"; lengths {unreachable} are unreachable under the rule with this trace's slots" if unreachable else "")
+    note = (f"; lengths {unreachable} are unreachable under the rule (no group of prompts within the trace's slots "
+            "ends with one)" if unreachable else "")
     seen = observed_pieces(ctx.trace, ctx.run)
     if seen is None:
         return ctx.skip(f"the engine reports neither a schedule log nor schedule facts, so whether its prompts ended "

@@ -27,7 +27,8 @@ class StepRule:
     uses_prefill_chunk: bool = True          # the trace's prefill_chunk caps a piece (Megatron has no such limit)
     chunk_aligned: bool = True               # a non-last piece is cut to whole model chunks (ours), else to the budget
     fixed_piece: int | None = None           # a piece is at most this many tokens (n_ubatch-style), if set
-    no_one_token_remainder: bool = False     # a cut that would leave 1 token is made 1 shorter (Megatron)
+    no_one_token_remainder: bool = False     # a cut that would leave 1 token is made 1 shorter, a 1-token
+                                             # cut deferred (Megatron): no split prompt ends with 1 token
     one_partial_prefill: bool = False        # FIFO admission by budget: at most one prompt partly prefilled, and
                                              # nothing behind it is admitted (Megatron's schedule_chunked_prefill)
     mamba_block: int | None = None           # the Mamba state cache's block (hits resume at multiples); None: the
@@ -65,8 +66,8 @@ class StepRule:
         if rest <= cap:
             return rest
         n = cap // chunk * chunk if self.chunk_aligned else cap
-        if self.no_one_token_remainder and rest - n == 1 and n > 1:
-            n -= 1
+        if self.no_one_token_remainder and rest - n == 1:
+            n -= 1                      # a 1-token cut is deferred (0): the rest waits for a step with more budget
         return max(n, 0)
 
     def describe(self) -> str:

@@ -61,7 +61,8 @@ class MegatronAdapter(StepAdapter):
     def step_rule(cls) -> StepRule:
         """Megatron's piece rule (0.19.2 dynamic_engine.py schedule_chunked_prefill): the waiting queue in FIFO
         order, a prompt taken whole if it fits the budget left (decode rows count one token each), else cut at the
-        budget left, one token shorter where the cut would leave one token, and nothing admitted behind a partly
+        budget left, one token shorter where the cut would leave one token (not admitted this step where that cut is
+        one token: no split prompt ends with a 1-token piece), and nothing admitted behind a partly
         prefilled prompt; no prefill_chunk, no chunk alignment; the budget is max_tokens (rounded up to
         `max_tokens_multiple`). KV blocks are the trace's prefix block (else 16), so hits land on the trace's."""
         return StepRule(f"megatron-core (max_tokens a multiple of {cls.max_tokens_multiple})",
