@@ -115,3 +115,34 @@ def test_bad_argument_is_exit_2_naming_its_flag(extra, flag, capsys):
 def test_a_folder_without_config_is_refused_by_name(tmp_path, capsys):
     assert bench.main(["--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("--model")
+
+
+def _bench(tmp, name: str, argv: list[str]) -> tuple[dict, dict]:
+    """(the bench's figures, its qualify report) of one bench run."""
+    rc = _in_process(bench.main, [*argv, "--probe-mib", "16", "--qualify-out", str(tmp / name),
+                                  "--out", str(tmp / f"{name}.json")])
+    assert rc == 0
+    return json.loads((tmp / f"{name}.json").read_text()), json.loads((tmp / name / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_truth_golden_reads_the_shipped_golden_and_now_recomputes_it(tmp_path):
+    """seed_compaction has a shipped golden for tiny-sort: --truth golden reads it (no pass in the truth phase),
+    --truth now has the oracle compute it, with the same verdicts."""
+    argv = ["--model", str(MODEL), "--engine", "oracle", "--scenario", "seed_compaction", "--mode", "legacy"]
+    golden, g_report = _bench(tmp_path, "golden", [*argv, "--truth", "golden"])
+    now, n_report = _bench(tmp_path, "now", argv)
+    assert golden["truth_phase"]["passes"] == 0 and g_report["instances"][0]["truth"].startswith("golden ")
+    assert now["truth_phase"]["passes"] > 0 and "computed now" in n_report["instances"][0]["truth"]
+    assert [v[:3] for v in _verdicts(g_report)] == [v[:3] for v in _verdicts(n_report)]
+
+
+@pytest.mark.slow
+def test_bench_leaves_the_fast_paths_verdicts_as_qualify_gives_them(tmp_path):
+    """The same as the oracle engine's case with the fast path (Triton interpreter) as the engine."""
+    argv = ["--model", str(MODEL), "--scenario", SCENARIO, "--mode", "legacy"]
+    plain = _in_process(runner.main, [*argv, "--jobs", "1", "--in-process", "--quiet", "--out", str(tmp_path / "p")])
+    assert plain == 0
+    figures, timed = _bench(tmp_path, "timed", argv)
+    assert _verdicts(timed) == _verdicts(json.loads((tmp_path / "p" / "report.json").read_text()))
+    assert figures["engine_runs"] >= 1 and figures["judging"]["passes"] >= 1
