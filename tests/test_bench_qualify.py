@@ -100,6 +100,7 @@ def test_pass_counts_are_the_plans(runs):
     assert b["truth_phase"]["passes"] == want_truth
     assert b["judging"]["passes"] == 1 and b["judging"]["passes_by_kind"] == {"batched": 1}
     assert b["judging"]["sequences"] == len(scored)
+    assert [(i["phase"], i["passes"]) for i in b["instances"]] == [("truth", want_truth), ("judging", 1)]
     w = b["weights_fp64_bytes"]
     assert b["truth_phase"]["floor_s"] == pytest.approx(w * want_truth / (b["copy"]["gb_per_s"] * 1e9))
 
@@ -146,3 +147,49 @@ def test_bench_leaves_the_fast_paths_verdicts_as_qualify_gives_them(tmp_path):
     figures, timed = _bench(tmp_path, "timed", argv)
     assert _verdicts(timed) == _verdicts(json.loads((tmp_path / "p" / "report.json").read_text()))
     assert figures["engine_runs"] >= 1 and figures["judging"]["passes"] >= 1
+
+
+class _Clock:
+    """A fake perf_counter / thread_time: wall moves when the test says, the thread's CPU at half its pace."""
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def thread_time(self) -> float:
+        return self.now / 2
+
+
+def test_timeline_charges_each_moment_once_to_the_innermost_region(monkeypatch):
+    """Exclusive time: a phase's host time stops while a pass runs inside it; a compute region inside a pass and
+    everything inside an engine run stay with the pass / the engine (no compute charged); a
+    device region is bounded by syncs; host time splits by the thread's CPU into host work and idle."""
+    from hybridqual.bench import timeline
+    clock, syncs = _Clock(), []
+    monkeypatch.setattr(timeline, "time", clock)
+    tl = timeline.Timeline(lambda: syncs.append(clock.now))
+    tl.start()
+    clock.now = 1.0
+    with tl.region("host", "truth"):
+        clock.now = 3.0
+        with tl.region("pass") as opened:
+            assert opened
+            clock.now = 7.0
+            with tl.region("compute") as inner:
+                assert not inner
+                clock.now = 8.0
+            clock.now = 10.0
+        with tl.region("engine"):
+            clock.now = 12.0
+            with tl.region("pass") as inner:
+                assert not inner
+                clock.now = 15.0
+        clock.now = 16.0
+    assert tl.close() == 16.0
+    assert syncs == [3.0, 10.0, 10.0, 15.0]
+    truth = tl.phase("truth")
+    assert (truth["passes_s"], truth["compute_s"], truth["engine_s"]) == (7.0, 0.0, 5.0)
+    assert truth["wall_s"] == 15.0 and truth["host_s"] + truth["idle_s"] == 3.0
+    assert truth["host_s"] == pytest.approx(1.5)
+    assert tl.phase("other")["wall_s"] == 1.0

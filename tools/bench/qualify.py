@@ -83,6 +83,7 @@ class QualifyBench:
     peak_host_rss_gib: float
     peak_gpu_allocated_gib: float | None
     peak_gpu_reserved_gib: float | None
+    instances: list[dict]               # per instance and phase: label, wall_s, engine_s, passes (timeline)
     verdicts: dict[str, int]
     qualify_status: str                 # report.json's status ("finished", or "aborted: <why>" when cut short)
     qualify_rc: int
@@ -217,7 +218,7 @@ def measure(args: argparse.Namespace, command: str) -> QualifyBench:
         truth.wall_s + judging.wall_s + engine + load + other,
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,
         torch.cuda.max_memory_allocated() / GIB if cuda else None,
-        torch.cuda.max_memory_reserved() / GIB if cuda else None,
+        torch.cuda.max_memory_reserved() / GIB if cuda else None, [asdict(i) for i in tl.instances],
         {k: int(counts.get(k, 0)) for k in ("passed", "failed", "skipped")}, str(counts.get("status", "no report")),
         rc, str(args.qualify_out))
 
@@ -226,6 +227,14 @@ def _size(n: float) -> str:
     """Bytes in decimal units (kB, MB, GB), three significant figures."""
     unit = next((u for u in ((1e9, "GB"), (1e6, "MB")) if n >= u[0]), (1e3, "kB"))
     return f"{n / unit[0]:.3g} {unit[1]}"
+
+
+def _slowest(b: QualifyBench, phase: str, n: int = 3) -> str:
+    """The `n` slowest instances of a phase, each with its passes (and its engine time, judging)."""
+    rows = sorted((i for i in b.instances if i["phase"] == phase), key=lambda i: -i["wall_s"])[:n]
+    return f"slowest {phase}: " + ("; ".join(
+        f"{i['label']} {i['wall_s']:.2f} s ({i['passes']} passes"
+        + (f", engine {i['engine_s']:.2f} s)" if phase == "judging" else ")") for i in rows) or "none")
 
 
 def summary(b: QualifyBench) -> str:
@@ -249,6 +258,7 @@ def summary(b: QualifyBench) -> str:
         f"| other (plan, report) | {b.other_s:.2f} | | | | | | |",
         f"| **total** | {b.wall_s:.2f} (parts {b.parts_sum_s:.2f}) | | | | | "
         f"{b.truth_phase.floor_s + b.judging.floor_s:.4g} | |",
+        *(_slowest(b, phase) for phase in ("truth", "judging")),
         f"peak host RSS {b.peak_host_rss_gib:.2f} GiB (this process); peak GPU {gpu}",
         f"verdicts: {b.verdicts['passed']} PASS, {b.verdicts['failed']} FAIL, {b.verdicts['skipped']} SKIP; "
         f"qualify {b.qualify_status}, exit {b.qualify_rc}; report in {b.qualify_out}/report.json"])

@@ -20,11 +20,13 @@ a device synchronise, so device work is charged to the region that queued it; re
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 PHASES = ("truth", "judging", "load", "other")
@@ -53,6 +55,17 @@ class Passes:
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
 
 
+@dataclass
+class InstanceTime:
+    """One instance's truth or judging: wall seconds (the engine's runs in it included, also given alone) and the
+    fp64 passes it made."""
+    label: str
+    phase: str
+    wall_s: float
+    engine_s: float
+    passes: int
+
+
 class Timeline:
     """Exclusive time per (phase, kind): a stack of open regions; each tick charges the time since the last tick
     to the region on top. `sync` waits for the device (a no-op on CPU)."""
@@ -62,6 +75,7 @@ class Timeline:
         self.parts: dict[tuple[str, str], Part] = defaultdict(Part)
         self.passes: dict[str, Passes] = defaultdict(Passes)
         self.engine_runs = 0
+        self.instances: list[InstanceTime] = []
         self.stack: list[tuple[str, str]] = [("other", "host")]
         self.wall0, self.cpu0 = time.perf_counter(), time.thread_time()
         self.t, self.c = self.wall0, self.cpu0
@@ -71,6 +85,7 @@ class Timeline:
         self.parts.clear()
         self.passes.clear()
         self.engine_runs = 0
+        self.instances.clear()
         self.wall0, self.cpu0 = time.perf_counter(), time.thread_time()
         self.t, self.c = self.wall0, self.cpu0
 
@@ -210,13 +225,30 @@ def instrument(tl: Timeline, recompute_truth: bool = True) -> Iterator[Timeline]
     for f in (compare.compare_tie_aware, compare.compare_logits, compare.top2_margin, oracle.sampling.sample):
         patches.everywhere(f, _timed(tl, "compute", f))
     patches.set(Engine, "__call__", _engine_call(tl, Engine.__call__))
-    patches.set(runner, "truth_for", _timed(tl, "host", runner.truth_for, phase="truth"))
-    patches.set(runner, "check_instance", _timed(tl, "host", runner.check_instance, phase="judging"))
+    patches.set(runner, "truth_for", _instance_phase(tl, runner.truth_for, "truth"))
+    patches.set(runner, "check_instance", _instance_phase(tl, runner.check_instance, "judging"))
     patches.set(steps, "load_truth", _loader(tl, steps.load_truth, recompute_truth))
     try:
         yield tl
     finally:
         patches.restore()
+
+
+def _instance_phase(tl: Timeline, f: Callable, phase: str) -> Callable:
+    """f (truth_for or check_instance: arguments model_dir and inst) as `phase`, one InstanceTime per call."""
+    timed, signature = _timed(tl, "host", f, phase=phase), inspect.signature(f)
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        given = signature.bind_partial(*args, **kwargs).arguments
+        label = f"{Path(given['model_dir']).name}/{given['inst'].scenario}"
+        t0, n0, e0 = time.perf_counter(), tl.passes[phase].count, tl.parts[(phase, "engine")].wall
+        try:
+            return timed(*args, **kwargs)
+        finally:
+            tl.instances.append(InstanceTime(label, phase, time.perf_counter() - t0,
+                                             tl.parts[(phase, "engine")].wall - e0, tl.passes[phase].count - n0))
+    return wrapped
 
 
 def _engine_call(tl: Timeline, call: Callable) -> Callable:
