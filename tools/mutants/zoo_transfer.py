@@ -50,7 +50,7 @@ TRANSFER: list[Mutant] = [
            "    bank.conv_state[:, slot].copy_(torch.cat([p[0], p[2], p[4], p[1], p[3], p[5]], dim=1))\n",
            (T_STATE, T_X)),
     Mutant("xfer_kv_heads_all_from_head_zero", "state transfer",
-           "SGLang PR #23744 (issue #23746; heterogeneous-TP PD disaggregation: dst_heads_per_rank became 0 by integer "
+           "SGLang PR #23744 (#23746; heterogeneous-TP PD disaggregation: dst_heads_per_rank became 0 by integer "
            "division, so every decode rank mapped to KV head 0; the same PR fixes conv-state slicing): every KV head "
            "of the moved K/V is filled from head 0",
            XFER, _KV,
