@@ -199,6 +199,8 @@ def measure(args: argparse.Namespace, command: str) -> QualifyBench:
                                                     torch.device(args.oracle_device).type)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    report = args.qualify_out / "report.json"
+    report.unlink(missing_ok=True)           # as qualify does at its start: no earlier run's counts read back
     tl = Timeline(_sync_for({args.device, args.oracle_device}))
     with instrument(tl, recompute_truth=args.truth == "now"):
         t0 = time.perf_counter()
@@ -209,7 +211,6 @@ def measure(args: argparse.Namespace, command: str) -> QualifyBench:
     engine = sum(tl.phase(p)["engine_s"] for p in PHASES)
     truth, judging = _phase(tl, "truth", weight_bytes, copy), _phase(tl, "judging", weight_bytes, copy)
     load, other = tl.phase("load")["wall_s"], tl.phase("other")["wall_s"] - tl.phase("other")["engine_s"]
-    report = args.qualify_out / "report.json"
     counts = json.loads(report.read_text()) if report.is_file() else {}
     return QualifyBench(
         began, _commit(), command,

@@ -116,10 +116,12 @@ class Timeline:
         try:
             yield True
         finally:
-            if device:
-                self.sync()
-            self._tick()
-            self.stack.pop()
+            try:
+                if device:
+                    self.sync()
+                self._tick()
+            finally:            # popped even when a signal's exception lands here (qualify's SIGTERM)
+                self.stack.pop()
 
     def close(self) -> float:
         """Charge the time up to now; the wall seconds since the timeline began."""
