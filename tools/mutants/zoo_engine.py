@@ -162,8 +162,8 @@ SCHEDULING_ORDER: list[Mutant] = [
            (T_CORPUS + "[request_order]",)),
     Mutant("arrival_off_by_one", "scheduling order",
            "a request counts as arrived only after its arrival_step (`<` for `<=`): every admission one step late",
-           ENGINE, "if r.arrival_step <= k and not self.requests[r.id].admitted]",
-           "if r.arrival_step < k and not self.requests[r.id].admitted]",
+           ENGINE, "for r in self.arrival_order if r.arrival_step <= k)",
+           "for r in self.arrival_order if r.arrival_step < k)",
            (T_GEN, T_CORPUS + "[request_order]")),
     Mutant("prefill_pieces_in_id_order", "scheduling order",
            "prefill pieces are handed the budget in request-id order instead of row order (after a compaction "
