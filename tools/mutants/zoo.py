@@ -11,7 +11,7 @@ follow, and the CI subset QUICK.
 from __future__ import annotations
 
 from hybridqual.mutants import (zoo_2026, zoo_corners, zoo_engine, zoo_kernels, zoo_model, zoo_prefix, zoo_reports,
-                                zoo_spec, zoo_tp)
+                                zoo_spec, zoo_tp, zoo_transfer)
 from hybridqual.mutants.runner import Mutant
 
 MUTANTS: list[Mutant] = [
@@ -26,7 +26,8 @@ MUTANTS: list[Mutant] = [
     *zoo_spec.SPECULATIVE,
     *zoo_reports.PUBLIC_REPORTS,
     *zoo_tp.TP_SHARDING,
-    *zoo_2026.PREFIX_SPEC, *zoo_2026.PREEMPTION, *zoo_2026.STATE_PRECISION,
+    *zoo_2026.PREFIX_SPEC, *zoo_2026.PREEMPTION, *zoo_2026.STATE_PRECISION, *zoo_2026.GEOMETRY,
+    *zoo_transfer.TRANSFER,
     *zoo_corners.CORNERS,
 ]
 

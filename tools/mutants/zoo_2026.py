@@ -146,3 +146,32 @@ PREEMPTION: list[Mutant] = [
            (T_PRE,),
            more=((ENGINE, _RELEASE, _RELEASE + "        self.requests[rid].old_slot = slot\n"),)),
 ]
+
+
+T_GEO = "tests/test_prefix_geometry.py::test_fast_path_geometry_log_and_tokens_equal_the_oracle"
+_HIT = "            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)\n"
+_BLOCK = "        self.block_size, self.capacity, self.bank = config.checkpoint_block, config.capacity, bank   # DESIGN §21\n"
+
+GEOMETRY: list[Mutant] = [
+    Mutant("geometry_mamba_state_at_attention_block_index", "cache geometry",
+           "vLLM PR #55507 (#53142: a request resumed over a cached prefix seeds its Mamba state column with "
+           "(num_computed_tokens - 1) // block_size, the attention block size, although the column indexes the Mamba "
+           "group's block table): on a hit at p the Mamba state (conv windows, SSM states) is restored from the "
+           "checkpoint that column names in Mamba blocks, position ((p - 1) // Ba + 1) * Bm, when one is cached; K/V "
+           "and the resume point stay p",
+           PC, _HIT,
+           _HIT + "            q = ((p - 1) // self.attention_block_size + 1) * self.mamba_block_size\n"
+                  "            wrong = (self.entries.get(block_keys(st.req.prompt[:q], self.block_size)[-1])\n"
+                  "                     if q != p and q % self.block_size == 0 else None)\n"
+                  "            if wrong is not None:\n"
+                  "                src = self.bank.pool_slot(wrong.index)\n"
+                  "                self.bank.conv_state[:, slot].copy_(self.bank.conv_state[:, src])\n"
+                  "                self.bank.ssm_state[:, slot].copy_(self.bank.ssm_state[:, src])\n",
+           (T_GEO,)),
+    Mutant("geometry_store_at_mamba_block", "cache geometry",
+           "vLLM PR #55507's class (#53142: the Mamba block size confused with the attention block size): the cache "
+           "stores and hits at every multiple of the Mamba block Bm, also where no whole attention block ends (DESIGN "
+           "§21 requires multiples of lcm(Bm, Ba))",
+           PC, _BLOCK, _BLOCK.replace("config.checkpoint_block", "config.block_size"),
+           (T_GEO,)),
+]
