@@ -182,3 +182,27 @@ def test_qualify_skips_a_transfer_trace_for_an_adapter_without_state_transfer():
     assert "(transfers: r0, r1)" in lines[0].detail
     from hybridqual.adapters.fastpath import FastpathAdapter
     assert FastpathAdapter.capabilities("cpu").state_transfer
+
+
+def test_mid_prefill_and_waiting_requests_are_handed_over_as_the_oracle_says(truth):
+    """One slot per instance: a is handed over after its first 16-token prefill piece (imported 16, the receiver
+    prefills the rest), b while still waiting (it joins the receiver's queue, nothing logged, a fresh admission);
+    tokens equal each request alone and the fast path's log equals the oracle's, both modes."""
+    obj = {"schema": "hybridqual.trace/1", "engine": {"max_requests": 1, "max_tokens_per_step": 16, "prefill_chunk": 16},
+           "requests": [{"id": "a", "arrival_step": 0, "prompt": [(7 * j + 3) % 90 for j in range(20)],
+                         "max_new_tokens": 3, "transfer": [{"step": 0, "to": "e1"}]},
+                        {"id": "b", "arrival_step": 0, "prompt": [5, 9, 14], "max_new_tokens": 3,
+                         "transfer": [{"step": 0, "to": "e1"}]}]}
+    t = parse_trace(obj)
+    eng = _fast_engine(t)
+    for mode in ("legacy", "async"):
+        want = run_trace(truth, t, mode)
+        assert want.tokens == {r.id: run_request_alone(truth, r)[0] for r in t.requests}
+        e1 = {s["step"]: s for s in want.schedule_log.to_json()["instances"]["e1"]}
+        assert e1[1]["admit"] == [{"request": "a", "row": 0, "slot": 0, "imported": 16}]
+        assert [(b["kind"], b["pos"], b["count"]) for b in e1[1]["batch"]] == [("prefill", 16, 4)]
+        assert [a for s in e1.values() for a in s["admit"] if a["request"] == "b"] == [
+            {"request": "b", "row": 0, "slot": 0}]
+        got = eng.run_trace(t, mode)
+        assert first_difference(got.schedule_log, want.schedule_log) is None, mode
+        assert got.tokens == want.tokens
