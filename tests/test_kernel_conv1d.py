@@ -23,13 +23,14 @@ def cumsum(lens):
     return cu
 
 
+@pytest.mark.parametrize("K", [3, 4], ids=["d_conv3", "d_conv4"])
 @pytest.mark.parametrize("silu", [True, False], ids=["silu", "linear"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_conv1d_varlen_matches_oracle_windows_in_bank(device, dtype, silu):
-    """Lengths 0/1/2/K-1/K/19 mixing with and without initial windows, permuted slots, a slot -1 piece:
-    outputs and new windows vs fp64; unused bank entries bitwise unchanged."""
+def test_conv1d_varlen_matches_oracle_windows_in_bank(device, dtype, silu, K):
+    """Lengths 0/1/2/K-1/K/19 mixing with and without initial windows, permuted slots, a slot -1 piece, at
+    d_conv 3 and 4: outputs and new windows vs fp64; unused bank entries bitwise unchanged."""
     _skip_cpu_without_interpreter(device)
-    Dc, K, S = 40, 4, 9
+    Dc, S = 40, 9
     gen = torch.Generator().manual_seed(31 + silu)
     lens = [1, 2, K - 1, 0, K, 19, 5]
     has_init = [True, False, True, True, True, False, True]
@@ -88,11 +89,13 @@ def test_conv1d_prefill_split_is_bitwise_identical_and_step_continues_it(device,
     assert torch.equal(bank[[0, 2]].cpu(), torch.zeros(2, Dc, K - 1)), "unused slots written"
 
 
+@pytest.mark.parametrize("K", [2, 3, 4], ids=["d_conv2", "d_conv3", "d_conv4"])
 @pytest.mark.parametrize("device,dtype", TIERS)
-def test_conv1d_step_rows_match_oracle_and_pad_rows_touch_nothing(device, dtype):
-    """Decode rows with permuted slots and -1 pads (int32 slots): outputs and rolled windows vs fp64."""
+def test_conv1d_step_rows_match_oracle_and_pad_rows_touch_nothing(device, dtype, K):
+    """Decode rows with permuted slots and -1 pads (int32 slots), at d_conv 2, 3 and 4: outputs and rolled
+    windows vs fp64."""
     _skip_cpu_without_interpreter(device)
-    Dc, K, S = 40, 4, 6
+    Dc, S = 40, 6
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(5, Dc, generator=gen).to(dtype)
     w, b = torch.randn(Dc, K, generator=gen), torch.randn(Dc, generator=gen)

@@ -4,7 +4,7 @@ default plan's zoo-corners instance (tools/scenarios/plan.py DEFAULT_PLAN)."""
 from __future__ import annotations
 
 from hybridqual.mutants.runner import Mutant
-from hybridqual.mutants.zoo_paths import MODEL
+from hybridqual.mutants.zoo_paths import K, MODEL
 
 T_CORNERS = "tests/test_zoo_corners.py::test_the_corner_model_through_the_engine_equals_the_oracle"
 _FLOOR = "(max(c.dt_limit[0], 1e-3), c.dt_limit[1])"
@@ -24,4 +24,11 @@ CORNERS: list[Mutant] = [
            MODEL, "ops.rms_norm_gated(y, z, weight, c.mamba_n_groups, c.norm_eps, backend=self.backend)",
            "ops.rms_norm_gated(y, z, weight, 2, c.norm_eps, backend=self.backend)",
            (T_CORNERS,)),
+    Mutant("conv_step_assumes_width_four", "model corners",
+           "a decode conv kernel built for d_conv 4 only (the width every other shipped model has, and the one "
+           "width some engines' decode conv kernels are specialised for): run on a d_conv 3 model it reads a fourth "
+           "tap and a third window entry from the next channel's weights and window",
+           K + "conv1d.py", "K=K, KW=next_pow2(K - 1), HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule",
+           "K=4, KW=next_pow2(3), HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule",
+           ("tests/test_kernel_conv1d.py::test_conv1d_step_rows_match_oracle_and_pad_rows_touch_nothing",)),
 ]

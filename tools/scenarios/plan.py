@@ -142,6 +142,7 @@ DEFAULT_TRACES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("zoo-bamba", "speculative", ("spec_accept", "spec_scripted", "spec_ngram", "spec_draft", "spec_budget",
                                   "spec_device", "spec_backoff")),
     ("zoo-bamba", "prefix_cache", ("prefix_spec", "prefix_spec_async")),     # DESIGN §17: both features at once
+    ("zoo-bamba", "prefix_cache", ("prefix_cobatch_store",)),   # checkpoints inside a step's second prefill piece
     ("zoo-bamba", "prefix_cache", ("prefix_geometry",)),     # DESIGN §21: Mamba block 8 beside attention block 16
     ("zoo-bamba", "preemption", ("preempt_recompute",)),     # DESIGN §18: preemption by recompute (engine.kv_tokens)
     ("zoo-bamba", "transfer", ("transfer_handover",)),       # DESIGN §19: state handed between engine instances
