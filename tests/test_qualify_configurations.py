@@ -157,3 +157,37 @@ def test_a_defect_only_in_a_configuration_fails_the_main_job_under_that_configur
     failed = {c["trace"] for c in report["checks"] if c["status"] == "FAIL"}
     assert failed == {"zoo-mamba2/request_order [drop_last]"}
     assert report["configurations"] == ["default", "drop_last"]
+
+
+class DeclaresFloat16StateInOneConfiguration(adapters.OracleAdapter):
+    """The oracle, declaring in its configuration 'f16_state' a float16 state bank (DESIGN §20's constants)."""
+
+    @classmethod
+    def configurations(cls):
+        return (Configuration("f16_state", ("zoo-mamba2/request_order",), "a float16 state bank"),)
+
+    @classmethod
+    def capabilities(cls, device, options=adapters.base.DEFAULT_OPTIONS):
+        from hybridqual.adapters.state_precision import with_state_dtype
+        caps = super().capabilities(device, options)
+        return with_state_dtype(caps, "float16") if options.configuration == "f16_state" else caps
+
+
+def test_a_configuration_declaring_a_reduced_state_is_judged_with_its_own_tau(tmp_path):
+    """The run's τ is the default configuration's; an instance of a configuration that declares a float16 state is
+    judged with the τ measured for that state (hybridqual.adapters.state_precision), not with fp32's."""
+    from hybridqual.adapters.state_precision import STATE_PRECISION
+    from hybridqual.qualify.compare import tau_for
+    args = runner.parse_args(["--configuration", "default", "f16_state", "--out", str(tmp_path), "--quiet",
+                              "--in-process", "--jobs", "1"])
+    base = scenarios.main_job_plan
+    try:
+        scenarios.main_job_plan = lambda: [(scenarios.MODELS / "zoo-mamba2", ["request_order"], None)]
+        assert runner.run(args, Engine(DeclaresFloat16StateInOneConfiguration), True) == 0
+    finally:
+        scenarios.main_job_plan = base
+    report = json.loads((tmp_path / "report.json").read_text())
+    taus = {c["trace"]: c["data"]["tau"] for c in report["checks"] if c["name"].endswith("tokens match the truth")
+            or "tokens match the truth" in c["name"]}
+    assert taus["zoo-mamba2/request_order"] == tau_for(torch.float64)          # the oracle adapter computes in fp64
+    assert taus["zoo-mamba2/request_order [f16_state]"] == STATE_PRECISION["float16"].tau

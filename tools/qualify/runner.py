@@ -370,6 +370,8 @@ def run_instance(args, engine: Engine, tau, step: RunInstance, progress: Progres
             print(f"  [{model_dir.name}/{inst.scenario}] {truth.golden_rejected}; truth recomputed from the "
                   "oracle", file=sys.stderr, flush=True)
     on_instance(info)
+    if args.tau is None:        # a configuration that declares another precision is judged with its τ (DESIGN §20)
+        tau = tau_for(engine.capabilities(args.device).compute_dtype)
     checks = check_instance(engine, model_dir, inst, args.mode, oracle_model, args.device, tau,
                             progress, on_check, truth, step.label)
     return not (inst.trace is None or all(c.skipped for c in checks)), inst.family
