@@ -7,13 +7,15 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
   {"op": "run", "requests": [...], "max_requests": S, "max_tokens_per_step": B, "prefill_chunk": C,
    "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M} | null,
    "speculative": {"k": K, "proposer": {...}, "draft_gguf": PATH (a draft proposer)} | null}
+      (a request may carry "transfer": [{"step": k, "to": ENGINE}], DESIGN §19: handover.py runs the instances)
       -> {"ok": true, "tokens": {id: [...]}, "finish": {id: "stop"|"length"}, "logits": {id: base64 float32},
           "steps": k, "seq_ids": {id: seq}, "prefix_cache": {"admit": [...], "steps": [...]} (with a cache),
-          "speculation": {id: {"proposed", "accepted", "rollbacks"}} (speculative)}
+          "speculation": {id: {"proposed", "accepted", "rollbacks"}} (speculative),
+          "placements": {id: [{"engine", "seq", "step", "imported"?}]} (with transfers)}
   {"op": "quit"}
 A failure inside an op is a reply {"ok": false, "error": "..."}; a GGML_ASSERT abort kills the process, and the
-parent (adapter.py) reports the death. Imports only the standard library, numpy, llama_cpp and its sibling
-speculation.py (no hybridqual).
+parent (adapter.py) reports the death. Imports only the standard library, numpy, llama_cpp and its siblings
+speculation.py and handover.py (no hybridqual).
 Its scheduler is independent on purpose of the oracle's and the fast path's (docs/scheduler.md: why).
 """
 from __future__ import annotations
@@ -27,8 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 try:
+    from . import handover
     from .speculation import Speculation
 except ImportError:                     # run as a script in the llama venv: no package around it
+    import handover
     from speculation import Speculation
 
 
@@ -40,18 +44,21 @@ class Engine:
     FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}   # llama_flash_attn_type; "auto" turns it on for the CPU
 
     def __init__(self, gguf: str, n_ctx: int, n_seq: int, n_threads: int, kv_type: str = "f32",
-                 flash_attn: str = "off") -> None:
+                 flash_attn: str = "off", model=None) -> None:
+        """`model`: an already loaded llama_model to make this context on (a peer(), sharing the weights)."""
         import llama_cpp as lc
         self.lc = lc
-        lc.llama_backend_init()
-        mp = lc.llama_model_default_params()
-        # No extra buffer types (weight repacking, the AMX backend): they pick a kernel by the CPU, so a verdict
-        # would depend on the machine, and on AMX CPUs the AMX q8_0 matmul segfaults on small shapes (llama.cpp
-        # #20824; docs/findings.md L10). The plain ggml-cpu kernels run everywhere.
-        mp.use_extra_bufts = False
-        self.model = lc.llama_model_load_from_file(gguf.encode(), mp)
-        if not self.model:
-            raise RuntimeError(f"llama_model_load_from_file failed for {gguf}")
+        if model is None:
+            lc.llama_backend_init()
+            mp = lc.llama_model_default_params()
+            # No extra buffer types (weight repacking, the AMX backend): they pick a kernel by the CPU, so a verdict
+            # would depend on the machine, and on AMX CPUs the AMX q8_0 matmul segfaults on small shapes (llama.cpp
+            # #20824; docs/findings.md L10). The plain ggml-cpu kernels run everywhere.
+            mp.use_extra_bufts = False
+            model = lc.llama_model_load_from_file(gguf.encode(), mp)
+            if not model:
+                raise RuntimeError(f"llama_model_load_from_file failed for {gguf}")
+        self.model, self.gguf = model, gguf
         cp = lc.llama_context_default_params()
         cp.n_ctx = n_ctx * n_seq
         cp.n_batch = cp.n_ubatch = max(n_ctx * n_seq, 32)
@@ -72,6 +79,14 @@ class Engine:
         self.mem = lc.llama_get_memory(self.ctx)
         self.params = (n_ctx, n_seq, n_threads, kv_type, flash_attn)
         self._drafts: dict[str, Engine] = {}
+        self._peers: dict[str, Engine] = {}
+
+    def peer(self, name: str) -> "Engine":
+        """Engine instance `name` of a trace with transfers (DESIGN §19): a second llama.cpp context on this one's
+        loaded model, with its own memory and seq ids and the same n_ctx, threads and K/V settings (made once)."""
+        if name not in self._peers:
+            self._peers[name] = Engine(self.gguf, *self.params, model=self.model)
+        return self._peers[name]
 
     def draft(self, gguf: str) -> "Engine":
         """The draft model of a speculative run: a second model and context with this one's n_ctx, seq ids, threads
@@ -148,7 +163,14 @@ class Engine:
         logits, lowest index on ties. With `prefix_cache` ({"block_size", "capacity"}, DESIGN §12) the state is
         checkpointed at block boundaries and restored on a hit (Checkpoints). With `speculative` (DESIGN §13,
         scripted, ngram, or a draft GGUF as "draft_gguf") a decode row verifies its proposals in the same batch and a
-        rejection restores the sequence's snapshot from before the step, then re-decodes the inputs it kept."""
+        rejection restores the sequence's snapshot from before the step, then re-decodes the inputs it kept.
+        Requests with a `transfer` run on several instances in lock step (handover.run_instances)."""
+        if any(r.get("transfer") for r in requests):
+            if prefix_cache or speculative:
+                raise ValueError("requests[].transfer: state transfer (DESIGN §19) is not combined with "
+                                 "engine.prefix_cache or engine.speculative")
+            return handover.run_instances(self, RunState, requests, max_requests, max_tokens_per_step,
+                                          prefill_chunk, chunk_size)
         n_slots = min(max_requests, self.n_seq)
         self.lc.llama_memory_clear(self.mem, True)
         cache = Checkpoints(int(prefix_cache["block_size"]), int(prefix_cache["capacity"])) if prefix_cache else None
@@ -175,10 +197,21 @@ class Engine:
         return self._reply(st)
 
     def _admit(self, st: RunState) -> None:
-        """Arrived requests wait; waiting ones take the lowest free seq id (restoring a prefix-cache hit) and the
-        first free row."""
+        """Handed-over requests first (DESIGN §19: their state imported), then arrived requests in (arrival, id)
+        order take the lowest free seq id (restoring a prefix-cache hit) and the first free row."""
         while st.pending and st.pending[0]["arrival_step"] <= st.step:
             st.waiting.append(st.pending.pop(0))
+        st.waiting.sort(key=lambda r: (r["arrival_step"], r["id"]))     # one handed over while waiting: its place
+        while st.transit and st.free:
+            s, data = st.transit.pop(0)
+            seq = st.free.pop(0)
+            self.lc.llama_memory_seq_rm(self.mem, seq, -1, -1)            # a zeroed slot, then the moved state
+            self.restore(data, seq)
+            s["seq"] = seq
+            st.live[s["req"]["id"]] = s
+            st.rows[sum(r is not None for r in st.rows)] = s["req"]["id"]
+            st.seq_ids[s["req"]["id"]] = seq
+            st.admits.append({"request": s["req"]["id"], "seq": seq, "step": st.step, "imported": s["pos"]})
         while st.waiting and st.free:
             req = st.waiting.pop(0)
             seq = st.free.pop(0)
@@ -193,6 +226,8 @@ class Engine:
             st.live[req["id"]] = s
             st.rows[sum(r is not None for r in st.rows)] = req["id"]
             st.seq_ids[req["id"]] = seq
+            if st.transit is not None and st.cache is None:
+                st.admits.append({"request": req["id"], "seq": seq, "step": st.step})
 
     def _plan(self, st: RunState, max_tokens_per_step: int, prefill_chunk: int, chunk_size: int) -> StepPlan:
         """The step's decode rows (with their proposals, snapshotted first) then prompt pieces within the budget."""
@@ -235,6 +270,19 @@ class Engine:
             st.free.sort()
             rows[r] = None
         compact(rows)
+
+    def _release(self, st: RunState, rid: str) -> tuple[dict, bytes]:
+        """DESIGN §19, the sender's side of a hand-over: the live request's sequence state is read
+        (llama_state_seq_get_data), then the sequence removed and its seq id freed as at a finish; rows compact.
+        The request's live record and its state."""
+        s = st.live.pop(rid)
+        data = self.snapshot(s["seq"])
+        self.lc.llama_memory_seq_rm(self.mem, s["seq"], -1, -1)
+        st.free.append(s["seq"])
+        st.free.sort()
+        st.rows[st.rows.index(rid)] = None
+        compact(st.rows)
+        return s, data
 
     @staticmethod
     def _reply(st: RunState) -> dict:
@@ -344,6 +392,7 @@ class RunState:
     admits: list[dict] = field(default_factory=list)
     cache_steps: list[dict] = field(default_factory=list)
     step: int = 0
+    transit: list[tuple[dict, bytes]] | None = None     # DESIGN §19: handed over here with their state (instances)
 
 
 @dataclass
