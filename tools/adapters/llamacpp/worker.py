@@ -5,7 +5,7 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
    "flash_attn": "off"|"on"|"auto"}
       -> {"ok": true, "n_vocab": V, "meta": {...}}
   {"op": "run", "requests": [...], "max_requests": S, "max_tokens_per_step": B, "prefill_chunk": C,
-   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M} | null,
+   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M[, "attention_block_size": A]} | null,
    "speculative": {"k": K, "proposer": {...}, "draft_gguf": PATH (a draft proposer)} | null}
       (a request may carry "transfer": [{"step": k, "to": ENGINE}], DESIGN §19: handover.py runs the instances)
       -> {"ok": true, "tokens": {id: [...]}, "finish": {id: "stop"|"length"}, "logits": {id: base64 float32},
@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -173,7 +174,7 @@ class Engine:
                                           prefill_chunk, chunk_size)
         n_slots = min(max_requests, self.n_seq)
         self.lc.llama_memory_clear(self.mem, True)
-        cache = Checkpoints(int(prefix_cache["block_size"]), int(prefix_cache["capacity"])) if prefix_cache else None
+        cache = Checkpoints(checkpoint_block(prefix_cache), int(prefix_cache["capacity"])) if prefix_cache else None
         spec = None
         if speculative:
             draft = speculative.get("draft_gguf")
@@ -421,6 +422,13 @@ def compact(rows: list) -> None:
         if not holes or not used or holes[0] > used[-1]:
             return
         rows[holes[0]], rows[used[-1]] = rows[used[-1]], None
+
+
+def checkpoint_block(prefix_cache: dict) -> int:
+    """Where checkpoints fall: block_size, or lcm(block_size, attention_block_size) when the trace declares an attention
+    block of its own (DESIGN §21)."""
+    block = int(prefix_cache["block_size"])
+    return math.lcm(block, int(prefix_cache.get("attention_block_size") or block))
 
 
 class Checkpoints:
