@@ -5,7 +5,11 @@ default plan): each mutant lets a checkpoint hold state that is not the verified
 Preemption by recompute (DESIGN §18; goldens/traces/preempt_recompute.json, in the default plan): the resumed
 request's state, or its slot, outlives the preemption.
 Reduced-precision state (DESIGN §20): the engine declares an fp32 state bank (the default) but rounds the SSM state
-more coarsely where it is written back; judged with fp32's constants, as the declaration requires.
+(or the conv window) more coarsely where it is written back; judged with fp32's constants, as the declaration
+requires.
+Cache geometry (DESIGN §21; goldens/traces/prefix_geometry.json, in the default plan: Mamba block 8, attention
+block 16): a resume restores the Mamba state of a position computed with the other block size, or checkpoints fall
+where no whole KV block ends.
 """
 from __future__ import annotations
 
@@ -94,7 +98,8 @@ STATE_PRECISION: list[Mutant] = [
            "fp32 state bank",
            ENGINE, _RESOLVE,
            _RESOLVE + "        s = self.bank.ssm_state.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30) / 448\n"
-                      "        self.bank.ssm_state.copy_((self.bank.ssm_state / s).to(torch.float8_e4m3fn).float() * s)\n",
+                      "        q8 = (self.bank.ssm_state / s).to(torch.float8_e4m3fn)\n"
+                      "        self.bank.ssm_state.copy_(q8.float() * s)\n",
            ("tests/test_state_precision.py::test_fp32_state_bank_stays_within_the_fp32_logits_constant",)),
     Mutant("state_fp8_tile_scale_below_declared", "reduced-precision state",
            "SGLang #40706 (an FP8 e4m3 SSM state pool, `--mamba-ssm-dtype float8`, with per-tile dynamic scales: one "
@@ -109,9 +114,9 @@ STATE_PRECISION: list[Mutant] = [
                       "            t.copy_((t / s).to(torch.float8_e4m3fn).float() * s)\n",
            ("tests/test_state_precision.py::test_fp32_state_bank_stays_within_the_fp32_logits_constant",)),
     Mutant("state_conv_window_model_dtype", "reduced-precision state",
-           "vLLM PR #26301 (not in the stored report corpus, and no stored page states its mechanism; this mutant is the "
-           "split of state dtypes vLLM PR #22928 states: `mamba_ssm_cache_dtype` float32 stores the SSM state in fp32 "
-           "while the conv state keeps the model's dtype): the conv window is rounded to bfloat16 at every step's "
+           "vLLM PR #26301 (not in the stored report corpus, and no stored page states its mechanism; this mutant is "
+           "the split of state dtypes vLLM PR #22928 states: `mamba_ssm_cache_dtype` float32 stores the SSM state in "
+           "fp32 while the conv state keeps the model's dtype): the conv window is rounded to bfloat16 at every step's "
            "write-back, the SSM state kept fp32, while the engine declares an fp32 state (conv window included)",
            ENGINE, _RESOLVE,
            _RESOLVE + "        self.bank.conv_state.copy_(self.bank.conv_state.to(torch.bfloat16))\n",
@@ -150,7 +155,8 @@ PREEMPTION: list[Mutant] = [
 
 T_GEO = "tests/test_prefix_geometry.py::test_fast_path_geometry_log_and_tokens_equal_the_oracle"
 _HIT = "            self.bank.copy_state(self.bank.pool_slot(entry.index), slot, p)\n"
-_BLOCK = "        self.block_size, self.capacity, self.bank = config.checkpoint_block, config.capacity, bank   # DESIGN §21\n"
+_BLOCK = ("        self.block_size, self.capacity, self.bank = config.checkpoint_block, config.capacity, bank"
+          "   # DESIGN §21\n")
 
 GEOMETRY: list[Mutant] = [
     Mutant("geometry_mamba_state_at_attention_block_index", "cache geometry",
