@@ -15,6 +15,10 @@ suffix is prefilled; the hits, stores and evictions come back as RunResult.prefi
 (DESIGN §13: scripted, ngram, or a draft model converted as the target is) is verified in llama.cpp's batches
 (worker.py, speculation.py); the per-request counts come back as schedule_facts, checked by `facts_check`. $HQ_LLAMACPP_LIB (or a
 subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load libllama from another build directory.
+A trace's `transfer`s (DESIGN §19) run on one llama.cpp context per engine instance over the same loaded model, in
+lock step (handover.py): the sender's sequence leaves by llama_state_seq_get_data and llama_memory_seq_rm, the
+receiver's lowest free seq id takes it by llama_state_seq_set_data; where each request ran comes back as
+schedule_facts ({"transfer": {id: [{"engine", "seq", "step", "imported"?}]}}).
 Threads (n_threads and n_threads_batch): $HQ_LLAMACPP_THREADS when set (the user's override), else the run's
 EngineOptions.threads (qualify: cores // --jobs, or --engine-threads), else this process's cores (`llama_threads`).
 """
@@ -231,7 +235,7 @@ class LlamaCppAdapter(TraceAdapter):
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES,
-                            prefix_cache_reporting=True, step_rule=STEP_RULE)
+                            prefix_cache_reporting=True, step_rule=STEP_RULE, state_transfer=True)
 
     @classmethod
     def options_problem(cls, options: EngineOptions) -> str | None:
@@ -290,7 +294,8 @@ class LlamaCppAdapter(TraceAdapter):
             self.meta = loaded["meta"]
             n_vocab = int(loaded["n_vocab"])
             reqs = [{"id": r.id, "arrival_step": r.arrival_step, "prompt": list(r.prompt),
-                     "max_new_tokens": r.max_new_tokens, "stop_token_ids": list(r.stop_token_ids)}
+                     "max_new_tokens": r.max_new_tokens, "stop_token_ids": list(r.stop_token_ids),
+                     **({"transfer": [t.to_json() for t in r.transfer]} if r.transfer else {})}
                     for r in trace.requests]
             got = worker.ask({"op": "run", "requests": reqs, "max_requests": n_seq,
                               "max_tokens_per_step": eng.max_tokens_per_step, "prefill_chunk": eng.prefill_chunk,
@@ -306,7 +311,10 @@ class LlamaCppAdapter(TraceAdapter):
                 logits[rid] = torch.from_numpy(arr.copy())
         self.steps, self.seq_ids = got["steps"], got["seq_ids"]
         self.speculation = got.get("speculation")          # per request: proposed, accepted, rollbacks
+        self.placements = got.get("placements")            # DESIGN §19: per request, the instances it ran on
         facts = [{"speculation": self.speculation}] if self.speculation is not None else None
+        if self.placements is not None:
+            facts = [{"transfer": self.placements}]
         return RunResult(got["tokens"], got["finish"], logits=logits, prefix_cache=got.get("prefix_cache"),
                          schedule_facts=facts)
 
@@ -387,7 +395,7 @@ class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
         return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=torch.float16, notes=_NOTES,
-                            prefix_cache_reporting=True, step_rule=STEP_RULE)
+                            prefix_cache_reporting=True, step_rule=STEP_RULE, state_transfer=True)
 
 
 class LlamaCppBF16Adapter(LlamaCppAdapter):

@@ -1,0 +1,162 @@
+"""State transfer through llama.cpp (DESIGN §19): the worker runs one llama.cpp context per engine instance in lock
+step and hands a request's sequence state over with llama_state_seq_get_data / set_data. The default tier drives the
+worker's instances over a stand-in for llama.cpp (a wrong or missing import changes the tokens); marker llamacpp runs
+qualify on the shipped transfer_handover trace through the real llama.cpp."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import oracle
+from hybridqual.adapters.llamacpp import convert as conv
+from hybridqual.adapters.llamacpp import worker
+from hybridqual.qualify.truth import schedule_model
+from oracle.scheduler import run_trace
+from oracle.trace import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "goldens" / "models"
+HANDOVER = ROOT / "goldens" / "traces" / "transfer_handover.json"
+needs_venv = pytest.mark.skipif(conv.available() is not None, reason=str(conv.available()))
+
+
+class _StandIn(worker.Engine):
+    """worker.Engine's scheduler over a stand-in for llama.cpp: a sequence's state is its token list (its own per
+    context), a snapshot that list, the logits a function of it; peers are further stand-ins."""
+
+    def __init__(self, vocab: int) -> None:        # no llama.cpp: only what run() touches
+        self.n_seq, self.n_vocab, self.mem, self.state, self._peers = 64, vocab, None, {}, {}
+        self.lc = type("lc", (), {"llama_memory_clear": staticmethod(lambda *a: self.state.clear()),
+                                  "llama_memory_seq_rm": staticmethod(lambda m, seq, a, b: self.state.pop(seq, None))})
+
+    def peer(self, name: str) -> "_StandIn":
+        return self._peers.setdefault(name, type(self)(self.n_vocab))
+
+    def _decode(self, rows):
+        out = []
+        for tok, pos, seq, want in rows:
+            have = self.state.setdefault(seq, [])
+            assert len(have) == pos, f"seq {seq}: row at position {pos} after {len(have)} tokens"
+            have.append(tok)
+            rng = np.random.default_rng(hash(tuple(have)) % 2**32)
+            out.append(rng.standard_normal(self.n_vocab).astype(np.float32) if want else None)
+        return out
+
+    def snapshot(self, seq: int) -> bytes:
+        return json.dumps(self.state.get(seq, [])).encode()
+
+    def restore(self, data: bytes, seq: int) -> None:
+        self.state[seq] = json.loads(data)
+
+
+def _requests(trace, transfers: bool = True) -> list[dict]:
+    return [{"id": r.id, "arrival_step": r.arrival_step, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens,
+             "stop_token_ids": list(r.stop_token_ids),
+             **({"transfer": [t.to_json() for t in r.transfer]} if transfers and r.transfer else {})}
+            for r in trace.requests]
+
+
+def _busy_trace(tmp_path: Path) -> Path:
+    """One slot per instance: a hand-over mid-prefill (a: prompt 20 > prefill_chunk 8) and back while the receiver's
+    slot is taken (it waits in transit, ahead of e's arrival), one while still waiting (b), one mid-decode (c)."""
+    reqs = [{"id": "a", "arrival_step": 0, "prompt": list(range(3, 23)), "max_new_tokens": 6,
+             "transfer": [{"step": 1, "to": "x"}, {"step": 4, "to": "main"}]},
+            {"id": "b", "arrival_step": 0, "prompt": [40, 41, 42, 43, 44, 45], "max_new_tokens": 4,
+             "transfer": [{"step": 1, "to": "x"}]},
+            {"id": "c", "arrival_step": 1, "prompt": [50, 52, 54, 56, 58], "max_new_tokens": 6,
+             "transfer": [{"step": 3, "to": "y"}]},
+            {"id": "d", "arrival_step": 2, "prompt": [60, 61, 62, 63, 64, 65, 66], "max_new_tokens": 3},
+            {"id": "e", "arrival_step": 3, "prompt": [70, 71, 72, 73], "max_new_tokens": 2}]
+    out = tmp_path / "busy.json"
+    out.write_text(json.dumps({"schema": "hybridqual.trace/1", "engine": {"max_requests": 1, "max_tokens_per_step": 8,
+                                                                          "prefill_chunk": 8}, "requests": reqs}))
+    return out
+
+
+def _oracle_placements(log) -> dict[str, list[tuple]]:
+    """(engine, step, imported) of every admission in the oracle's schedule log, per request."""
+    out: dict[str, list[tuple]] = {}
+    for name, steps in [("main", [r.to_json() for r in log.steps])] + [
+            (n, [r.to_json() if hasattr(r, "to_json") else r for r in recs]) for n, recs in log.instances.items()]:
+        for rec in steps:
+            for a in rec["admit"]:
+                out.setdefault(a["request"], []).append((name, rec["step"], a.get("imported")))
+    return {rid: sorted(v, key=lambda t: t[1]) for rid, v in out.items()}
+
+
+@pytest.mark.parametrize("which", ["handover", "busy"])
+def test_the_worker_hands_over_where_and_when_the_oracle_does_and_tokens_continue(which, tmp_path):
+    path = HANDOVER if which == "handover" else _busy_trace(tmp_path)
+    trace = load_trace(path)
+    model = oracle.load(MODELS / "zoo-mamba2")
+    e, chunk = trace.engine, model.config.chunk_size
+    n = min(e.max_requests, len(trace.requests))
+    moved = _StandIn(model.config.vocab_size).run(_requests(trace), n, e.max_tokens_per_step, e.prefill_chunk, chunk)
+    alone = {r["id"]: _StandIn(model.config.vocab_size).run([{**r, "arrival_step": 0}], 1, e.max_tokens_per_step,
+                                                             e.prefill_chunk, chunk)["tokens"][r["id"]]
+             for r in _requests(trace, transfers=False)}
+    assert moved["tokens"] == alone                              # continuity: each request's run alone
+    truth = run_trace(schedule_model(model), trace, "legacy", forced_tokens=moved["tokens"])
+    want = _oracle_placements(truth.schedule_log)
+    got = {rid: [(p["engine"], p["step"], p.get("imported")) for p in ps] for rid, ps in moved["placements"].items()}
+    assert got == want
+    assert any(imp for ps in want.values() for _, _, imp in ps)  # some state was imported
+
+
+def test_a_missing_import_breaks_continuity():
+    """The stand-in's check has teeth: a receiver that does not write the moved state decodes from an empty one."""
+    trace = load_trace(HANDOVER)
+    eng = _StandIn(96)
+    eng.peer("decode").restore = lambda data, seq: None
+    e = trace.engine
+    with pytest.raises(AssertionError, match="row at position"):
+        eng.run(_requests(trace), 2, e.max_tokens_per_step, e.prefill_chunk, 8)
+
+
+def test_the_adapters_declare_state_transfer():
+    from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter, LlamaCppFlashAttnAdapter
+    assert all(cls.capabilities("cpu").state_transfer for cls in (LlamaCppAdapter, LlamaCppFlashAttnAdapter))
+
+
+def _qualify(model: str, out: Path) -> tuple[int, dict]:
+    r = subprocess.run([sys.executable, "-m", "hybridqual.qualify", "--engine", "llamacpp", "--model", model,
+                        "--trace", str(HANDOVER), "--mode", "legacy", "--quiet", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+    report = json.loads((out / "report.json").read_text())
+    return r.returncode, {c["name"].split(" (")[0]: c for c in report["checks"]}
+
+
+@pytest.mark.llamacpp
+@needs_venv
+def test_transfer_handover_qualifies_through_llamacpp(tmp_path):
+    """zoo-granitemoehybrid (a GGUF that is the model): r1 imported mid-decode into the receiver's seq id 0, the one
+    r0 finished in, and every request's tokens and logits equal the fp64 oracle's."""
+    rc, lines = _qualify("zoo-granitemoehybrid", tmp_path)
+    for name in ("legacy: engine runs the trace", "legacy: tokens match the truth", "legacy: logits match the oracle's"):
+        assert lines[name]["status"] == "PASS", (name, lines[name]["detail"])
+    assert rc == 0, {n: c["status"] for n, c in lines.items()}
+
+
+@pytest.mark.llamacpp
+@needs_venv
+def test_bamba_with_transfers_equals_bamba_without():
+    """zoo-bamba's GGUF is not the model (docs/findings.md L1), so against itself: the trace with its hand-overs
+    gives llama.cpp's tokens and logits of the same trace on one instance, and r1 lands in the seq id r0 used."""
+    from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter
+    folder = MODELS / "zoo-bamba"
+    trace = load_trace(HANDOVER)
+    a = LlamaCppAdapter(folder, trace, "legacy")
+    moved = a.run_trace()
+    plain = dataclasses.replace(trace, requests=tuple(dataclasses.replace(r, transfer=()) for r in trace.requests))
+    one = LlamaCppAdapter(folder, plain, "legacy").run_trace()
+    assert moved.tokens == one.tokens and moved.finish_reasons == one.finish_reasons
+    for r in trace.requests:
+        assert (moved.logits[r.id] - one.logits[r.id]).abs().max().item() < 1e-4, r.id
+    into = {rid: [(p["engine"], p["seq"]) for p in ps if "imported" in p] for rid, ps in a.placements.items()}
+    assert into["r0"] == [("decode", 0)] and into["r1"] == [("decode", 0)]
