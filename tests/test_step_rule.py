@@ -80,11 +80,13 @@ def test_piece_tails_prompts_end_with_every_last_piece_one_to_d_conv_under_the_d
         assert all(tails[rid] == n for rid, n in shape["last_pieces"].items()), mode
 
 
-@pytest.mark.parametrize("chunk", (64, 128, 256))
+@pytest.mark.parametrize("chunk", (8, 64, 128, 256))
 def test_under_megatrons_rule_short_pieces_come_from_groups_arriving_into_an_idle_engine(chunk):
+    """Only the appended groups are promised: at chunk 8 the scenario's own mod64 ends 63 + 2 in the legacy
+    schedule, but it arrives into a busy engine and Megatron's async run cut it 38 + 27."""
     inst = scenarios.instantiate_one("piece_tails", Units(chunk, 96, rule=MEGATRON))
     last = inst.shape["last_pieces"]
-    assert {last[f"rtail{j}"] for j in range(2, 5)} == {2, 3, 4} and inst.shape["unreachable"] == [1]
+    assert last == {f"rtail{j}": j for j in range(2, 5)} and inst.shape["unreachable"] == [1]
     reqs = {r.id: r for r in inst.trace.requests}
     pieces = simulate(MEGATRON, inst.trace, chunk)
     for j in range(2, 5):                   # nothing else is live when a group arrives
