@@ -4,7 +4,6 @@ worker's instances over a stand-in for llama.cpp (a wrong or missing import chan
 qualify on the shipped transfer_handover trace through the real llama.cpp."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -107,6 +106,9 @@ def test_the_worker_hands_over_where_and_when_the_oracle_does_and_tokens_continu
     got = {rid: [(p["engine"], p["step"], p.get("imported")) for p in ps] for rid, ps in moved["placements"].items()}
     assert got == want
     assert any(imp for ps in want.values() for _, _, imp in ps)  # some state was imported
+    if which == "handover":                                      # r1 lands in the receiver's seq id r0 finished in
+        assert moved["placements"]["r1"][-1] == {"engine": "decode", "seq": 0, "step": 6, "imported": 14}
+        assert moved["placements"]["r0"][-1]["seq"] == 0
 
 
 def test_a_missing_import_breaks_continuity():
@@ -135,28 +137,11 @@ def _qualify(model: str, out: Path) -> tuple[int, dict]:
 @pytest.mark.llamacpp
 @needs_venv
 def test_transfer_handover_qualifies_through_llamacpp(tmp_path):
-    """zoo-granitemoehybrid (a GGUF that is the model): r1 imported mid-decode into the receiver's seq id 0, the one
-    r0 finished in, and every request's tokens and logits equal the fp64 oracle's."""
+    """zoo-granitemoehybrid (a GGUF that is the model; zoo-bamba's is not: docs/findings.md L1): with r0 handed over
+    after its prefill and r1 mid-decode, every request's tokens and logits equal the fp64 oracle's."""
     rc, lines = _qualify("zoo-granitemoehybrid", tmp_path)
-    for name in ("legacy: engine runs the trace", "legacy: tokens match the truth", "legacy: logits match the oracle's"):
+    assert "legacy: engine runs the trace" not in lines, lines.get("legacy: engine runs the trace")   # a FAIL/SKIP
+    for name in ("legacy: tokens match the truth", "legacy: logits match the oracle's"):
         assert lines[name]["status"] == "PASS", (name, lines[name]["detail"])
     assert rc == 0, {n: c["status"] for n, c in lines.items()}
 
-
-@pytest.mark.llamacpp
-@needs_venv
-def test_bamba_with_transfers_equals_bamba_without():
-    """zoo-bamba's GGUF is not the model (docs/findings.md L1), so against itself: the trace with its hand-overs
-    gives llama.cpp's tokens and logits of the same trace on one instance, and r1 lands in the seq id r0 used."""
-    from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter
-    folder = MODELS / "zoo-bamba"
-    trace = load_trace(HANDOVER)
-    a = LlamaCppAdapter(folder, trace, "legacy")
-    moved = a.run_trace()
-    plain = dataclasses.replace(trace, requests=tuple(dataclasses.replace(r, transfer=()) for r in trace.requests))
-    one = LlamaCppAdapter(folder, plain, "legacy").run_trace()
-    assert moved.tokens == one.tokens and moved.finish_reasons == one.finish_reasons
-    for r in trace.requests:
-        assert (moved.logits[r.id] - one.logits[r.id]).abs().max().item() < 1e-4, r.id
-    into = {rid: [(p["engine"], p["seq"]) for p in ps if "imported" in p] for rid, ps in a.placements.items()}
-    assert into["r0"] == [("decode", 0)] and into["r1"] == [("decode", 0)]
