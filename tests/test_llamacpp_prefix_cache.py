@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import oracle
@@ -18,37 +17,12 @@ from hybridqual.qualify.prefix_checks import CacheEvents, check_cache_policy, ev
 from hybridqual.qualify.truth import schedule_model
 from oracle.scheduler import run_trace
 from oracle.trace import load_trace
+from llamacpp_standin import StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "goldens" / "models"
 TRACES = ["prefix_shared_system", "prefix_eviction", "prefix_multi_turn", "prefix_lru"]
 needs_venv = pytest.mark.skipif(conv.available() is not None, reason=str(conv.available()))
-
-
-class _StandIn(worker.Engine):
-    """worker.Engine's scheduler over a stand-in for llama.cpp: a sequence's state is its token list, a snapshot
-    that list, the logits a function of it (so a wrong restore changes the tokens)."""
-
-    def __init__(self, vocab: int) -> None:        # no llama.cpp: only what run() touches
-        self.n_seq, self.n_vocab, self.mem, self.state = 64, vocab, None, {}
-        self.lc = type("lc", (), {"llama_memory_clear": staticmethod(lambda *a: None),
-                                  "llama_memory_seq_rm": staticmethod(lambda m, seq, a, b: self.state.pop(seq, None))})
-
-    def _decode(self, rows):
-        out = []
-        for tok, pos, seq, want in rows:
-            have = self.state.setdefault(seq, [])
-            assert len(have) == pos, f"seq {seq}: row at position {pos} after {len(have)} tokens"
-            have.append(tok)
-            rng = np.random.default_rng(hash(tuple(have)) % 2**32)
-            out.append(rng.standard_normal(self.n_vocab).astype(np.float32) if want else None)
-        return out
-
-    def snapshot(self, seq: int) -> bytes:
-        return json.dumps(self.state.get(seq, [])).encode()
-
-    def restore(self, data: bytes, seq: int) -> None:
-        self.state[seq] = json.loads(data)
 
 
 def _requests(trace) -> list[dict]:
@@ -61,7 +35,7 @@ def test_the_worker_files_and_hits_checkpoints_as_the_oracle_policy(name):
     model = oracle.load(MODELS / "zoo-mamba2")
     trace = load_trace(ROOT / "goldens" / "traces" / f"{name}.json")
     e = trace.engine
-    got = _StandIn(model.config.vocab_size).run(_requests(trace), min(e.max_requests, len(trace.requests)),
+    got = StandIn(model.config.vocab_size).run(_requests(trace), min(e.max_requests, len(trace.requests)),
                                                  e.max_tokens_per_step, e.prefill_chunk, model.config.chunk_size,
                                                  e.prefix_cache.to_json())
     truth = run_trace(schedule_model(model), trace, "legacy", forced_tokens=got["tokens"])
@@ -73,7 +47,7 @@ def test_the_worker_files_and_hits_checkpoints_as_the_oracle_policy(name):
 
 def test_cache_off_runs_no_snapshots_and_reports_nothing():
     trace = load_trace(ROOT / "goldens" / "traces" / "prefix_lru.json")
-    eng = _StandIn(96)
+    eng = StandIn(96)
     eng.snapshot = None                                          # a snapshot taken would fail here
     got = eng.run(_requests(trace), 3, trace.engine.max_tokens_per_step, trace.engine.prefill_chunk, 8, None)
     assert "prefix_cache" not in got and all(got["tokens"].values())

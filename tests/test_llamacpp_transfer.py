@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import oracle
@@ -18,40 +17,12 @@ from hybridqual.adapters.llamacpp import worker
 from hybridqual.qualify.truth import schedule_model
 from oracle.scheduler import run_trace
 from oracle.trace import load_trace
+from llamacpp_standin import StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "goldens" / "models"
 HANDOVER = ROOT / "goldens" / "traces" / "transfer_handover.json"
 needs_venv = pytest.mark.skipif(conv.available() is not None, reason=str(conv.available()))
-
-
-class _StandIn(worker.Engine):
-    """worker.Engine's scheduler over a stand-in for llama.cpp: a sequence's state is its token list (its own per
-    context), a snapshot that list, the logits a function of it; peers are further stand-ins."""
-
-    def __init__(self, vocab: int) -> None:        # no llama.cpp: only what run() touches
-        self.n_seq, self.n_vocab, self.mem, self.state, self._peers = 64, vocab, None, {}, {}
-        self.lc = type("lc", (), {"llama_memory_clear": staticmethod(lambda *a: self.state.clear()),
-                                  "llama_memory_seq_rm": staticmethod(lambda m, seq, a, b: self.state.pop(seq, None))})
-
-    def peer(self, name: str) -> "_StandIn":
-        return self._peers.setdefault(name, type(self)(self.n_vocab))
-
-    def _decode(self, rows):
-        out = []
-        for tok, pos, seq, want in rows:
-            have = self.state.setdefault(seq, [])
-            assert len(have) == pos, f"seq {seq}: row at position {pos} after {len(have)} tokens"
-            have.append(tok)
-            rng = np.random.default_rng(hash(tuple(have)) % 2**32)
-            out.append(rng.standard_normal(self.n_vocab).astype(np.float32) if want else None)
-        return out
-
-    def snapshot(self, seq: int) -> bytes:
-        return json.dumps(self.state.get(seq, [])).encode()
-
-    def restore(self, data: bytes, seq: int) -> None:
-        self.state[seq] = json.loads(data)
 
 
 def _requests(trace, transfers: bool = True) -> list[dict]:
@@ -96,8 +67,8 @@ def test_the_worker_hands_over_where_and_when_the_oracle_does_and_tokens_continu
     model = oracle.load(MODELS / "zoo-mamba2")
     e, chunk = trace.engine, model.config.chunk_size
     n = min(e.max_requests, len(trace.requests))
-    moved = _StandIn(model.config.vocab_size).run(_requests(trace), n, e.max_tokens_per_step, e.prefill_chunk, chunk)
-    alone = {r["id"]: _StandIn(model.config.vocab_size).run([{**r, "arrival_step": 0}], 1, e.max_tokens_per_step,
+    moved = StandIn(model.config.vocab_size).run(_requests(trace), n, e.max_tokens_per_step, e.prefill_chunk, chunk)
+    alone = {r["id"]: StandIn(model.config.vocab_size).run([{**r, "arrival_step": 0}], 1, e.max_tokens_per_step,
                                                              e.prefill_chunk, chunk)["tokens"][r["id"]]
              for r in _requests(trace, transfers=False)}
     assert moved["tokens"] == alone                              # continuity: each request's run alone
@@ -114,7 +85,7 @@ def test_the_worker_hands_over_where_and_when_the_oracle_does_and_tokens_continu
 def test_a_missing_import_breaks_continuity():
     """The stand-in's check has teeth: a receiver that does not write the moved state decodes from an empty one."""
     trace = load_trace(HANDOVER)
-    eng = _StandIn(96)
+    eng = StandIn(96)
     eng.peer("decode").restore = lambda data, seq: None
     e = trace.engine
     with pytest.raises(AssertionError, match="row at position"):
