@@ -16,7 +16,8 @@ from hybridqual.adapters.llamacpp import speculation
 from hybridqual.adapters.llamacpp.adapter import draft_gguf, speculative_config
 from hybridqual.adapters.llamacpp.speculation import Draft
 from oracle.trace import load_trace
-from test_llamacpp_prefix_cache import _qualify, _requests, _StandIn
+from llamacpp_standin import StandIn
+from test_llamacpp_prefix_cache import _qualify, _requests
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ["spec_accept", "spec_scripted", "spec_ngram"]
@@ -25,7 +26,7 @@ needs_venv = pytest.mark.skipif(conv.available() is not None, reason=str(conv.av
 
 def _run(trace, spec: dict | None) -> dict:
     e = trace.engine
-    eng = _StandIn(10)                      # a small vocab: ngram matches come often
+    eng = StandIn(10)                      # a small vocab: ngram matches come often
     return eng.run(_requests(trace), e.max_requests, e.max_tokens_per_step, e.prefill_chunk, 8, None, spec)
 
 
@@ -91,8 +92,8 @@ def test_the_draft_proposes_the_greedy_continuation_of_every_token_so_far(monkey
     state not restored after drafting fails; speculation leaves the target's tokens unchanged."""
     trace = _greedy("spec_draft")
     e = trace.engine
-    draft = _StandIn(10)
-    eng = _StandIn(10)
+    draft = StandIn(10)
+    eng = StandIn(10)
     eng.draft = lambda gguf: draft
     monkeypatch.setattr(speculation, "Draft", _Recorder)
     _Recorder.log = []
@@ -101,7 +102,7 @@ def test_the_draft_proposes_the_greedy_continuation_of_every_token_so_far(monkey
     fast = eng.run(_requests(trace), e.max_requests, e.max_tokens_per_step, e.prefill_chunk, 8, None, spec)
     assert fast["tokens"] == plain["tokens"]
     assert _Recorder.log and all(len(d) == room for _, room, d in _Recorder.log)
-    fresh = _StandIn(10)
+    fresh = StandIn(10)
     for toks, room, got in _Recorder.log:
         fresh.state = {}
         out = [int(np.argmax(fresh._decode([(t, p, 0, True) for p, t in enumerate(toks)])[-1]))]
