@@ -315,6 +315,8 @@ class LlamaCppAdapter(TraceAdapter):
         facts = [{"speculation": self.speculation}] if self.speculation is not None else None
         if self.placements is not None:
             facts = [{"transfer": self.placements}]
+        if got.get("pieces"):                              # the worker's prompt pieces, step by step (the shape line)
+            facts = (facts or []) + [{"batches": [{"rows": rows}]} for rows in got["pieces"]]
         return RunResult(got["tokens"], got["finish"], logits=logits, prefix_cache=got.get("prefix_cache"),
                          schedule_facts=facts)
 

@@ -186,6 +186,7 @@ class Engine:
         while st.pending or st.waiting or st.live:
             self._admit(st)
             plan = self._plan(st, max_tokens_per_step, prefill_chunk, chunk_size)
+            st.pieces.append([{"request": rid, "pos": start, "tokens": n} for rid, start, n in plan.pieces])
             snaps = self._forward(plan.decode, plan.pieces, st.live, st.tokens, st.logits, cache, plan.props)
             if plan.props:
                 self._resolve(plan.props, st.live, st.tokens, st.logits, spec)
@@ -290,7 +291,8 @@ class Engine:
         """The run op's reply: tokens, finish reasons, base64 float32 logits, steps, seq ids, cache and spec facts."""
         enc = {rid: base64.b64encode(np.stack(v).astype("<f4").tobytes()).decode() if v else ""
                for rid, v in st.logits.items()}
-        out = {"tokens": st.tokens, "finish": st.finish, "logits": enc, "steps": st.step, "seq_ids": st.seq_ids}
+        out = {"tokens": st.tokens, "finish": st.finish, "logits": enc, "steps": st.step, "seq_ids": st.seq_ids,
+               "pieces": st.pieces}
         if st.cache is not None:
             out["prefix_cache"] = {"admit": st.admits, "steps": st.cache_steps}
         if st.spec is not None:
@@ -392,6 +394,7 @@ class RunState:
     seq_ids: dict[str, int] = field(default_factory=dict)
     admits: list[dict] = field(default_factory=list)
     cache_steps: list[dict] = field(default_factory=list)
+    pieces: list[list[dict]] = field(default_factory=list)     # per step: its prompt pieces {request, pos, tokens}
     step: int = 0
     transit: list[tuple[dict, bytes]] | None = None     # DESIGN §19: handed over here with their state (instances)
 
