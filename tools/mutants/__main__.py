@@ -63,10 +63,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markdown", action="store_true", help="print the zoo as a markdown table and exit")
     ap.add_argument("--blind", action="store_true", help="judge without the named tests (qualify, then CPU tier)")
     ap.add_argument("--stages", nargs="+", default=["qualify", "pytest"],
-                    choices=["qualify", "qualify-main", "qualify-tp", "qualify-main-gpu", "pytest", "pytest-gpu"],
+                    choices=["qualify", "qualify-main", "qualify-tp", "qualify-main-gpu", "qualify-main-cuda-fp32", "pytest",
+                             "pytest-gpu"],
                     help="blind stages: qualify (main job + every model's corpus), qualify-main (main job only), "
                          "qualify-tp (the main job on the TP=2 fast path, two gloo ranks), "
                          "qualify-main-gpu (the main job on cuda with CUDA graphs, compiled kernels), "
+                         "qualify-main-cuda-fp32 (the main job on cuda in fp32: the CPU main job's constants), "
                          "pytest (the whole CPU tier), pytest-gpu (the gpu tier, compiled kernels: "
                          "GPU-only mutants, with --gpu)")
     ap.add_argument("--models", nargs="+", help="blind: shipped models whose corpus qualify runs (default: all)")

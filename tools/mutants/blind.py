@@ -67,13 +67,15 @@ def shipped_models() -> list[str]:
 
 
 GPU_MAIN = "qualify --device cuda --graphs"     # the main job's stage on a GPU (its verdict is the "main" column too)
+GPU_MAIN_FP32 = "qualify --device cuda --dtype float32"   # the CPU main job's plan and fp32 constants, compiled kernels
 
 
 def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[str] | None = None,
                    jobs: int = 2) -> list[Stage]:
     """`qualify-main` = the main job's default plan; `qualify` = that, then every shipped model's corpus;
     `qualify-main-gpu` = the main job on cuda with CUDA graphs (the paths only a GPU runs: graphs' pad rows, the
-    one-row GEMV epilogues); `pytest` = the whole CPU tier."""
+    one-row GEMV epilogues); `qualify-main-cuda-fp32` = the main job on cuda in fp32 (the CPU main job's dtype and
+    constants, compiled kernels: the whole zoo judged in minutes); `pytest` = the whole CPU tier."""
     out: list[Stage] = []
     if "qualify" in which or "qualify-main" in which:
         out.append(Stage("qualify", "qualify"))
@@ -81,6 +83,8 @@ def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[
         out.append(Stage("qualify --tp 2", "qualify", ("--tp", "2"), ranks=2))
     if "qualify-main-gpu" in which:      # the main job as a GPU user runs it: compiled kernels, bf16, CUDA graphs
         out.append(Stage(GPU_MAIN, "qualify", ("--device", "cuda", "--graphs"), interpret=False))
+    if "qualify-main-cuda-fp32" in which:
+        out.append(Stage(GPU_MAIN_FP32, "qualify", ("--device", "cuda", "--dtype", "float32"), interpret=False))
     if "qualify" in which:
         out += [Stage(f"qualify --model {m}", "qualify", ("--model", f"goldens/models/{m}"))
                 for m in (models if models is not None else shipped_models())]
@@ -219,7 +223,7 @@ def stage_column(o: BlindOutcome | dict, kind: str) -> str:
     """The verdict of the main job (kind "main": the stage named "qualify", or its GPU form) or of the CPU tier (kind "tier": the
     stage named "pytest") of an outcome or a recorded row; "-" where that stage did not run (a kill by an
     earlier stage without --every-stage, or not among --stages)."""
-    names = {"main": ("qualify", GPU_MAIN), "tier": ("pytest",)}[kind]
+    names = {"main": ("qualify", GPU_MAIN_FP32, GPU_MAIN), "tier": ("pytest",)}[kind]
     got = stage_verdicts(o) if isinstance(o, BlindOutcome) else o.get("by_stage")
     if got is not None:
         return next((got[n] for n in names if n in got), "-")
