@@ -81,10 +81,10 @@ def default_stages(which: tuple[str, ...] = ("qualify", "pytest"), models: list[
         out.append(Stage("qualify", "qualify"))
     if "qualify-tp" in which:            # the main job on the TP fast path: two gloo ranks (docs/tp.md)
         out.append(Stage("qualify --tp 2", "qualify", ("--tp", "2"), ranks=2))
-    if "qualify-main-gpu" in which:      # the main job as a GPU user runs it: compiled kernels, bf16, CUDA graphs
-        out.append(Stage(GPU_MAIN, "qualify", ("--device", "cuda", "--graphs"), interpret=False))
     if "qualify-main-cuda-fp32" in which:
         out.append(Stage(GPU_MAIN_FP32, "qualify", ("--device", "cuda", "--dtype", "float32"), interpret=False))
+    if "qualify-main-gpu" in which:      # the main job as a GPU user runs it: compiled kernels, bf16, CUDA graphs
+        out.append(Stage(GPU_MAIN, "qualify", ("--device", "cuda", "--graphs"), interpret=False))
     if "qualify" in which:
         out += [Stage(f"qualify --model {m}", "qualify", ("--model", f"goldens/models/{m}"))
                 for m in (models if models is not None else shipped_models())]
