@@ -12,8 +12,10 @@ oracle's rule); the logits row of every generated position comes back. A trace's
 on llama.cpp's own sequence-state snapshots (llama_state_seq_get_data / set_data, worker.Checkpoints): a snapshot
 at every block boundary a prompt piece passes, restored into the admitted request's seq id on a hit so only the
 suffix is prefilled; the hits, stores and evictions come back as RunResult.prefix_cache. A trace's `speculative`
-(DESIGN §13: scripted, ngram, or a draft model converted as the target is) is verified in llama.cpp's batches
-(worker.py, speculation.py); the per-request counts come back as schedule_facts, checked by `facts_check`. $HQ_LLAMACPP_LIB (or a
+(DESIGN §13: scripted, ngram, or a draft model converted as the target is; backoff) is verified in llama.cpp's
+batches (worker.py, speculation.py); the per-request counts come back as schedule_facts, checked by `facts_check`.
+Both at once (DESIGN §17, `store_decoded`): a decode or verify row's sequence is snapshotted at every generated-token
+boundary it feeds, and only those its step proves verified are filed (checkpoints.py). $HQ_LLAMACPP_LIB (or a
 subclass's `lib_path`, e.g. mutant.LlamaCppMutantAdapter) makes the worker load libllama from another build directory.
 A trace's `transfer`s (DESIGN §19) run on one llama.cpp context per engine instance over the same loaded model, in
 lock step (handover.py): the sender's sequence leaves by llama_state_seq_get_data and llama_memory_seq_rm, the

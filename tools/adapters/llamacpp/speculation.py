@@ -8,7 +8,8 @@ import numpy as np
 
 class Speculation:
     """The trace's proposer (the oracle's rules: at most k, at most the room left before max_new_tokens, within the
-    step's budget), the target snapshots taken before a verify step, and per-request counts."""
+    step's budget; backoff after rows that accepted nothing), the target snapshots taken before a verify step, and
+    per-request counts."""
 
     KINDS = ("scripted", "ngram", "draft")
 
@@ -24,6 +25,27 @@ class Speculation:
         self.draft = Draft(draft_engine) if draft_engine is not None else None
         self.before: dict[str, bytes] = {}
         self.counts: dict[str, dict] = {}
+        self.cap = int(cfg.get("backoff", 0))         # DESIGN §13 backoff (0: off)
+        self.misses: dict[str, int] = {}               # verify rows in a row that accepted nothing
+        self.pause: dict[str, int] = {}                # decode rows left that propose nothing
+
+    def take(self, rid: str) -> bool:
+        """Called once per decode row of `rid`: True when backoff pauses it (it proposes nothing)."""
+        left = self.pause.get(rid, 0)
+        if left:
+            self.pause[rid] = left - 1
+        return left > 0
+
+    def record(self, rid: str, accepted: int) -> None:
+        """A verify row of `rid` accepted `accepted` drafts: after its n-th miss in a row, its next
+        min(2^(n-1), backoff) decode rows propose nothing; an acceptance ends the run of misses."""
+        if not self.cap:
+            return
+        if accepted:
+            self.misses.pop(rid, None)
+            return
+        n = self.misses[rid] = self.misses.get(rid, 0) + 1
+        self.pause[rid] = min(1 << min(n - 1, 62), self.cap)
 
     def room(self, n_generated: int, max_new: int, budget: int) -> int:
         """Most drafts a row may feed: min(k, max_new - n_generated, budget), at least 0."""
@@ -45,6 +67,8 @@ class Speculation:
         props: dict[str, list[int]] = {}
         want = []
         for rid, seq, toks, n, max_new in rows:
+            if self.take(rid):
+                continue
             if self.draft is not None:
                 room = self.room(n, max_new, budget)
                 if room:

@@ -5,8 +5,9 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
    "flash_attn": "off"|"on"|"auto"}
       -> {"ok": true, "n_vocab": V, "meta": {...}}
   {"op": "run", "requests": [...], "max_requests": S, "max_tokens_per_step": B, "prefill_chunk": C,
-   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M[, "attention_block_size": A]} | null,
-   "speculative": {"k": K, "proposer": {...}, "draft_gguf": PATH (a draft proposer)} | null}
+   "chunk_size": K, "prefix_cache": {"block_size": N, "capacity": M[, "attention_block_size": A][, "store_decoded":
+   true]} | null, "speculative": {"k": K, "proposer": {...}[, "backoff": B], "draft_gguf": PATH (a draft proposer)}
+   | null}
       (a request may carry "transfer": [{"step": k, "to": ENGINE}], DESIGN §19: handover.py runs the instances)
       -> {"ok": true, "tokens": {id: [...]}, "finish": {id: "stop"|"length"}, "logits": {id: base64 float32},
           "steps": k, "seq_ids": {id: seq}, "prefix_cache": {"admit": [...], "steps": [...]} (with a cache),
@@ -15,7 +16,7 @@ One request per line, one reply per line; stdout carries nothing else (llama.cpp
   {"op": "quit"}
 A failure inside an op is a reply {"ok": false, "error": "..."}; a GGML_ASSERT abort kills the process, and the
 parent (adapter.py) reports the death. Imports only the standard library, numpy, llama_cpp and its siblings
-speculation.py and handover.py (no hybridqual).
+speculation.py, checkpoints.py and handover.py (no hybridqual).
 Its scheduler is independent on purpose of the oracle's and the fast path's (docs/scheduler.md: why).
 """
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import base64
 import ctypes
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 
@@ -31,9 +31,11 @@ import numpy as np
 
 try:
     from . import handover
+    from .checkpoints import Checkpoints
     from .speculation import Speculation
 except ImportError:                     # run as a script in the llama venv: no package around it
     import handover
+    from checkpoints import Checkpoints
     from speculation import Speculation
 
 
@@ -162,9 +164,11 @@ class Engine:
         order while a seq id is free (the lowest; reused after a finish), rows compact after finishes, decode rows
         first then prompt pieces (piece_length) in row order within the step's budget; greedy from the float32
         logits, lowest index on ties. With `prefix_cache` ({"block_size", "capacity"}, DESIGN §12) the state is
-        checkpointed at block boundaries and restored on a hit (Checkpoints). With `speculative` (DESIGN §13,
-        scripted, ngram, or a draft GGUF as "draft_gguf") a decode row verifies its proposals in the same batch and a
-        rejection restores the sequence's snapshot from before the step, then re-decodes the inputs it kept.
+        checkpointed at block boundaries and restored on a hit (Checkpoints); with its `store_decoded` (DESIGN §17)
+        also at generated-token boundaries, filed only where the step's outcome proves them verified. With
+        `speculative` (DESIGN §13, scripted, ngram, or a draft GGUF as "draft_gguf"; backoff) a decode row verifies
+        its proposals in the same batch and a rejection restores the sequence's snapshot from before the step, then
+        re-decodes the inputs it kept.
         Requests with a `transfer` run on several instances in lock step (handover.run_instances)."""
         if any(r.get("transfer") for r in requests):
             if prefix_cache or speculative:
@@ -174,7 +178,7 @@ class Engine:
                                           prefill_chunk, chunk_size)
         n_slots = min(max_requests, self.n_seq)
         self.lc.llama_memory_clear(self.mem, True)
-        cache = Checkpoints(checkpoint_block(prefix_cache), int(prefix_cache["capacity"])) if prefix_cache else None
+        cache = Checkpoints.from_config(prefix_cache) if prefix_cache else None
         spec = None
         if speculative:
             draft = speculative.get("draft_gguf")
@@ -188,10 +192,12 @@ class Engine:
             plan = self._plan(st, max_tokens_per_step, prefill_chunk, chunk_size)
             st.pieces.append([{"request": rid, "pos": start, "tokens": n} for rid, start, n in plan.pieces])
             snaps = self._forward(plan.decode, plan.pieces, st.live, st.tokens, st.logits, cache, plan.props)
+            emitted = {row[4]: 1 for row in plan.decode}            # a decode row emits one token
             if plan.props:
-                self._resolve(plan.props, st.live, st.tokens, st.logits, spec)
-            if cache is not None:
-                st.cache_steps.append(cache.store_step(plan.pieces, st.live, snaps, st.step))
+                emitted.update(self._resolve(plan.props, st.live, st.tokens, st.logits, spec))
+            if cache is not None:                                   # before the finishes free their seq ids
+                decoded = [(row[4], row[1], emitted[row[4]]) for row in plan.decode]
+                st.cache_steps.append(cache.store_step(plan.pieces, st.live, snaps, st.step, decoded, st.tokens))
             self._retire(st)
             st.step += 1
             if st.step > 100_000:
@@ -305,27 +311,24 @@ class Engine:
 
     def _forward(self, decode: list, pieces: list, live: dict, tokens: dict, logits: dict,
                  cache: "Checkpoints | None", props: dict | None = None) -> dict[tuple[str, int], bytes]:
-        """One step's rows through llama_decode: one call, or (with a cache) one per block boundary a piece passes,
-        snapshotting each sequence at each boundary; samples the rows that end a prompt or decode. The snapshots."""
-        segs: dict[str, list[tuple[int, int]]] = {}
+        """One step's rows through llama_decode: one call, or (with a cache) one per block boundary a prompt piece
+        passes, and with decode stores (DESIGN §17) a decode or verify row, snapshotting each sequence at each
+        boundary; samples the rows that end a prompt or decode. The snapshots, by (request, position)."""
+        segs: dict[str, list[list[tuple]]] = {}        # per request: its rows (tok, pos, seq, want, rid), cut
+        marks: dict[str, list[int]] = {}               # per request: the boundaries snapshotted
+        for tok, pos, seq, _, rid in decode:           # a verify row: the drafts after its input
+            inputs = [tok, *(props or {}).get(rid, ())]
+            marks[rid] = cache.decode_cuts(pos, len(inputs), len(live[rid]["req"]["prompt"])) if cache else []
+            segs[rid] = split_rows([(t, pos + j, seq, True, rid) for j, t in enumerate(inputs)], marks[rid])
         for rid, start, n in pieces:
-            cuts = [p for p in cache.boundaries(start, n) if p < start + n] if cache is not None else []
-            edges = [start, *cuts, start + n]
-            segs[rid] = list(zip(edges[:-1], edges[1:]))
+            s = live[rid]
+            prompt = s["req"]["prompt"]
+            marks[rid] = cache.boundaries(start, n) if cache is not None else []
+            segs[rid] = split_rows([(prompt[p], p, s["seq"], p == len(prompt) - 1, rid)
+                                    for p in range(start, start + n)], marks[rid])
         snaps: dict[tuple[str, int], bytes] = {}
-        depth = max((len(v) for v in segs.values()), default=0)
-        for i in range(max(depth, 1 if decode else 0)):
-            rows = []
-            for tok, pos, seq, _, rid in decode if i == 0 else []:      # a verify row: the drafts after its input
-                rows += [(t, pos + j, seq, True, rid) for j, t in enumerate([tok, *(props or {}).get(rid, ())])]
-            ends = []
-            for rid, _, _ in pieces:
-                if i < len(segs[rid]):
-                    a, b = segs[rid][i]
-                    s = live[rid]
-                    prompt = s["req"]["prompt"]
-                    rows += [(prompt[p], p, s["seq"], p == len(prompt) - 1, rid) for p in range(a, b)]
-                    ends.append((rid, b))
+        for i in range(max((len(v) for v in segs.values()), default=0)):
+            rows = [row for v in segs.values() if i < len(v) for row in v[i]]
             out = self._decode([r[:4] for r in rows])
             for (tok, pos, seq, want, rid), lg in zip(rows, out):
                 if props and rid in props:                 # a verify row's outputs: resolved in _resolve
@@ -340,17 +343,18 @@ class Engine:
                 tokens[rid].append(t)
                 logits[rid].append(lg)
                 s["next"] = t
-            if cache is not None:
-                for rid, b in ends:
-                    if b % cache.block_size == 0:
-                        snaps[(rid, b)] = self.snapshot(live[rid]["seq"])
+            for rid, v in segs.items():
+                end = v[i][-1][1] + 1 if i < len(v) else None
+                if end in marks[rid]:
+                    snaps[(rid, end)] = self.snapshot(live[rid]["seq"])
         return snaps
 
-
-    def _resolve(self, props: dict, live: dict, tokens: dict, logits: dict, spec: "Speculation") -> None:
+    def _resolve(self, props: dict, live: dict, tokens: dict, logits: dict, spec: "Speculation") -> dict[str, int]:
         """Each verify row: c_i = argmax after input i, the leading drafts equal to them accepted, c_0..c_a
         emitted (cut at a stop token or max_new_tokens); a row that kept fewer inputs than it decoded gets its
-        snapshot back and re-decodes the inputs it kept (a recurrent state cannot drop positions)."""
+        snapshot back and re-decodes the inputs it kept (a recurrent state cannot drop positions). The tokens
+        each row emitted."""
+        out: dict[str, int] = {}
         for rid, (drafts, outs) in props.items():
             s = live[rid]
             req, pos, last = s["req"], s["pos"], s["next"]
@@ -368,6 +372,7 @@ class Engine:
             spec.counts.setdefault(rid, {"proposed": 0, "accepted": 0, "rollbacks": 0})
             spec.counts[rid]["proposed"] += len(drafts)
             spec.counts[rid]["accepted"] += a
+            spec.record(rid, a)
             kept = [last, *drafts][:len(emitted)]          # the inputs the state must hold after the step
             snap = spec.before.pop(rid)
             if len(kept) < len(drafts) + 1 and not self._finished(s, tokens[rid]):
@@ -375,6 +380,8 @@ class Engine:
                 self.restore(snap, s["seq"])
                 self._decode([(t, pos + j, s["seq"], False) for j, t in enumerate(kept)])
             s["pos"], s["next"] = pos + len(kept), emitted[-1]
+            out[rid] = len(emitted)
+        return out
 
 
 @dataclass
@@ -417,6 +424,16 @@ def piece_length(start: int, prompt_len: int, left: int, prefill_chunk: int, chu
     return (cap // chunk_size) * chunk_size
 
 
+def split_rows(rows: list[tuple], cuts: list[int]) -> list[list[tuple]]:
+    """A request's consecutive rows (tok, pos, ...) cut after every position p - 1 with p in `cuts`."""
+    out: list[list[tuple]] = [[]]
+    for row in rows:
+        out[-1].append(row)
+        if row[1] + 1 in cuts and row is not rows[-1]:
+            out.append([])
+    return out
+
+
 def compact(rows: list) -> None:
     """The right-most live row fills the left-most hole until the live rows are 0..active-1 (docs/scheduler.md)."""
     while True:
@@ -425,58 +442,6 @@ def compact(rows: list) -> None:
         if not holes or not used or holes[0] > used[-1]:
             return
         rows[holes[0]], rows[used[-1]] = rows[used[-1]], None
-
-
-def checkpoint_block(prefix_cache: dict) -> int:
-    """Where checkpoints fall: block_size, or lcm(block_size, attention_block_size) when the trace declares an attention
-    block of its own (DESIGN §21)."""
-    block = int(prefix_cache["block_size"])
-    return math.lcm(block, int(prefix_cache.get("attention_block_size") or block))
-
-
-class Checkpoints:
-    """DESIGN §12's prefix cache over llama.cpp sequence-state snapshots: entries keyed by the exact token prefix
-    (a block multiple), longest hit leaving one prompt token to compute, LRU eviction (ties: earliest stored) —
-    the policy of oracle/prefix_cache.py."""
-
-    def __init__(self, block_size: int, capacity: int) -> None:
-        self.block_size, self.capacity = block_size, capacity
-        self.entries: dict[tuple, dict] = {}
-        self._seq = 0
-
-    def boundaries(self, pos: int, count: int) -> list[int]:
-        """The block boundaries p a piece [pos, pos+count) passes or ends on: pos < p <= pos + count."""
-        b = self.block_size
-        return list(range((pos // b + 1) * b, pos + count + 1, b))
-
-    def lookup(self, prompt: list[int], step: int) -> tuple[int, bytes | None]:
-        """The largest cached p = j*B <= len(prompt) - 1 and its snapshot (its last use becomes `step`); (0, None)."""
-        for j in range((len(prompt) - 1) // self.block_size, 0, -1):
-            e = self.entries.get(tuple(prompt[:j * self.block_size]))
-            if e is not None:
-                e["last_use"] = step
-                return j * self.block_size, e["data"]
-        return 0, None
-
-    def store_step(self, pieces: list, live: dict, snaps: dict, step: int) -> dict:
-        """File this step's boundary snapshots (pieces in batch order, then position) unless their prefix is
-        cached; a full cache evicts its least recently used entry. The step's stored/evicted events."""
-        ev: dict[str, list] = {"stored": [], "evicted": []}
-        for rid, start, n in pieces:
-            prompt = live[rid]["req"]["prompt"]
-            for p in self.boundaries(start, n):
-                key = tuple(prompt[:p])
-                if key in self.entries:
-                    continue
-                if len(self.entries) >= self.capacity:
-                    old = min(self.entries.values(), key=lambda e: (e["last_use"], e["stored_seq"]))
-                    del self.entries[old["key"]]
-                    ev["evicted"].append({"request": old["owner"], "pos": old["pos"]})
-                self._seq += 1
-                self.entries[key] = {"key": key, "pos": p, "owner": rid, "data": snaps[(rid, p)],
-                                     "stored_seq": self._seq, "last_use": step}
-                ev["stored"].append({"request": rid, "pos": p})
-        return ev
 
 
 def main() -> None:
