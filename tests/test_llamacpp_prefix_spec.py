@@ -135,3 +135,50 @@ def test_backoff_pauses_proposals_as_the_oracle():
     assert free["tokens"] == got["tokens"]
     total = sum(c["proposed"] for c in got["speculation"].values())
     assert 0 < total < sum(c["proposed"] for c in free["speculation"].values())
+
+
+LINES = ("legacy: tokens match the truth", "legacy: logits match the oracle's",
+         "legacy: prefix cache events as the policy predicts", "legacy: speculation counts match the oracle's")
+
+
+@pytest.mark.llamacpp
+@needs_venv
+@pytest.mark.parametrize("model", ["zoo-granitemoehybrid", "zoo-mamba2"])
+def test_prefix_spec_traces_qualify_through_llama_cpp(model, tmp_path):
+    """prefix_spec and prefix_spec_async built from the model's own greedy tokens (legacy mode: llama.cpp has no
+    async one): tokens, logits, cache events and speculation counts all PASS, with hits on decode stores."""
+    from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter
+    from oracle.trace import load_trace
+    from test_llamacpp_prefix_cache import _qualify
+    files = scenario.write(MODELS / model, tmp_path / "traces")
+    rc, checks = _qualify("llamacpp", model, tmp_path / "out", [str(f) for f in files])
+    assert rc == 0, checks
+    for f in files:
+        lines = checks[f"{model}/{f.stem}"]
+        for name in LINES:
+            assert lines[name]["status"] == "PASS", (f.stem, name, lines[name]["detail"])
+        run = LlamaCppAdapter(MODELS / model, load_trace(f), "legacy").run_trace()
+        hits = {a["request"]: a["cached_tokens"] for a in run.prefix_cache["admit"] if a["request"].startswith("b")}
+        assert hits and all(p > 6 for p in hits.values()), hits        # past long's 6-token prompt: decode stores
+
+
+@pytest.mark.llamacpp
+@needs_venv
+@pytest.mark.parametrize("name", NAMES)
+def test_bamba_cache_and_speculation_on_equal_both_off(name):
+    """zoo-bamba's GGUF is not the model (docs/findings.md L1), but on the shipped traces llama.cpp with decode stores,
+    hits and rollbacks gives the tokens and logits of llama.cpp with neither, and the oracle's events and counts."""
+    from hybridqual.adapters.llamacpp.adapter import LlamaCppAdapter
+    from hybridqual.qualify.prefix_checks import without_cache
+    from hybridqual.qualify.spec_checks import without_speculation
+    from oracle.trace import load_trace
+    folder, trace = MODELS / "zoo-bamba", load_trace(TRACES / f"{name}.json")
+    a = LlamaCppAdapter(folder, trace, "legacy")
+    on = a.run_trace()
+    off = LlamaCppAdapter(folder, without_speculation(without_cache(trace)), "legacy").run_trace()
+    assert on.tokens == off.tokens
+    for r in trace.requests:
+        assert (on.logits[r.id] - off.logits[r.id]).abs().max().item() < 1e-4, r.id
+    truth = run_trace(schedule_model(oracle.load(folder)), trace, "legacy", forced_tokens=on.tokens)
+    check = check_cache_policy(name, events_from_log(truth.schedule_log), CacheEvents.from_report(on.prefix_cache))
+    assert check.status == "PASS" and CacheEvents.from_report(on.prefix_cache).hits, check.detail

@@ -1,6 +1,7 @@
 """Prefix caching × speculative decoding traces (DESIGN §17): decode stores made by verify rows, hits on them.
 
-    python -m hybridqual.scenarios.prefix_spec [MODEL_DIR]     # writes goldens/traces/prefix_spec{,_async}.json
+    python -m hybridqual.scenarios.prefix_spec [MODEL_DIR [OUT_DIR]]   # writes OUT_DIR (default goldens/traces/)
+                                                                       # prefix_spec{,_async}.json
 
 A long request `long` (prompt of 6 ids, 28 generated, block 8) verifies scripted drafts built from its own greedy
 output, so the block boundaries of its generated tokens fall where each rule of §17 is decided:
@@ -97,17 +98,20 @@ def build(model, mode: str) -> dict:
             "engine": engine, "requests": reqs}
 
 
-def write(model_dir: Path) -> list[Path]:
-    """Write both traces for the model (goldens/traces/ for the shipped zoo-bamba)."""
+def write(model_dir: Path, out_dir: Path = TRACES) -> list[Path]:
+    """Write both traces for the model into `out_dir` (goldens/traces/ for the shipped zoo-bamba; another model's
+    instances elsewhere, e.g. for an engine that cannot run zoo-bamba)."""
     import oracle
     model = oracle.load(model_dir)
     out = []
+    out_dir.mkdir(parents=True, exist_ok=True)
     for mode, name in (("legacy", "prefix_spec"), ("async", "prefix_spec_async")):
-        path = TRACES / f"{name}.json"
+        path = out_dir / f"{name}.json"
         path.write_text(json.dumps(build(model, mode), indent=1) + "\n")
         out.append(path)
     return out
 
 
 if __name__ == "__main__":
-    print(*write(Path(sys.argv[1]) if len(sys.argv) > 1 else MODELS / "zoo-bamba"), sep="\n")
+    print(*write(Path(sys.argv[1]) if len(sys.argv) > 1 else MODELS / "zoo-bamba",
+                 *([Path(sys.argv[2])] if len(sys.argv) > 2 else [])), sep="\n")
