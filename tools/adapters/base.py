@@ -51,6 +51,9 @@ class Capabilities:
     state_dtype: str = "float32"                  # DESIGN §20: the recurrent state's declared dtype; a reduced one is
                                                   # judged by constants measured for it (compute_dtype a
                                                   # MeasuredPrecision: hybridqual.adapters.state_precision)
+    kv_dtype: str = "float32"                     # DESIGN §20: the attention K/V cache's declared dtype (e.g.
+                                                  # llama.cpp's q8_0); a reduced one is judged by constants measured
+                                                  # for it (compute_dtype a MeasuredPrecision)
     prefix_cache_reporting: bool = False          # DESIGN §12: run_trace returns RunResult.prefix_cache (and a log,
                                                   # if any, records hits/stores/evictions)
     speculation_reporting: bool = False           # for later (DESIGN §13): the log records proposals/acceptance

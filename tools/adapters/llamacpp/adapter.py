@@ -42,8 +42,9 @@ import numpy as np
 import torch
 
 from hybridqual.adapters import Capabilities, RunResult, TraceAdapter
-from hybridqual.adapters.base import DEFAULT_OPTIONS, EngineOptions, MeasuredPrecision
+from hybridqual.adapters.base import DEFAULT_OPTIONS, Configuration, EngineOptions, MeasuredPrecision
 from hybridqual.adapters.llamacpp import convert as conv
+from hybridqual.adapters.llamacpp.kv_cache import KV_CACHES, kv_cache
 from oracle.config import from_hf_config
 from oracle.trace import check_prefix_cache_against_model
 from hybridqual.scenarios.step_rule import OURS
@@ -234,10 +235,29 @@ class LlamaCppAdapter(TraceAdapter):
             raise WorkerError(f"llama.cpp: {lib}/libllama.so is missing (HQ_LLAMACPP_LIB or the mutant build)")
         return {"LLAMA_CPP_LIB_PATH": lib}            # None: an inherited LLAMA_CPP_LIB_PATH is dropped
 
+    kv_configurable = True       # the K/V cache configurations (kv_cache.py) are measured on this class's f32 GGUF
+
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
-        return Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES,
+        kv = kv_cache(options.configuration)
+        caps = Capabilities(("greedy",), ("legacy",), logits=True, compute_dtype=DTYPES[cls.outtype], notes=_NOTES,
                             prefix_cache_reporting=True, step_rule=STEP_RULE, state_transfer=True)
+        if kv is None:
+            return caps
+        return dataclasses.replace(caps, compute_dtype=kv.precision, kv_dtype=kv.kv_type)    # DESIGN §20
+
+    @classmethod
+    def configurations(cls) -> tuple[Configuration, ...]:
+        """The K/V cache settings whose constants are measured (kv_cache.KV_CACHES), on the f32 GGUF only."""
+        if not cls.kv_configurable:
+            return ()
+        return tuple(kv.configuration() for kv in KV_CACHES.values() if kv.precision is not None)
+
+    @classmethod
+    def kv_setting(cls, options: EngineOptions = DEFAULT_OPTIONS) -> tuple[str, str]:
+        """(K/V ggml type, flash attention) of a run: its configuration's, else the class's."""
+        kv = kv_cache(options.configuration)
+        return (cls.kv_type, cls.flash_attn) if kv is None else (kv.kv_type, kv.flash_attn)
 
     @classmethod
     def options_problem(cls, options: EngineOptions) -> str | None:
@@ -255,14 +275,18 @@ class LlamaCppAdapter(TraceAdapter):
         except conv.ConversionError as e:
             return f"llama.cpp (not installed: {e})"
         lib = cls.lib_path()
+        kv_type, flash_attn = cls.kv_setting(options)
         return (f"llama.cpp {str(info.get('llama_cpp_commit'))[:9]} via llama-cpp-python {info.get('llama_cpp_python')} "
-                f"low-level API, {cls.outtype} GGUF, {cls.kv_type} K/V cache, flash attention {cls.flash_attn}, "
+                f"low-level API, {cls.outtype} GGUF, {kv_type} K/V cache, flash attention {flash_attn}, "
                 f"{threads_problem() or llama_threads(options).describe()}, no extra buffer types"
                 + (f", libllama from {lib}" if lib else ""))
 
     def __init__(self, model_path, trace, mode, device="cpu", options: EngineOptions = DEFAULT_OPTIONS):
         super().__init__(model_path, trace, mode, device, options)
         self.threads = llama_threads(options)
+        if options.configuration is not None and not self.kv_configurable:
+            raise ValueError(f"configuration: {options.configuration!r}; {type(self).__name__} declares none")
+        self.kv_type, self.flash_attn = self.kv_setting(options)
         if device != "cpu":
             raise ValueError(f"device: {device!r}; the llama.cpp build of scripts/install-llamacpp.sh is CPU only")
         for r in trace.requests:
@@ -395,6 +419,7 @@ class LlamaCppFlashAttnAdapter(LlamaCppAdapter):
     and an f16 K/V cache; judged as float16 compute."""
     kv_type = "f16"
     flash_attn = "auto"
+    kv_configurable = False
 
     @classmethod
     def capabilities(cls, device: str, options: EngineOptions = DEFAULT_OPTIONS) -> Capabilities:
@@ -406,9 +431,11 @@ class LlamaCppBF16Adapter(LlamaCppAdapter):
     """llama.cpp on a bf16 GGUF of the model (judged with bf16's τ)."""
     outtype = "bf16"
     kv_type = "bf16"
+    kv_configurable = False
 
 
 class LlamaCppQ8Adapter(LlamaCppAdapter):
     """llama.cpp on a q8_0 GGUF (8-bit block-quantized weights; f32 K/V cache, flash attention off), judged with
     the constants measured for it (Q8_0)."""
     outtype = "q8_0"
+    kv_configurable = False

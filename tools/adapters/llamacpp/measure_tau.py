@@ -2,6 +2,7 @@
 constants a quantized GGUF declares (adapter.Q8_0, a base.MeasuredPrecision).
 
     python -m hybridqual.adapters.llamacpp.measure_tau [--outtype q8_0|bf16|f32] [--model NAME ...] [--trace NAME ...]
+    python -m hybridqual.adapters.llamacpp.measure_tau --configuration kv_q8_0 [--model NAME ...]   # a K/V cache type
 
 For every (model, shipped trace) that fits — the models whose GGUF is the model (zoo-mamba2, zoo-granitemoehybrid;
 the partial-RoPE ones diverge by conversion, docs/findings.md L1) and the traces whose requests are all greedy — it
@@ -10,6 +11,8 @@ same tokens (teacher-forced on the engine's own tokens) and records the absolute
 (÷ max(1, std(oracle row))) and every greedy flip (the engine's token is not the oracle's argmax there: its gap,
 margin and rank). Prints the distribution, the flips and the constants it proposes (`propose`): τ and c = RATIO ×
 the largest error (rounded up to two significant digits), the rank bound k = max(5, ceil(RATIO × deepest flip)).
+--configuration runs the f32 GGUF with one of the adapter's K/V cache settings (kv_cache.KV_CACHES: the attention
+cache quantized), on the models it reaches by default (KV_MODELS: attention head dim a multiple of the type's block).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sys
 import torch
 
 MODELS = ("zoo-mamba2", "zoo-granitemoehybrid")
+KV_MODELS = ("zoo-granite_hd32", "zoo-nemotron_h_hd32")   # attention head dim 32: a q8_0 / q4_0 block divides it
 RATIO = 2.5          # the bf16 headroom of compare.TAU_MIN_RATIO: a noisy precision, measured on a small corpus
 
 
@@ -29,14 +33,16 @@ def adapter_for(outtype: str):
     return {"f32": LlamaCppAdapter, "bf16": LlamaCppBF16Adapter, "q8_0": LlamaCppQ8Adapter}[outtype]
 
 
-def measure(outtype: str, models: list[str] | None = None, traces: list[str] | None = None) -> dict[str, dict]:
+def measure(outtype: str, models: list[str] | None = None, traces: list[str] | None = None,
+            configuration: str | None = None) -> dict[str, dict]:
     """Per model: {"absolute": [...], "scaled": [...], "flips": [...], "requests": n}, one error per position."""
     import oracle
+    from hybridqual.adapters.base import Engine, EngineOptions
     from hybridqual.goldens import regen as goldens
     from hybridqual.qualify.compare import logit_scale, teacher_forced_logits, top2_margin
-    cls = adapter_for(outtype)
+    cls = Engine(adapter_for(outtype), EngineOptions(configuration=configuration))
     out: dict[str, dict] = {}
-    for name in models or MODELS:
+    for name in models or (KV_MODELS if configuration else MODELS):
         mdir = goldens.MODELS / name
         omodel = oracle.load(mdir, dtype=torch.float64)
         rec = out.setdefault(name, {"absolute": [], "scaled": [], "flips": [], "requests": 0})
@@ -90,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outtype", default="q8_0", choices=["f32", "bf16", "q8_0"])
     ap.add_argument("--model", nargs="+", help=f"only these shipped models (default: {', '.join(MODELS)})")
     ap.add_argument("--trace", nargs="+", help="only these shipped trace names (file stems)")
+    ap.add_argument("--configuration", help="a K/V cache setting of the f32 adapter (kv_cache.KV_CACHES)")
     args = ap.parse_args(argv)
+    from hybridqual.adapters.llamacpp.kv_cache import kv_cache
     from hybridqual.measure_tau import percentiles
-    per_model = measure(args.outtype, args.model, args.trace)
+    kv = kv_cache(args.configuration)
+    if kv is not None and args.outtype != "f32":
+        ap.error("--configuration: the K/V cache settings run on the f32 GGUF (--outtype f32)")
+    per_model = measure(args.outtype, args.model, args.trace, args.configuration)
     for name, r in per_model.items():
         print(f"  {name:22s} {r['requests']:3d} requests {len(r['absolute']):4d} positions  |Δlogit|: "
               f"{percentiles(r['absolute'])}")
@@ -102,9 +113,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{f['oracle_token']}, gap {f['gap']:.3e}, margin {f['margin']:.3e}, rank {f['rank']}")
     p = propose(per_model)
     cls = adapter_for(args.outtype)
-    declared = cls.capabilities("cpu").compute_dtype
+    what = args.outtype + (f", {args.configuration}" if kv is not None else "")
+    if kv is not None and kv.precision is None:
+        print(f"overall ({what}, {p['positions']} positions, {p['flips']} flips): largest |Δlogit| "
+              f"{p['measured_err']:.3e}, largest scaled {p['measured_scaled']:.3e}")
+        print(f"proposed (×{RATIO:g}): tau={p['tau']:g} logits_c={p['logits_c']:g} top_k={p['top_k']}; "
+              f"{args.configuration} declares no constants yet")
+        return 1
+    declared = kv.precision if kv is not None else cls.capabilities("cpu").compute_dtype
     from hybridqual.qualify.compare import LOGITS_C, TAU, TOP_K
-    print(f"overall ({args.outtype}, {p['positions']} positions, {p['flips']} flips): largest |Δlogit| "
+    print(f"overall ({what}, {p['positions']} positions, {p['flips']} flips): largest |Δlogit| "
           f"{p['measured_err']:.3e}, largest scaled {p['measured_scaled']:.3e}")
     print(f"proposed (×{RATIO:g}): tau={p['tau']:g} logits_c={p['logits_c']:g} top_k={p['top_k']}")
     ok = TAU[declared] >= 2 * p["measured_err"] and LOGITS_C[declared] >= p["measured_scaled"]

@@ -42,7 +42,7 @@ except ImportError:                     # run as a script in the llama venv: no 
 class Engine:
     """A llama.cpp model and context driven through the low-level API (llama_batch, llama_decode, seq ids)."""
 
-    KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30}     # ggml_type of the K/V cache (llama.cpp's default is f16)
+    KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}   # ggml_type of the K/V cache (default f16)
 
     FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}   # llama_flash_attn_type; "auto" turns it on for the CPU
 
