@@ -16,4 +16,8 @@ def __getattr__(name: str):
                 "MegatronGraphsAdapter"):
         from hybridqual.adapters.megatron import adapter
         return getattr(adapter, name)
+    if name in ("MegatronPrefixMTPAdapter", "MegatronPreemptAdapter", "MegatronPauseAdapter",
+                "MegatronPreemptMTPAdapter", "MegatronPauseMTPAdapter"):
+        from hybridqual.adapters.megatron import variants
+        return getattr(variants, name)
     raise AttributeError(name)

@@ -11,12 +11,14 @@ stand-in (tools/adapters/megatron/flash_attn_standin.py): every report says so (
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import torch
 
 from hybridqual.adapters import Capabilities, RunResult, StepAdapter, installed_version
+from hybridqual.adapters.megatron import budget
 from hybridqual.scenarios.step_rule import StepRule
 
 # Megatron's piece rule: its token budget is rounded to multiples of 64 (TOKEN_ROUNDER in 0.19.2's dynamic context)
@@ -50,6 +52,8 @@ class MegatronAdapter(StepAdapter):
     prefix_caching = False
     mtp_seed = 0
     cuda_graphs = False
+    kv_block: int | None = None         # KV block size (None: the trace's prefix block, else 16)
+    paused_blocks: int | None = None    # not None: KV buffer cut to engine.kv_tokens, this many blocks for paused
 
     @classmethod
     def capabilities(cls, device: str) -> Capabilities:
@@ -98,7 +102,8 @@ class MegatronAdapter(StepAdapter):
                     "raises NotImplementedError('Using `DynamicInferenceContext` with no attention is not "
                     "supported') (megatron/core/inference/contexts/dynamic_context.py:401, 0.19.2)")
             self.engine = _make_engine(self.model, self.cfg, trace, mode, self.max_tokens_multiple,
-                                       self.prefix_caching, self.speculative_k(trace), self.cuda_graphs)
+                                       self.prefix_caching, self.speculative_k(trace), self.cuda_graphs,
+                                       self.kv_block, self.paused_blocks)
         self._ids: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._reqs: dict[str, object] = {}
@@ -161,7 +166,7 @@ class MegatronAdapter(StepAdapter):
             row = getattr(self, "_forward_rows", {}).get(name)
             start, count = ((row["pos"], row["tokens"]) if row is not None else
                             (int(ctx.request_kv_length_offsets[j]), int(ctx.request_query_lengths[j])))
-            if start + count >= len(self._reqs[name].prompt):
+            if start + count >= self._prompt_len(name):
                 self._rows.setdefault(name, []).append(logits[i].detach().float().cpu().clone())
 
     def _hook_mtp(self, ctl) -> None:
@@ -174,7 +179,7 @@ class MegatronAdapter(StepAdapter):
             accepted = ctl._accepted_token_counts_per_request
             for i, _, name in self._active_rows():
                 row = getattr(self, "_forward_rows", {}).get(name)
-                if row is not None and row["pos"] >= len(self._reqs[name].prompt):
+                if row is not None and row["pos"] >= self._prompt_len(name):
                     row["proposals"] = list(self._drafts.get(name, []))
                     row["accepted"] = int(accepted[i])
             return out
@@ -191,6 +196,14 @@ class MegatronAdapter(StepAdapter):
     def speculative_k(cls, trace) -> int:
         """Megatron's num_speculative_tokens for this trace (0: no speculation)."""
         return 0
+
+    def _prompt_len(self, name: str) -> int:
+        """The prompt Megatron is prefilling for the request now: after an eviction its record's new request has
+        prompt + the tokens generated before (`DynamicInferenceRequestRecord.checkpoint`, inference_request.py:657)."""
+        rid = self._ids[name]
+        if rid in self.engine.requests:
+            return len(self.engine.get_request(rid).prompt_tokens)
+        return len(self._reqs[name].prompt)
 
     def add_request(self, request) -> None:
         from megatron.core.inference.sampling_params import SamplingParams
@@ -215,7 +228,8 @@ class MegatronAdapter(StepAdapter):
         rid = self._ids[rid_name]
         if rid not in self.engine.requests:
             return []
-        return _ints(self.engine.get_request(rid).generated_tokens)
+        record = self.engine.requests[rid].record          # several requests after an eviction: merged in order
+        return [t for r in record.requests for t in _ints(r.generated_tokens)]
 
     def step(self) -> dict[str, list[int]]:
         if not self.engine.has_unfinished_requests():
@@ -394,8 +408,11 @@ class _Tokenizer:
 
 
 def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, prefix_caching: bool = False,
-                 speculative: int = 0, cuda_graphs: bool = False):
-    """DynamicInferenceContext + GPTInferenceWrapper + TextGenerationController + DynamicInferenceEngine."""
+                 speculative: int = 0, cuda_graphs: bool = False, block: int | None = None, paused_blocks=None):
+    """DynamicInferenceContext + GPTInferenceWrapper + TextGenerationController + DynamicInferenceEngine; `block`:
+    the KV block size (else the trace's prefix block or 16); `paused_blocks` not None: the KV buffer is cut to the
+    trace's engine.kv_tokens (tools/adapters/megatron/budget.py) with that many blocks reserved for paused
+    requests, so Megatron pauses and evicts under that budget."""
     from megatron.core.inference.config import (AsyncScheduleMode, InferenceConfig, MambaInferenceStateConfig,
                                                 PrefixCachingEvictionPolicy)
     from megatron.core.inference.contexts import DynamicInferenceContext
@@ -406,7 +423,8 @@ def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, pre
     e = trace.engine
     longest = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
     pc = getattr(e, "prefix_cache", None)
-    block = pc.block_size if (prefix_caching and pc is not None) else int(os.environ.get("HQ_MEGATRON_BLOCK", "16"))
+    block = block or (pc.block_size if (prefix_caching and pc is not None)
+                      else int(os.environ.get("HQ_MEGATRON_BLOCK", "16")))
     max_tokens = -(-e.max_tokens_per_step // max_tokens_multiple) * max_tokens_multiple
     max_seq = block * ((longest + block) // block + 1)
     ic = InferenceConfig(
@@ -418,6 +436,12 @@ def _make_engine(model, cfg, trace, mode: str, max_tokens_multiple: int = 1, pre
         **({"num_cuda_graphs": 8, "use_cuda_graphs_for_non_decode_steps": False} if cuda_graphs else {}),
         async_sched_mode=AsyncScheduleMode.ASYNC if mode == "async" else AsyncScheduleMode.LEGACY)
     ctx = DynamicInferenceContext(model.config, ic)
+    want = budget.BlockBudget.from_trace(trace, block, paused_blocks) if paused_blocks is not None else None
+    if want is not None:
+        gb, paused_gb = budget.sizes(ctx, want)
+        ctx = DynamicInferenceContext(model.config, dataclasses.replace(ic, buffer_size_gb=gb,
+                                                                        paused_buffer_size_gb=paused_gb))
+        budget.check(ctx, want)
     wrapper = GPTInferenceWrapper(model, ctx)
     ctl = TextGenerationController(inference_wrapped_model=wrapper, tokenizer=_Tokenizer())
     return DynamicInferenceEngine(controller=ctl, context=ctx)

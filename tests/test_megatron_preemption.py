@@ -1,0 +1,84 @@
+"""Megatron-Core 0.19.2's pause / evict path under a small KV budget (DESIGN §18 through Megatron; marker `megatron`,
+run in .venv-megatron, docs/megatron.md "Preemption"): the adapter's budget gives Megatron exactly the trace's
+engine.kv_tokens in blocks; with no paused blocks a request that needs a block is evicted and recomputed from
+prompt + its tokens in a fresh, zeroed Mamba slot; with paused blocks it is paused in place and resumes from the
+state it kept. Either way each request's tokens are the golden ones (each request alone)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybridqual.adapters.megatron import available
+
+pytestmark = [pytest.mark.megatron,
+              pytest.mark.skipif(available() is not None, reason=f"megatron-core not importable: {available()}")]
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "goldens" / "models" / "zoo-bamba"
+TRACE = ROOT / "goldens" / "traces" / "preempt_recompute.json"
+
+
+def _golden() -> dict[str, list[int]]:
+    golden = json.loads((ROOT / "goldens" / "outputs" / "zoo-bamba" / "preempt_recompute.json").read_text())
+    return {rid: r["tokens"] for rid, r in golden["requests"].items()}
+
+
+def _lives(facts: list[dict]) -> dict[str, list[list[dict]]]:
+    """Each request's rows split where it starts again at position 0 (a recompute after an eviction)."""
+    from hybridqual.adapters.megatron.schedule_facts import rows_by_request
+    out: dict[str, list[list[dict]]] = {}
+    for name, rows in rows_by_request(facts).items():
+        lives: list[list[dict]] = []
+        for r in rows:
+            if not lives or r["pos"] == 0:
+                lives.append([])
+            lives[-1].append(r)
+        out[name] = lives
+    return out
+
+
+@pytest.mark.parametrize("name,paused", [("MegatronPreemptAdapter", 0), ("MegatronPauseAdapter", 2)])
+def test_the_kv_budget_is_the_traces_kv_tokens_in_blocks(name, paused):
+    """kv_tokens 40 in blocks of 8: 5 active blocks, and the paused blocks the adapter reserves."""
+    from oracle.trace import load_trace
+    from hybridqual.adapters import megatron
+    adapter = getattr(megatron, name)(MODEL, load_trace(TRACE), "legacy", "cpu")
+    alloc = adapter.engine.context.kv_block_allocator
+    assert (alloc.active_count, alloc.paused_count) == (5, paused)
+
+
+def test_an_evicted_request_is_recomputed_in_a_fresh_slot_and_keeps_the_golden_tokens():
+    """megatron-preempt: at least one request is evicted after it generated tokens, comes back at position 0 with
+    prompt + those tokens as its prompt (in the slot Megatron gives it then), and every request's tokens are the
+    golden ones."""
+    from oracle.trace import load_trace
+    from hybridqual.adapters.megatron import MegatronPreemptAdapter
+    trace = load_trace(TRACE)
+    result = MegatronPreemptAdapter(MODEL, trace, "legacy", "cpu").run_trace()
+    assert sum(f["evicted"] for f in result.schedule_facts) >= 1, result.schedule_facts
+    recomputed = {name: lives for name, lives in _lives(result.schedule_facts).items() if len(lives) > 1}
+    assert recomputed, "no request was recomputed"
+    for name, lives in recomputed.items():
+        first_len = len(trace.request(name).prompt)
+        done_before = sum(r["tokens"] for r in lives[0]) - first_len + 1      # tokens emitted in the first life
+        assert lives[1][0]["tokens"] == first_len + done_before, (name, lives)  # one piece: prompt + its tokens
+    assert result.tokens == _golden()
+
+
+def test_a_paused_request_resumes_from_the_state_it_kept_and_keeps_the_golden_tokens():
+    """megatron-pause: a request is left out of at least one step while it lives (paused), resumes at the position
+    it stopped at in the same Mamba slot, and every request's tokens are the golden ones."""
+    from oracle.trace import load_trace
+    from hybridqual.adapters.megatron import MegatronPauseAdapter
+    result = MegatronPauseAdapter(MODEL, load_trace(TRACE), "legacy", "cpu").run_trace()
+    assert any(f["paused"] for f in result.schedule_facts)
+    resumed = []
+    for name, lives in _lives(result.schedule_facts).items():
+        for life in lives:
+            resumed += [(name, a["step"], b["step"]) for a, b in zip(life, life[1:])
+                        if b["step"] > a["step"] + 1 and b["pos"] == a["pos"] + a["tokens"]
+                        and b["mamba_slot"] == a["mamba_slot"]]
+    assert resumed, _lives(result.schedule_facts)
+    assert result.tokens == _golden()
