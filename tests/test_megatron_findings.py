@@ -1,10 +1,12 @@
-"""Finding F2 (docs/findings.md) pinned on megatron-core 0.19.2 (marker `megatron`; run in .venv-megatron): a prompt
-whose last prefill piece is shorter than d_conv - 1 tokens leaves a conv state that has lost the tokens before the
-piece, so every token after the first is computed against zeros. The tests pass while Megatron behaves so; a
-Megatron that carries the state across pieces makes them fail, and the finding is revisited."""
+"""Findings F2 and F3 (docs/findings.md) pinned on megatron-core 0.19.2 (marker `megatron`; run in .venv-megatron).
+F2: a prompt whose last prefill piece is shorter than d_conv - 1 tokens leaves a conv state that has lost the tokens
+before the piece, so every token after the first is computed against zeros. F3: under MTP speculation, an eviction
+that swaps rows sends a surviving request's K/V writes to the evicted request's block. The tests pass while
+Megatron behaves so; a Megatron without the fault makes them fail, and the finding is revisited."""
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,50 @@ def test_finding_f2_the_prefill_conv_state_is_the_slices_last_tokens_zero_padded
     states = causal_conv1d_varlen_states(x, torch.tensor([0, 3, 5], dtype=torch.int32), state_len=4)
     assert torch.equal(states[1][:, :2], torch.zeros(3, 2)) and torch.equal(states[1][:, 2:], x[3:5].T)
     assert torch.equal(states[0][:, 0], torch.zeros(3)) and torch.equal(states[0][:, 1:], x[0:3].T)
+
+
+# F3: MTP speculation (k = 2) under a KV budget of 5 blocks of 8 tokens (megatron-preempt-mtp on preempt_recompute).
+PREEMPT = Path(__file__).resolve().parents[1] / "goldens" / "traces" / "preempt_recompute.json"
+
+
+def _kv_writes(adapter) -> list[dict]:
+    """Per update_requests call: each active request's next-step tokens as (position, block the K/V goes to, block
+    its own table holds for that position), and whether the update evicted a request."""
+    ctx, out = adapter.engine.context, []
+    orig = ctx.update_requests
+
+    def update_and_record(*a, **k):
+        result = orig(*a, **k)
+        rows = {}
+        for t in range(ctx.active_token_count):
+            j = int(ctx.token_to_request_idx[t])
+            pos, used = int(ctx.token_to_pos_ids[t]), int(ctx.token_to_block_idx[t])
+            own = int(ctx.request_to_kv_block_ids[j][pos // ctx.block_size_tokens])
+            rows.setdefault(adapter._names[int(ctx.request_ids[j])], []).append((pos, used, own))
+        out.append({"evicted": isinstance(result, dict) and result.get("evict_request_ids") is not None,
+                    "rows": rows})
+        return result
+    ctx.update_requests = update_and_record
+    return out
+
+
+def test_finding_f3_an_eviction_that_moves_a_row_sends_its_kv_writes_to_the_evicted_requests_block():
+    """Under MTP, `update_requests` keeps each row's last KV block id (prev_last_block_ids) before it resumes and
+    evicts paused requests, and reads it by row after the eviction swapped rows: the surviving request r2 (moved
+    from row 1 to row 0) writes positions 14 and 15 into the block the evicted r1 held, not its own; the rejected
+    draft's K/V stays in its own block at 14, so its token at generated position 11 differs from the oracle's
+    (the golden token ranks 2nd). No other update misplaces a write; every other request is exact."""
+    from oracle.trace import load_trace
+    from hybridqual.adapters.megatron.variants import MegatronPreemptMTPAdapter
+    adapter = MegatronPreemptMTPAdapter(MODEL, load_trace(PREEMPT), "legacy")
+    writes = _kv_writes(adapter)
+    res = adapter.run_trace()
+    misplaced = [(k, name, pos, used, own) for k, w in enumerate(writes) for name, toks in w["rows"].items()
+                 for pos, used, own in toks if used != own]
+    assert [m[1:3] for m in misplaced] == [("r2", 14), ("r2", 15)], misplaced
+    k = misplaced[0][0]
+    assert writes[k]["evicted"] and misplaced[0][3] not in {own for _, _, own in writes[k]["rows"]["r2"]}
+    golden = json.loads((MODEL.parents[1] / "outputs" / "zoo-bamba" / "preempt_recompute.json").read_text())
+    want = {rid: r["tokens"] for rid, r in golden["requests"].items()}
+    assert {r: t for r, t in res.tokens.items() if r != "r2"} == {r: t for r, t in want.items() if r != "r2"}
+    assert res.tokens["r2"][:11] == want["r2"][:11] and res.tokens["r2"][11] != want["r2"][11], res.tokens["r2"]

@@ -82,3 +82,22 @@ def test_a_paused_request_resumes_from_the_state_it_kept_and_keeps_the_golden_to
                         and b["mamba_slot"] == a["mamba_slot"]]
     assert resumed, _lives(result.schedule_facts)
     assert result.tokens == _golden()
+
+
+def test_limit_an_evicted_requests_recompute_has_no_prefix_hashes():
+    """Limit (docs/findings.md, Megatron "Limits found"): the request an eviction checkpoints (prompt + generated
+    tokens, inference_request.py:657-711) is built without block_size_tokens / enable_prefix_caching, so it has no
+    block hashes: with prefix caching on, the recompute neither looks up nor stores a prefix. Fails once 0.19.2's
+    checkpoint carries the hashes."""
+    import torch
+    from megatron.core.inference.inference_request import DynamicInferenceRequest, DynamicInferenceRequestRecord
+    from megatron.core.inference.sampling_params import SamplingParams
+    req = DynamicInferenceRequest(request_id=0, prompt_tokens=torch.arange(3, 19), sampling_params=SamplingParams(
+        num_tokens_to_generate=8), block_size_tokens=8, enable_prefix_caching=True)
+    assert len(req.precomputed_block_hashes) == 2                  # 16 prompt tokens: two whole blocks hashed
+    req.generated_tokens = list(range(40, 48))
+    record = DynamicInferenceRequestRecord.from_request(req)
+    record.checkpoint()
+    resumed = record[-1]
+    assert resumed.prompt_tokens.tolist() == list(range(3, 19)) + list(range(40, 48))
+    assert not resumed.enable_prefix_caching and resumed.precomputed_block_hashes == []

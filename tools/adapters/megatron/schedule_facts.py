@@ -68,16 +68,17 @@ def problems(trace, tokens: dict[str, list[int]], facts: list[dict], prefix_cach
             if speculative and r["pos"] >= n:
                 break       # a verify row advances by the drafts it accepted: positions must only increase
             pos += r["tokens"]
+        # one life per admission: an evicted request may come back in another slot, from position 0
+        lives = [k for k, r in enumerate(rows) if k == 0 or (evictions and r["pos"] == 0)] + [len(rows)]
         if speculative:
-            ps = [r["pos"] for r in rows]
-            if ps != sorted(ps) or len(set(ps)) != len(ps):
-                bad.append(f"{req.id}: row positions {ps} do not increase")
+            for s0, s1 in zip(lives, lives[1:]):
+                ps = [r["pos"] for r in rows[s0:s1]]
+                if ps != sorted(ps) or len(set(ps)) != len(ps):
+                    bad.append(f"{req.id}: row positions {ps} do not increase")
         ends = [r["pos"] + r["tokens"] for r in rows if r["pos"] < n]
         if not ends or max(ends) < n:
             bad.append(f"{req.id}: the prompt ({n} tokens) is not covered by its prefill rows (last ends at "
                        f"{max(ends) if ends else p0})")
-        # one life per admission: an evicted request may come back in another slot, from position 0
-        lives = [k for k, r in enumerate(rows) if k == 0 or (evictions and r["pos"] == 0)] + [len(rows)]
         moves = [f"step {b['step']} row {b['slot']}: slot {b['mamba_slot']}" for s0, s1 in zip(lives, lives[1:])
                  for a, b in zip(rows[s0:s1], rows[s0 + 1:s1]) if a["mamba_slot"] != b["mamba_slot"]]
         if moves:
