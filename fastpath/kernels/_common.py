@@ -119,8 +119,30 @@ def row_slot(slot_ptr, r, W, stride_slot_w, stride_slot_r):
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 operands use exact fp32 products on the GPU (not tf32); 16-bit operands use the tensor cores."""
+    """fp32 operands use exact fp32 products on the GPU (not tf32); 16-bit operands use the tensor cores. In the
+    interpreter "sum": `mma` sums elementwise products, whose bits do not depend on a row's place in the tile
+    (numpy's BLAS, what the interpreter's tl.dot runs, gives a row other bits at another tile row on some CPUs)."""
+    if INTERPRET:
+        return "sum"
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def mma(a, b, DOT_PREC: tl.constexpr):
+    """a @ b in fp32: tl.dot at DOT_PREC, or ("sum", the interpreter) a sum of elementwise fp32 products."""
+    if DOT_PREC == "sum":
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        return tl.dot(a, b, input_precision=DOT_PREC)
+
+
+@triton.jit
+def mma_acc(a, b, acc, DOT_PREC: tl.constexpr):
+    """acc + a @ b in fp32, accumulated inside tl.dot on the GPU (see mma)."""
+    if DOT_PREC == "sum":
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        return tl.dot(a, b, acc=acc, input_precision=DOT_PREC)
 
 
 def dt_limits(limit: tuple[float, float]) -> tuple[float, float]:

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .attention_combine import combine_partials
-from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision,
+from ._common import (FLOAT_DTYPES, INDEX_DTYPES, KernelInputError, check, check_slots, dot_precision, mma, mma_acc,
                       host_ints, next_pow2, pdl_enter, pdl_meta, token_sequence_index)
 
 OP_PREFILL = "attention_prefill_varlen"
@@ -54,10 +54,10 @@ def kv_cache_write_kernel(
 def _scores(q, q2, k_ptrs, k2_ptrs, k_mask, k2_mask, BLOCK_D2: tl.constexpr, DOT_PREC: tl.constexpr):
     """q·kᵀ of one key block over the head dim's first chunk, then (BLOCK_D2 > 0) its second, accumulated."""
     k = tl.load(k_ptrs, mask=k_mask, other=0.0)
-    sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    sc = mma(q, tl.trans(k), DOT_PREC)
     if BLOCK_D2 > 0:
         k2 = tl.load(k2_ptrs, mask=k2_mask, other=0.0)
-        sc = tl.dot(q2, tl.trans(k2), acc=sc, input_precision=DOT_PREC)
+        sc = mma_acc(q2, tl.trans(k2), sc, DOT_PREC)
     return sc
 
 
@@ -79,7 +79,7 @@ def _online_softmax(sc, m_i, l_i, EXP2: tl.constexpr = False):
 def _weighted_values(acc, alpha, p, v_ptrs, v_mask, DOT_PREC: tl.constexpr):
     """The output chunk after one key block: acc·alpha + p·V (V's rows of this chunk of the head dim)."""
     v = tl.load(v_ptrs, mask=v_mask, other=0.0)
-    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PREC)
 
 
 @triton.jit

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INDEX_DTYPES, KernelInputError, check, dot_precision, next_pow2, pdl_enter, pdl_meta
+from ._common import INDEX_DTYPES, KernelInputError, check, dot_precision, mma, next_pow2, pdl_enter, pdl_meta
 from .attention import check_qkv_cache
 from .rope import inv_freq, rotate_half
 
@@ -72,13 +72,13 @@ def attention_decode_kernel(
         mn = offs_n < hi
         k = tl.load(kbase + offs_n[:, None] * s_kc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
         v = tl.load(vbase + offs_n[:, None] * s_vc_p + d[None, :], mask=mn[:, None] & md[None, :], other=0.0)
-        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
+        sc = mma(q, tl.trans(k), DOT_PREC) * scale
         sc = tl.where(mn[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp(m_i - m_new)
         pr = tl.exp(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(pr, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=DOT_PREC)
+        acc = acc * alpha[:, None] + mma(pr.to(v.dtype), v, DOT_PREC)
         m_i = m_new
     # this split's partial: only the QC rows that are real query heads
     W = QC * BLOCK_D + 2 * QC

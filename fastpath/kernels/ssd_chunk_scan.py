@@ -7,6 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._common import mma
+
 
 @triton.jit
 def ssd_chunk_scan_rec_kernel(
@@ -92,7 +94,7 @@ def _rec_step(x_ptr, B_ptr, C_ptr, y_ptr, dt_ptr, dacs_ptr, state, cs_before, d,
     xs = _tile(x_ptr + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p, ms, mp, MASK_ROWS, MASK_PN)
     cs_in, causal = sub_chunk_decay(cs, cs_before, ms, offs_s, MASK_ROWS)
     acc = inter_y(Cs, state, cs_in, DOT_PREC)
-    cb = tl.dot(Cs, tl.trans(Bs), input_precision=DOT_PREC)
+    cb = mma(Cs, tl.trans(Bs), DOT_PREC)
     acc = add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D, DOT_PREC)
     _store_tile(y_ptr + rows[:, None] * stride_y_t + offs_p[None, :] * stride_y_p, acc.to(y_ptr.dtype.element_ty),
                 ms, mp, MASK_ROWS, MASK_PN)
@@ -146,7 +148,7 @@ def sub_chunk_decay(cs, cs_before, ms, offs_s, MASK_ROWS: tl.constexpr):
 def inter_y(Cs, state, cs_in, DOT_PREC: tl.constexpr):
     """A sub-chunk's inter term (fp32): exp(cs_i − cs_s) C_i·h from the entering state h, cs_in = cs − cs_s (0 on
     rows outside the chunk)."""
-    return tl.dot(Cs, tl.trans(state.to(Cs.dtype)), input_precision=DOT_PREC) * tl.exp(cs_in)[:, None]
+    return mma(Cs, tl.trans(state.to(Cs.dtype)), DOT_PREC) * tl.exp(cs_in)[:, None]
 
 
 @triton.jit
@@ -154,7 +156,7 @@ def add_intra(acc, cb, cs, causal, dt, xs, d, HAS_D: tl.constexpr, DOT_PREC: tl.
     """acc + Σ_{j ≤ i} (C_i·B_j) exp(cs_i − cs_j) dt_j x_j (+ D x_i): the causal intra-sub-chunk term from C·Bᵀ."""
     decay = tl.exp(tl.where(causal, cs[:, None] - cs[None, :], float("-inf")))
     w = cb * decay * dt[None, :]
-    acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PREC)
+    acc += mma(w.to(xs.dtype), xs, DOT_PREC)
     if HAS_D:
         acc += d * xs.to(tl.float32)
     return acc
@@ -165,4 +167,4 @@ def advance_state(state, xs, Bs, ws, cs_end, cs_before, DOT_PREC: tl.constexpr):
     """The state after a sub-chunk: h ← exp(cs_e − cs_s) h + Σ_j ws_j x_j ⊗ B_j, with ws_j = exp(cs_e − cs_j) dt_j
     (0 on rows outside the chunk); the x·ws product is rounded to B's dtype for the dot."""
     xw = (xs.to(tl.float32) * ws[:, None]).to(Bs.dtype)
-    return tl.exp(cs_end - cs_before) * state + tl.dot(tl.trans(xw), Bs, input_precision=DOT_PREC)
+    return tl.exp(cs_end - cs_before) * state + mma(tl.trans(xw), Bs, DOT_PREC)

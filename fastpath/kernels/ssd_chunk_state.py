@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._common import mma
+
 
 @triton.jit
 def _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, tok, mk, cs_last, offs_p, offs_n, mp, mn,
@@ -26,7 +28,7 @@ def _xb_term(x_ptr, B_ptr, dt_ptr, dacs_ptr, h, g, tok, mk, cs_last, offs_p, off
     bt = tl.load(B_ptr + tok[:, None] * stride_b_t + g * stride_b_g + offs_n[None, :] * stride_b_n,
                  mask=mk[:, None] & mn[None, :], other=0.0)
     xw = (xt.to(tl.float32) * w[:, None]).to(bt.dtype)
-    return tl.dot(tl.trans(xw), bt, input_precision=DOT_PREC)
+    return mma(tl.trans(xw), bt, DOT_PREC)
 
 
 @triton.jit
