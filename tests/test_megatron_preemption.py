@@ -101,3 +101,35 @@ def test_limit_an_evicted_requests_recompute_has_no_prefix_hashes():
     resumed = record[-1]
     assert resumed.prompt_tokens.tolist() == list(range(3, 19)) + list(range(40, 48))
     assert not resumed.enable_prefix_caching and resumed.precomputed_block_hashes == []
+
+
+def test_limit_an_evicted_request_recomputes_from_0_though_its_prompt_block_is_still_cached():
+    """The same limit in a run: megatron-preempt with prefix caching on (blocks of 8). r0's 8-token prompt is one
+    whole block whose Mamba state Megatron caches; when r0 is re-admitted after its eviction that block is still
+    cached (hash and state), yet r0's recompute has no hashes and prefills all its tokens from 0: no hit."""
+    import torch
+    from oracle.trace import load_trace
+    from megatron.core.inference.inference_request import DynamicInferenceRequest
+    from megatron.core.inference.sampling_params import SamplingParams
+    from hybridqual.adapters.megatron import MegatronPreemptAdapter
+
+    class PrefixPreempt(MegatronPreemptAdapter):
+        prefix_caching = True
+    trace = load_trace(TRACE)
+    adapter = PrefixPreempt(MODEL, trace, "legacy", "cpu")
+    block0 = DynamicInferenceRequest(request_id=99, prompt_tokens=torch.tensor(trace.request("r0").prompt),
+                                     sampling_params=SamplingParams(num_tokens_to_generate=1), block_size_tokens=8,
+                                     enable_prefix_caching=True).precomputed_block_hashes[0]
+    ctx, orig, seen = adapter.engine.context, adapter.engine.step_modern, []
+
+    def step(*a, **k):
+        bid = ctx.kv_block_allocator.kv_hash_to_block_id.get(block0)
+        seen.append(bid is not None and ctx.mamba_slot_allocator.has_state(bid))
+        return orig(*a, **k)
+    adapter.engine.step_modern = step
+    result = adapter.run_trace()
+    lives = _lives(result.schedule_facts)["r0"]
+    assert len(lives) == 2 and lives[1][0]["pos"] == 0 and lives[1][0]["tokens"] > 8, lives
+    assert seen[lives[1][0]["step"]], "r0's prompt block was no longer cached when it came back"
+    assert sum(f["prefix_cache"]["hits"] for f in result.schedule_facts) == 0
+    assert result.tokens == _golden()
