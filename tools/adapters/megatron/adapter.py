@@ -32,11 +32,12 @@ _NOTES = (
                      "did per step is the \"Megatron's schedule facts\" line, checked for consistency)"),
     ("prefix_cache_reporting", "Megatron's prefix cache is its own (KV blocks with refcounts + Mamba states at "
                                "block boundaries, LRU), not DESIGN §12's checkpoint policy, so there are no "
-                               "comparable hit/store/evict events (megatron runs without it; megatron-prefix with it, "
-                               "judged on tokens and logits)"),
+                               "comparable hit/store/evict events (megatron runs without it; megatron-prefix and "
+                               "-prefix-mtp with it, judged on tokens and logits)"),
     ("speculation_reporting", "megatron / -rounded / -prefix run speculative traces without speculation (judged on "
-                              "tokens); megatron-mtp speculates with Megatron's own MTP drafts, whose accepted counts "
-                              "the oracle recomputes in the 'Megatron's schedule facts' line, not from a DESIGN §4 log"),
+                              "tokens); megatron-mtp (and -prefix-mtp, -preempt-mtp, -pause-mtp) speculates with "
+                              "Megatron's own MTP drafts, whose accepted counts the oracle recomputes in the "
+                              "'Megatron's schedule facts' line, not from a DESIGN §4 log"),
 )
 
 
