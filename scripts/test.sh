@@ -46,7 +46,7 @@ if [ $rc -eq 0 ] && [ "${HQ_CI_LLAMACPP:-1}" = 1 ]; then
     python3 -m pytest -p no:xdist -q -m llamacpp tests/test_llamacpp_convert.py tests/test_llamacpp_adapter.py \
       tests/test_llamacpp_mutant.py tests/test_llamacpp_prefix_cache.py tests/test_llamacpp_q8.py \
       tests/test_llamacpp_hypothesis.py tests/test_llamacpp_speculative.py tests/test_llamacpp_transfer.py \
-      tests/test_llamacpp_prefix_spec.py tests/test_openai_server.py || rc=$?
+      tests/test_llamacpp_prefix_spec.py tests/test_llamacpp_kv_cache.py tests/test_openai_server.py || rc=$?
   else
     echo "test.sh: the llama.cpp subset was NOT RUN: scripts/install-llamacpp.sh failed (out/llamacpp-install.log):"
     tail -5 out/llamacpp-install.log

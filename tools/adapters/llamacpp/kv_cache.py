@@ -17,11 +17,13 @@ from hybridqual.adapters.base import Configuration, MeasuredPrecision
 @dataclass(frozen=True)
 class KVCache:
     """One K/V cache setting: the ggml type of K and V (worker.Engine.KV_TYPES), flash attention, the precision it
-    declares (None: not measured, so it is not offered), and the shipped instances that reach it."""
+    declares (None: not measured, so it is not offered), the shipped models it is measured on (those whose attention
+    it reaches and whose GGUF is the model) and the shipped instances that reach it in qualify's main job."""
     name: str                          # the configuration's name (qualify --configuration NAME)
     kv_type: str
     flash_attn: str
     precision: MeasuredPrecision | None
+    models: tuple[str, ...]
     reach: tuple[str, ...]
     why: str
 
@@ -29,13 +31,20 @@ class KVCache:
         return Configuration(self.name, self.reach, self.why)
 
 
-KV_Q8_0: MeasuredPrecision | None = None
+KV_Q8_0 = MeasuredPrecision("f32 weights, q8_0 K/V cache, flash attention on", tau=0.055, logits_c=0.054, top_k=5,
+                            measured_err=2.187e-2)
+KV_F16 = MeasuredPrecision("f32 weights, f16 K/V cache, flash attention off", tau=0.0031, logits_c=0.0029, top_k=5,
+                           measured_err=1.217e-3)
 
 KV_CACHES: dict[str, KVCache] = {
-    "kv_q8_0": KVCache("kv_q8_0", "q8_0", "on", KV_Q8_0,
-                       ("zoo-granite_hd32/seed_compaction", "zoo-granite_hd32/prefix_multi_turn"),
+    "kv_q8_0": KVCache("kv_q8_0", "q8_0", "on", KV_Q8_0, ("zoo-nemotron_h_hd32",),
+                       ("zoo-nemotron_h_hd32/seed_compaction", "zoo-nemotron_h_hd32/prefix_multi_turn"),
                        "the attention K/V cache in q8_0 (8-bit blocks of 32; flash attention, which a quantized V "
                        "cache needs), judged with the constants measured for it"),
+    "kv_f16": KVCache("kv_f16", "f16", "off", KV_F16, ("zoo-granitemoehybrid", "zoo-nemotron_h_hd32"),
+                      ("zoo-granitemoehybrid/seed_compaction", "zoo-granitemoehybrid/prefix_multi_turn"),
+                      "the attention K/V cache in f16 (llama.cpp's default cache type; flash attention off), judged "
+                      "with the constants measured for it"),
 }
 
 

@@ -12,7 +12,7 @@ same tokens (teacher-forced on the engine's own tokens) and records the absolute
 margin and rank). Prints the distribution, the flips and the constants it proposes (`propose`): τ and c = RATIO ×
 the largest error (rounded up to two significant digits), the rank bound k = max(5, ceil(RATIO × deepest flip)).
 --configuration runs the f32 GGUF with one of the adapter's K/V cache settings (kv_cache.KV_CACHES: the attention
-cache quantized), on the models it reaches by default (KV_MODELS: attention head dim a multiple of the type's block).
+cache quantized), by default on the models it is measured on (kv_cache.KVCache.models).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import sys
 import torch
 
 MODELS = ("zoo-mamba2", "zoo-granitemoehybrid")
-KV_MODELS = ("zoo-granite_hd32", "zoo-nemotron_h_hd32")   # attention head dim 32: a q8_0 / q4_0 block divides it
 RATIO = 2.5          # the bf16 headroom of compare.TAU_MIN_RATIO: a noisy precision, measured on a small corpus
 
 
@@ -42,7 +41,9 @@ def measure(outtype: str, models: list[str] | None = None, traces: list[str] | N
     from hybridqual.qualify.compare import logit_scale, teacher_forced_logits, top2_margin
     cls = Engine(adapter_for(outtype), EngineOptions(configuration=configuration))
     out: dict[str, dict] = {}
-    for name in models or (KV_MODELS if configuration else MODELS):
+    from hybridqual.adapters.llamacpp.kv_cache import kv_cache
+    kv = kv_cache(configuration)
+    for name in models or (kv.models if kv is not None else MODELS):
         mdir = goldens.MODELS / name
         omodel = oracle.load(mdir, dtype=torch.float64)
         rec = out.setdefault(name, {"absolute": [], "scaled": [], "flips": [], "requests": 0})
