@@ -30,7 +30,7 @@ needs_venv = pytest.mark.skipif(conv.available() is not None, reason=str(conv.av
 @pytest.mark.parametrize("name", ["kv_q8_0", "kv_f16"])
 def test_a_kv_configuration_declares_its_cache_type_and_the_constants_measured_for_it(name):
     kv = kv_cache.KV_CACHES[name]
-    assert kv.precision is not None and kv.precision.tau >= 2 * kv.precision.measured_err   # docs/findings.md L12
+    assert kv.precision is not None and kv.precision.tau >= 2 * kv.precision.measured_err   # docs/findings.md L13
     caps = LlamaCppAdapter.capabilities("cpu", EngineOptions(configuration=name))
     assert caps.kv_dtype == kv.kv_type and caps.compute_dtype is kv.precision
     assert TAU[caps.compute_dtype] == kv.precision.tau and LOGITS_C[caps.compute_dtype] == kv.precision.logits_c
@@ -134,3 +134,22 @@ def test_a_cache_judged_with_a_finer_types_constants_fails(cls, tmp_path):
     assert rc == 1 and len(checks) == len(TRACES), checks
     for trace, lines in checks.items():
         assert lines["legacy: logits match the oracle's"]["status"] == "FAIL", (trace, lines)
+
+
+@pytest.mark.llamacpp
+@needs_venv
+def test_granite_hybrid_with_mamba_expand_1_aborts_at_load_a_worker_error():
+    """zoo-granite_hd32 (the one Granite hybrid with an attention head dim a q8_0 block divides) has mamba_expand 1;
+    llama.cpp's granite-hybrid loader supports only 2 and aborts (docs/findings.md L14): a WorkerError naming the
+    assert, so kv_q8_0 is measured on zoo-nemotron_h_hd32 alone."""
+    from hybridqual.adapters.llamacpp.adapter import WorkerError
+    trace = load_trace(ROOT / "goldens" / "traces" / "seed_compaction.json")
+    with pytest.raises(WorkerError, match=r"SIGABRT[\s\S]*GGML_ASSERT\(2 \* n_embd == d_inner\)"):
+        LlamaCppAdapter(MODELS / "zoo-granite_hd32", trace, "legacy").run_trace()
+
+
+def test_an_unmeasured_kv_setting_is_not_offered_and_declares_nothing():
+    assert kv_cache.KV_CACHES["kv_q4_0"].precision is None
+    assert "kv_q4_0" not in [c.name for c in LlamaCppAdapter.configurations()]
+    with pytest.raises(ValueError, match="configuration: 'kv_q4_0' has no measured constants"):
+        LlamaCppAdapter.capabilities("cpu", EngineOptions(configuration="kv_q4_0"))

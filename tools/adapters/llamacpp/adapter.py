@@ -244,6 +244,8 @@ class LlamaCppAdapter(TraceAdapter):
                             prefix_cache_reporting=True, step_rule=STEP_RULE, state_transfer=True)
         if kv is None:
             return caps
+        if kv.precision is None:
+            raise ValueError(f"configuration: {kv.name!r} has no measured constants (measure_tau --configuration)")
         return dataclasses.replace(caps, compute_dtype=kv.precision, kv_dtype=kv.kv_type)    # DESIGN §20
 
     @classmethod

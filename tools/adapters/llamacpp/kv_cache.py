@@ -1,11 +1,12 @@
 """llama.cpp's quantized K/V cache as a declared precision (DESIGN §20): the configurations of the llama.cpp adapter
 that set the attention cache's ggml type (llama_context_params.type_k = type_v) and the judging constants measured
-for each (a MeasuredPrecision, as q8_0 weights got theirs: measure_tau.py --kv-type; docs/findings.md, L12).
+for each (a MeasuredPrecision, as q8_0 weights got theirs: measure_tau.py --configuration; docs/findings.md, L13).
 
 llama.cpp quantizes only the attention K/V cells (the recurrent conv and SSM rows stay f32 whatever type_k/type_v
 say), refuses a quantized V cache without flash attention, and a quantized K or V type whose block (32 values for
 q8_0 and q4_0) does not divide the attention head dim (src/llama-context.cpp, llama_init_from_model): so a
-configuration runs with flash attention on, and reaches only models whose attention head dim is a multiple of 32.
+quantized setting runs with flash attention on, and reaches only models whose attention head dim is a multiple of
+32; f16 has neither limit.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ KV_CACHES: dict[str, KVCache] = {
                        ("zoo-nemotron_h_hd32/seed_compaction", "zoo-nemotron_h_hd32/prefix_multi_turn"),
                        "the attention K/V cache in q8_0 (8-bit blocks of 32; flash attention, which a quantized V "
                        "cache needs), judged with the constants measured for it"),
+    "kv_q4_0": KVCache("kv_q4_0", "q4_0", "on", None, ("zoo-nemotron_h_hd32",), (),
+                       "the attention K/V cache in q4_0: measured (measure_tau --configuration kv_q4_0) to show what "
+                       "q8_0's constants refuse, not offered"),
     "kv_f16": KVCache("kv_f16", "f16", "off", KV_F16, ("zoo-granitemoehybrid", "zoo-nemotron_h_hd32"),
                       ("zoo-granitemoehybrid/seed_compaction", "zoo-granitemoehybrid/prefix_multi_turn"),
                       "the attention K/V cache in f16 (llama.cpp's default cache type; flash attention off), judged "
