@@ -37,16 +37,19 @@ def run_recording_logits(engine, trace, mode: str | None = None):
     Rows come from the engine's `on_logits` hook, so CUDA-graph replays are recorded as well as eager forwards
     (logits rows follow the batch order: decode rows, then prefill pieces).
     """
-    calls: list[tuple[list, Tensor]] = []
-    engine.on_logits = lambda batch, logits: calls.append((list(batch), logits.detach().float().cpu().clone()))
+    calls: list[tuple[list, list[int], Tensor]] = []
+
+    def hook(batch, logits) -> None:            # a prompt's length as of this step: + output once resumed (§18)
+        plens = [len(engine.requests[b.request].prefill_tokens) for b in batch]
+        calls.append((list(batch), plens, logits.detach().float().cpu().clone()))
+    engine.on_logits = hook
     try:
         result = engine.run_trace(trace, mode=mode)
     finally:
         engine.on_logits = None
     rows: dict[tuple[str, int], Tensor] = {}
-    for batch, logits in calls:
-        for j, b in enumerate(batch):
-            plen = len(engine.requests[b.request].prefill_tokens)     # + output when resumed (§18)
+    for batch, plens, logits in calls:
+        for j, (b, plen) in enumerate(zip(batch, plens)):
             if b.kind == "decode" or (b.kind == "prefill" and b.pos + b.count == plen):
                 rows[(b.request, b.pos + b.count)] = logits[j]
     return result, rows

@@ -57,9 +57,21 @@ def _solo(trace: Trace, req) -> Trace:
                  (type(req)(req.id, 0, req.prompt, req.max_new_tokens, req.stop_token_ids, req.sampling),))
 
 
+def _resumed_at(result, trace: Trace) -> dict[str, int]:
+    """request -> the position its recompute resumes at, for each request preempted in this run (DESIGN §18)."""
+    prompt = {r.id: len(r.prompt) for r in trace.requests}
+    out: dict[str, int] = {}
+    for step in result.schedule_log.to_json()["steps"]:
+        for p in step.get("preempt") or []:
+            out.setdefault(p["request"], prompt[p["request"]] + p["generated"])
+    return out
+
+
 def _alone_vs_batched(model, trace: Trace, modes=("legacy", "async"),
                       graphs: bool = False) -> tuple[int, int, list[str]]:
-    """Run the trace in each mode, and each request alone (legacy, arrival 0); count logits rows that differ."""
+    """Run the trace in each mode, and each request alone (legacy, arrival 0); count logits rows that differ. A
+    preempted request's rows from its resume on are not compared: its recompute prefills what it had decoded, other
+    arithmetic than its run alone (its tokens are)."""
     max_len = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
     engine = BatchInvariantEngine(model, trace.engine, max_len=max_len, graphs=graphs)
     batched = [run_recording_logits(engine, trace, mode) for mode in modes]
@@ -69,8 +81,9 @@ def _alone_vs_batched(model, trace: Trace, modes=("legacy", "async"),
         for mode, (result, rows) in zip(modes, batched):
             if alone.tokens[req.id] != result.tokens[req.id]:
                 token_diffs.append(f"{req.id} ({mode})")
+            resumed = _resumed_at(result, trace).get(req.id)
             for key, row in alone_rows.items():
-                if key in rows:
+                if key in rows and (resumed is None or key[1] < resumed):
                     compared += 1
                     differ += not torch.equal(row, rows[key])
     return compared, differ, token_diffs
@@ -148,3 +161,18 @@ def test_fixed_split_matmul_rows_do_not_depend_on_m_and_match_the_product():
         torch.testing.assert_close(full.double(), x.double() @ w.double().T + b.double(), rtol=1e-5, atol=1e-4)
         for i in (0, M - 1):
             assert torch.equal(matmul(x[i:i + 1], w, b, rule=rule)[0], full[i]), f"row {i} of M={M} depends on M"
+
+
+def test_recorded_rows_cover_every_generated_position_of_a_preempted_request(checkpoint):
+    """The logits recorder keys a prefill piece's row by the prompt length of its own step: a request preempted
+    after 6 tokens (preempt_recompute's r2) keeps the row of its first life's prompt end, and every generated
+    position has a row."""
+    trace = load_trace(ROOT / "goldens" / "traces" / "preempt_recompute.json")
+    cfg, tensors = checkpoint(trace)
+    model = BatchInvariantModel(cfg, tensors, DEVICE, torch.float32)
+    max_len = max(len(r.prompt) + r.max_new_tokens for r in trace.requests)
+    result, rows = run_recording_logits(BatchInvariantEngine(model, trace.engine, max_len=max_len), trace, "legacy")
+    assert "r2" in _resumed_at(result, trace)
+    missing = [(r.id, len(r.prompt) + i) for r in trace.requests for i in range(len(result.tokens[r.id]))
+               if (r.id, len(r.prompt) + i) not in rows]
+    assert missing == []
