@@ -97,7 +97,8 @@ def test_the_console_says_why_the_oracle_does_not_load(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL  the oracle loads: CheckpointError" in out, out
     assert q.main(["--engine", "oracle", "--model", str(model), "--out", str(tmp_path / "out"), "--quiet"]) == 1
-    assert "FAIL  the oracle loads: CheckpointError" in capsys.readouterr().out
+    out = capsys.readouterr().out                    # quiet: no progress line, so the FAIL line names its instance
+    assert "FAIL  no-weights: the oracle loads: CheckpointError" in out, out
 
 
 # ------------------------------------------------------------------------------------------- hostile adapters

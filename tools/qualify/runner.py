@@ -296,12 +296,10 @@ def run(args, engine: Engine, rank0: bool) -> int:
           + (" batch-invariant" if args.batch_invariant else "")
           + f"; engine threads: {budget.describe()}, torch {torch_threads} per {'worker' if in_workers else 'process'}"
           + ("" if header["engine_threads"]["adapter_reads"] else " (the adapter does not read them)"), flush=True)
-    loud = Progress(False)
-
     def on_check(c: Check) -> None:
         report.add(c)
-        if args.quiet and c.status == "FAIL":
-            loud.check(c)
+        if args.quiet and c.status == "FAIL":       # no progress line names the instance: this line does
+            print(f"    FAIL  {c.trace}: {c.name}: {c.detail}", flush=True)
         if args.fail_fast and c.status == "FAIL":
             raise FailFast(f"{c.trace}: {c.name}")
     counters = {"ran": 0, "skipped": 0, "families": set()}
