@@ -39,6 +39,7 @@ def main() -> int:
         rows = [report(s) for s in chosen + [probe]]
         rows += attention_shared_memory()
         rows += ssd_state_shared_memory()
+        rows += matmul_shared_memory()
     except SassError as e:
         print(json.dumps({"skip": str(e)}))
         return 0
@@ -76,6 +77,24 @@ def ssd_state_shared_memory() -> list[dict]:
                                         BLOCK_N=r.state_block_n, DOT_PREC="ieee" if dt == "fp32" else "tf32"),
                     r.state_warps, stages or r.state_stages, types, base.div16, base.ones)
         out.append({"kernel": name, "shared": compile_spec(spec, 86).metadata.shared})
+    return out
+
+
+def matmul_shared_memory() -> list[dict]:
+    """The batch-invariant matmul's shared memory at each branch of its launch rule for bf16 and fp32 inputs, and
+    fp32 at the wide tiles' 4 stages (the control: what the rule must not pick, over sm_90's limit)."""
+    from fastpath.kernels.matmul import BLOCK_M, matmul_kernel, matmul_launch_rule
+    out = []
+    for N, K, dt, stages in ((20000, 64, "bf16", None), (8192, 64, "bf16", None), (2560, 8192, "bf16", None),
+                             (64, 64, "bf16", None), (20000, 64, "fp32", None), (8192, 64, "fp32", None),
+                             (2560, 8192, "fp32", None), (64, 64, "fp32", None), (8192, 64, "fp32", 4)):
+        r = matmul_launch_rule(N, K, 2 if dt == "bf16" else 4)
+        types = {p: f"*{dt}" for p in ("x_ptr", "w_ptr", "b_ptr", "y_ptr")}
+        name = f"matmul {dt} N{N} K{K}{f' {stages} stages' if stages else ''}"
+        spec = Spec(name, matmul_kernel, dict(HAS_BIAS=False, USE_DOT=True, PARTIAL=r["SPLIT"] > 1, BM=BLOCK_M,
+                                              BN=r["BN"], BK=r["BK"]), r["num_warps"], stages or r["num_stages"],
+                    types, ("K", "K_SPLIT", "stride_xm", "stride_wn", "stride_ym", "stride_ys"))
+        out.append({"kernel": name, "shared": compile_spec(spec).metadata.shared})
     return out
 
 

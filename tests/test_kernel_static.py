@@ -1,8 +1,8 @@
 """Static properties of compiled kernels, checked on a CPU machine (tools/bench/sass.py: sm_90 SASS from Triton's
 own ptxas): the few-row GEMV streams its weights with no spill and no shared-memory round trip or barrier in its
 K loop, at every row count and both launch rules — and the checker does see such a round trip where one exists;
-the decode step's GEMVs and state kernels do not spill; the prefill attention's rule and the SSD chunk-state walk's fit
-the shared memory."""
+the decode step's GEMVs and state kernels do not spill; the prefill attention's rule, the SSD chunk-state walk's and
+the batch-invariant matmul's fit the shared memory."""
 from __future__ import annotations
 
 import json
@@ -73,3 +73,14 @@ def test_ssd_chunk_state_rule_fits_sm86_shared_memory_in_bf16_and_fp32(reports):
         assert 0 < reports[f"ssd_chunk_state {dt}"]["shared"] <= limit, dt
     assert reports["ssd_chunk_state fp32 4 stages"]["shared"] > limit
 
+
+def test_batch_invariant_matmul_rule_fits_hopper_shared_memory_in_bf16_and_fp32(reports):
+    """Every branch of the batch-invariant matmul's launch rule fits the 227 KiB an sm_90 block may use, in bf16
+    and fp32; the control, fp32 wide tiles at 4 stages, does not (the rule's bf16 stages, which failed the main job
+    on cuda in fp32 with OutOfResources before the rule keyed on the element size)."""
+    limit = 232448
+    rule = [n for n in reports if n.startswith("matmul ") and "stages" not in n]
+    assert len(rule) == 8, sorted(reports)
+    for n in rule:
+        assert 0 < reports[n]["shared"] <= limit, (n, reports[n]["shared"])
+    assert reports["matmul fp32 N8192 K64 4 stages"]["shared"] > limit

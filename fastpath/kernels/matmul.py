@@ -67,15 +67,16 @@ def split_sum_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: 
     tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def matmul_launch_rule(N: int, K: int) -> dict:
+def matmul_launch_rule(N: int, K: int, elem_bytes: int = 2) -> dict:
     """Tiles and K split from the weight's shape only, picked by tools/bench/gemm.py at M = 64 (each anchor-3b
     projection near cuBLAS's time in CUDA graphs: docs/performance.md, "Choices the code makes"): wide outputs
     take wide tiles; N <= 4096 takes 32-wide tiles, and long K a fixed 4-way split so that the 2560-output
-    projections fill the SMs."""
+    projections fill the SMs. 4-byte inputs take 3 stages of the wide tiles (4 need 288 KiB of shared memory, past
+    sm_90's 227 KiB; stages change no sum's order, so not the bits)."""
     if N >= 16384:                                        # lm_head
         return dict(BN=64, BK=64, SPLIT=1, num_warps=4, num_stages=3)
     if N > 4096:                                          # in_proj, gate_up
-        return dict(BN=128, BK=128, SPLIT=1, num_warps=8, num_stages=4)
+        return dict(BN=128, BK=128, SPLIT=1, num_warps=8, num_stages=4 if elem_bytes <= 2 else 3)
     if K >= 4096:                                         # out_proj, down
         return dict(BN=32, BK=128, SPLIT=4, num_warps=4, num_stages=3)
     return dict(BN=32, BK=128, SPLIT=1, num_warps=4, num_stages=5)   # qkv, o_proj
@@ -113,7 +114,7 @@ def matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | 
     y = out.view(M, N) if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not (M and N):
         return y.view(*lead, N)
-    r = matmul_launch_rule(N, K)
+    r = matmul_launch_rule(N, K, x2.element_size())
     r = {"BM": BLOCK_M, **r, **(interpreter_tile(M, N, K, r["BK"]) if INTERPRET else {}), **(rule or {})}
     bk, split = r["BK"], r["SPLIT"]
     k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk          # a multiple of BK: same k0 steps for every M
