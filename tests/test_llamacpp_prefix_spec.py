@@ -158,8 +158,8 @@ def test_prefix_spec_traces_qualify_through_llama_cpp(model, tmp_path):
         for name in LINES:
             assert lines[name]["status"] == "PASS", (f.stem, name, lines[name]["detail"])
         run = LlamaCppAdapter(MODELS / model, load_trace(f), "legacy").run_trace()
-        hits = {a["request"]: a["cached_tokens"] for a in run.prefix_cache["admit"] if a["request"].startswith("b")}
-        assert hits and all(p > 6 for p in hits.values()), hits        # past long's 6-token prompt: decode stores
+        hits = {a["request"]: a["cached_tokens"] for a in run.prefix_cache["admit"] if a["request"][1:].isdigit()}
+        assert hits and all(p == int(rid[1:]) for rid, p in hits.items()), hits    # b<p> hits long's decode store
 
 
 @pytest.mark.llamacpp
@@ -181,4 +181,6 @@ def test_bamba_cache_and_speculation_on_equal_both_off(name):
         assert (on.logits[r.id] - off.logits[r.id]).abs().max().item() < 1e-4, r.id
     truth = run_trace(schedule_model(oracle.load(folder)), trace, "legacy", forced_tokens=on.tokens)
     check = check_cache_policy(name, events_from_log(truth.schedule_log), CacheEvents.from_report(on.prefix_cache))
-    assert check.status == "PASS" and CacheEvents.from_report(on.prefix_cache).hits, check.detail
+    assert check.status == "PASS", check.detail
+    if name == "prefix_spec":         # async: llama.cpp's other tokens (L1) leave b24's prompt no cached prefix
+        assert CacheEvents.from_report(on.prefix_cache).hits, on.prefix_cache
