@@ -1,6 +1,7 @@
 """Model corners the other shipped models never set (goldens/models/zoo-corners: one SSM group, d_conv 3, dt below
-time_step_min on half the heads): engines that get one wrong. Each is killed by qualify's main job alone, on the
-default plan's zoo-corners instance (tools/scenarios/plan.py DEFAULT_PLAN)."""
+time_step_min on half the heads; zoo-granite_hd32: attention head dim 32): engines that get one wrong. Each is
+killed by qualify's main job alone, on the default plan's zoo-corners or zoo-granite_hd32 instance
+(tools/scenarios/plan.py DEFAULT_PLAN)."""
 from __future__ import annotations
 
 from hybridqual.mutants.runner import Mutant
@@ -31,4 +32,12 @@ CORNERS: list[Mutant] = [
            K + "conv1d.py", "K=K, KW=next_pow2(K - 1), HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule",
            "K=4, KW=next_pow2(3), HAS_BIAS=bias is not None, SILU=silu, BLOCK_D=rule",
            ("tests/test_kernel_conv1d.py::test_conv1d_step_rows_match_oracle_and_pad_rows_touch_nothing",)),
+    Mutant("kv_write_tile_assumes_head_dim_16", "model corners",
+           "the K/V cache write's tile fixed at 16 values a head (the width every other shipped model's head dim, 8 "
+           "or 16, rounds to; real engines' attention kernels are specialised per head dim and some refuse below "
+           "32: docs/findings.md V2): with head dim 32 only the first 16 values of each head's K and V reach the "
+           "cache, the rest stay zero",
+           K + "attention.py", "BLOCK_D=next_pow2(head_dim, 16), BLOCK_DQ=dq",
+           "BLOCK_D=16, BLOCK_DQ=dq",
+           ("tests/test_kernel_attention.py::test_attention_prefill_pieces_then_decode_match_oracle",)),
 ]
