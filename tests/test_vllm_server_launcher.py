@@ -166,10 +166,16 @@ def test_server_stopped_when_qualify_is_interrupted(fake_env, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MODE", "slow:30")
     out = fake_env / "q"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine",
-                          "test_vllm_server_launcher:FakeLaunched", "--in-process", "--model", str(TINY),
-                          "--trace", str(TRACES / "seed_compaction.json"), "--mode", "legacy", "--out", str(out)],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A shell's background job (no job control) starts with SIGINT ignored, and an ignored signal stays ignored across
+    # exec, so the child would never see the SIGINT this test sends; a caught one is reset to the default there.
+    caught = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "hybridqual.qualify", "--engine",
+                              "test_vllm_server_launcher:FakeLaunched", "--in-process", "--model", str(TINY),
+                              "--trace", str(TRACES / "seed_compaction.json"), "--mode", "legacy", "--out", str(out)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, caught)
     try:
         deadline = time.monotonic() + 90
         while not server_pids(out) or "startup complete" not in (out / "vllm-server" / "1-default.log").read_text():
@@ -177,7 +183,7 @@ def test_server_stopped_when_qualify_is_interrupted(fake_env, monkeypatch):
             time.sleep(0.5)
         time.sleep(2)
         p.send_signal(signal.SIGINT)
-        p.wait(150)          # the server's stop: SIGTERM, up to stop_timeout (30 s), SIGKILL; a loaded host is slower
+        p.wait(60)
     finally:
         if p.poll() is None:
             p.kill()
