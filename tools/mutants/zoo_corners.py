@@ -1,6 +1,6 @@
 """Model corners the other shipped models never set (goldens/models/zoo-corners: one SSM group, d_conv 3, dt below
-time_step_min on half the heads; zoo-granite_hd32: attention head dim 32): engines that get one wrong. Each is
-killed by qualify's main job alone, on the default plan's zoo-corners or zoo-granite_hd32 instance
+time_step_min on half the heads; zoo-nemotron_h_hd32: attention head dim 32): engines that get one wrong. Each is
+killed by qualify's main job alone, on the default plan's zoo-corners or zoo-nemotron_h_hd32 instance
 (tools/scenarios/plan.py DEFAULT_PLAN)."""
 from __future__ import annotations
 

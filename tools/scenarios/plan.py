@@ -131,7 +131,7 @@ DEFAULT_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("zoo-granite_dense", ("stop_tokens",)),      # dense Granite: hidden 48 (no power of two), rms eps 0.05
     ("zoo-bamba_wide", ("async_drain",)),         # K = 4096 MLP, twin vocabulary rows: greedy steps are exact ties
     ("zoo-corners", ("seed_compaction",)),        # one SSM group, d_conv 3, dt below time_step_min (oracle/zoo.py)
-    ("zoo-granite_hd32", ("seed_compaction",)),   # attention head dim 32 (the other models have 8 or 16)
+    ("zoo-nemotron_h_hd32", ("seed_compaction",)),   # attention head dim 32 (the other models have 8 or 16)
 )
 
 
