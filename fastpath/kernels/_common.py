@@ -140,7 +140,7 @@ def mma(a, b, DOT_PREC: tl.constexpr):
 def mma_acc(a, b, acc, DOT_PREC: tl.constexpr):
     """acc + a @ b in fp32, accumulated inside tl.dot on the GPU (see mma)."""
     if DOT_PREC == "sum":
-        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        return acc + mma(a, b, DOT_PREC)
     else:
         return tl.dot(a, b, acc=acc, input_precision=DOT_PREC)
 
