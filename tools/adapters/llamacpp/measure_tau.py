@@ -115,17 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     p = propose(per_model)
     cls = adapter_for(args.outtype)
     what = args.outtype + (f", {args.configuration}" if kv is not None else "")
-    if kv is not None and kv.precision is None:
-        print(f"overall ({what}, {p['positions']} positions, {p['flips']} flips): largest |Δlogit| "
-              f"{p['measured_err']:.3e}, largest scaled {p['measured_scaled']:.3e}")
-        print(f"proposed (×{RATIO:g}): tau={p['tau']:g} logits_c={p['logits_c']:g} top_k={p['top_k']}; "
-              f"{args.configuration} declares no constants yet")
+    undeclared = kv is not None and kv.precision is None
+    print(f"overall ({what}, {p['positions']} positions, {p['flips']} flips): largest |Δlogit| "
+          f"{p['measured_err']:.3e}, largest scaled {p['measured_scaled']:.3e}")
+    print(f"proposed (×{RATIO:g}): tau={p['tau']:g} logits_c={p['logits_c']:g} top_k={p['top_k']}"
+          + (f"; {args.configuration} declares no constants yet" if undeclared else ""))
+    if undeclared:
         return 1
     declared = kv.precision if kv is not None else cls.capabilities("cpu").compute_dtype
     from hybridqual.qualify.compare import LOGITS_C, TAU, TOP_K
-    print(f"overall ({what}, {p['positions']} positions, {p['flips']} flips): largest |Δlogit| "
-          f"{p['measured_err']:.3e}, largest scaled {p['measured_scaled']:.3e}")
-    print(f"proposed (×{RATIO:g}): tau={p['tau']:g} logits_c={p['logits_c']:g} top_k={p['top_k']}")
     ok = TAU[declared] >= 2 * p["measured_err"] and LOGITS_C[declared] >= p["measured_scaled"]
     print(f"declared by {cls.__name__} ({declared}): tau={TAU[declared]:g} "
           f"({TAU[declared] / p['measured_err']:.1f}× the largest error), logits_c={LOGITS_C[declared]:g} "
